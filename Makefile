@@ -40,6 +40,7 @@ $(DEMO)/efficientnet_lite0.pth: scripts/convert_efficientnet_lite0.py | $(VENV)/
 	$(PY) scripts/convert_efficientnet_lite0.py $@
 
 test: ffmpeg $(VENV)/.installed
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 demo: ffmpeg $(VENV)/.installed $(DEMO)/val.flist $(DEMO)/efficientnet_lite0.pth

@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import platform
 import re
 import signal
@@ -672,7 +673,7 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
     """Load a local state dict safely (weights only), naming the first key that does not fit."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError) as e:  # ValueError: bad pickle; RuntimeError: not a zip
+    except (OSError, RuntimeError, ValueError, pickle.UnpicklingError) as e:  # unreadable, not a zip, unsafe
         raise UsageError(f"{path}: cannot load checkpoint ({str(e).splitlines()[0]})") from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]

@@ -34,7 +34,7 @@ def map_state_dict(source: dict[str, torch.Tensor], target: dict[str, torch.Tens
     if len(source) != len(target):
         raise ValueError(f"source has {len(source)} tensors, target {len(target)}")
     mapped = {}
-    for (src_key, tensor), (dst_key, expected) in zip(source.items(), target.items()):
+    for (src_key, tensor), (dst_key, expected) in zip(source.items(), target.items(), strict=True):
         if tensor.shape != expected.shape:
             raise ValueError(f"{src_key} {tuple(tensor.shape)} does not fit {dst_key} {tuple(expected.shape)}")
         mapped[dst_key] = tensor

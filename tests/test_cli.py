@@ -1,0 +1,104 @@
+"""The command line, run as a user would: printed lines, results file, exit codes."""
+
+import re
+import shutil
+
+import pytest
+
+from tests.conftest import TINY, read_json, run_cli
+
+RESULT_KEYS = {
+    "fps", "elapsed_s", "frames_timed", "listed", "classified", "failed", "not_reached",
+    "top1_correct", "top5_correct", "top1", "top5", "partial", "config", "env",
+}  # fmt: skip
+CONFIG_KEYS = {
+    "model", "weights", "batch_size", "num_threads", "decoder", "device", "dtype", "compile",
+    "input_size", "crop_pct", "interpolation", "mean", "std",
+}  # fmt: skip
+
+
+def _assert_accounted(result: dict) -> None:
+    assert result["classified"] + result["failed"] + result["not_reached"] == result["listed"]
+
+
+def test_full_run_prints_lines_and_writes_results(jpeg_set, tmp_path):
+    out = tmp_path / "results.json"
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
+                   "--no-bf16", "--batch-size", "4", "--warmup-batches", "2", "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^FPS=\d+\.\d\d \(22/\d+\.\d\d\)$", proc.stdout, re.M), proc.stdout  # 30 - 2 x 4 warm-up
+    assert re.search(r"^Accuracy \(top1\)=\d+\.\d\d% \(\d+/30\)$", proc.stdout, re.M)
+    assert re.search(r"^Accuracy \(top5\)=\d+\.\d\d% \(\d+/30\)$", proc.stdout, re.M)
+    assert "Images: listed=30 classified=30 failed=0 not_reached=0" in proc.stdout
+    result = read_json(out)
+    assert RESULT_KEYS <= result.keys() and CONFIG_KEYS <= result["config"].keys()
+    assert (result["listed"], result["classified"], result["frames_timed"], result["batches"]) == (30, 30, 22, 8)
+    assert result["partial"] is False and result["failed"] == 0
+    assert result["fps"] == pytest.approx(result["frames_timed"] / result["elapsed_s"])
+    assert result["top1"] == pytest.approx(result["top1_correct"] / 30)
+    config = result["config"]
+    assert (config["model"], config["weights"], config["dtype"], config["compile"]) == (
+        "test_efficientnet", "random", "float32", False)  # fmt: skip
+    assert (config["input_size"], config["crop_pct"], config["decoder"], config["device"]) == (
+        [3, 160, 160], 0.95, "ffmpeg", "cpu")  # fmt: skip
+    assert {"python", "torch", "timm", "spdl", "ffmpeg", "device_name", "cpu_count"} <= result["env"].keys()
+    assert result["env"]["ffmpeg"]["libavcodec"].startswith("59.")
+    _assert_accounted(result)
+
+
+def test_default_compile_and_bf16_with_short_run_warns(jpeg_set, tmp_path):
+    out = tmp_path / "results.json"
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--max-samples", "10",
+                   "--batch-size", "4", "--results-file", out, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "not more than the warm-up: FPS includes it" in proc.stdout
+    result = read_json(out)
+    assert (result["config"]["compile"], result["config"]["dtype"]) == (True, "bfloat16")
+    assert (result["listed"], result["classified"], result["frames_timed"]) == (10, 10, 10)  # last batch: 2 images
+    assert result["warmup_included"] is True
+
+
+def test_trace_writes_both_traces(jpeg_set, tmp_path):
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
+                   "--batch-size", "8", "--trace", tmp_path / "run")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "run.json").stat().st_size > 0 and (tmp_path / "run.pftrace").stat().st_size > 0
+
+
+def test_gpu_decoder_without_cuda_stops_at_start(jpeg_set):
+    for flag in ("--use-nvjpeg", "--use-nvdec"):
+        proc = run_cli("--input-flist", jpeg_set, *TINY, flag)
+        assert proc.returncode == 2
+        assert f"error: {flag} decodes on a CUDA GPU, but this run uses cpu" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_cuda_device_without_cuda_is_a_usage_error(jpeg_set):
+    proc = run_cli("--input-flist", jpeg_set, "--model", "test_efficientnet", "--device", "cuda:0")
+    assert proc.returncode == 2 and "CUDA is not available on this machine" in proc.stderr
+
+
+def test_unknown_wnid_names_list_and_line(tmp_path):
+    flist = tmp_path / "val.flist"
+    flist.write_text("val/n01440764/a.JPEG\nval/n12345678/b.JPEG\n")
+    proc = run_cli("--input-flist", flist, *TINY)
+    assert proc.returncode == 2
+    assert f"error: {flist}:2: n12345678 is not one of the 1000 ImageNet classes" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_undecodable_file_stops_the_run(jpeg_set, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(jpeg_set.parent / "val", root / "val")
+    lines = jpeg_set.read_text().splitlines()
+    (root / lines[13]).write_bytes(b"\x00garbage" * 100)
+    out = tmp_path / "results.json"
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{root}/", *TINY, "--no-compile", "--batch-size", "4",
+                   "--results-file", out)  # fmt: skip
+    assert proc.returncode == 1
+    assert f"error: cannot decode {root / lines[13]}: FFmpeg cannot decode it" in proc.stderr
+    assert "(PARTIAL RUN)" in proc.stdout and "Traceback" not in proc.stderr
+    result = read_json(out)
+    assert result["partial"] is True and result["failed"] == 1 and result["classified"] < 29
+    assert result["failures"][0]["path"] == str(root / lines[13])
+    _assert_accounted(result)

@@ -1,0 +1,95 @@
+"""The model bundle: normalisation, top-k counting, padding, checkpoints."""
+
+import pytest
+import timm
+import torch
+
+from imagenet_classification import Classification, EvalTransform, ModelBundle, Preprocessing, UsageError, get_model
+
+
+def test_classification_counts_equal_direct_topk():
+    torch.manual_seed(0)
+    logits = torch.randn(64, 1000)
+    labels = torch.randint(0, 1000, (64, 1))
+    top = logits.argsort(dim=1, descending=True)[:, :5]
+    labels[:8, 0] = top[:8, 0]  # some certain top-1 hits
+    labels[8:16, 0] = top[8:16, 3]  # some certain top-5-only hits
+    top1, top5 = Classification()(logits, labels)
+    assert int(top1) == int((top[:, 0] == labels[:, 0]).sum()) >= 8
+    assert int(top5) == int((top == labels).any(dim=1).sum()) >= 16
+    assert int(top5) > int(top1)
+
+
+def test_padding_label_never_counts():
+    logits = torch.zeros(2, 10)
+    logits[:, 0] = 1
+    assert [int(v) for v in Classification()(logits, torch.tensor([[-1], [0]]))] == [1, 1]
+
+
+def test_preprocessing_broadcasts_over_any_batch_size():
+    pre = Preprocessing((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    for n in (1, 3, 17):
+        x = torch.full((n, 3, 8, 8), 255, dtype=torch.uint8)
+        out = pre(x)
+        assert out.shape == (n, 3, 8, 8) and out.dtype == torch.float32
+        assert torch.allclose(out, torch.full_like(out, 2.0))
+
+
+def test_get_model_reads_pretrained_config():
+    bundle = get_model("test_efficientnet", "cpu", pretrained=False, compile=False, use_bf16=False)
+    assert bundle.transform == EvalTransform(160, 0.95, "bicubic", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert not bundle.model.training and bundle.dtype == torch.float32
+
+
+def test_bundle_counts_match_manual_forward_and_padding_changes_nothing():
+    torch.manual_seed(0)
+    model = timm.create_model("test_efficientnet", pretrained=False).eval()
+    transform = EvalTransform.from_model(model)
+    images = torch.randint(0, 256, (5, 3, 160, 160), dtype=torch.uint8)
+    with torch.inference_mode():
+        logits = model((images.float() / 255 - torch.tensor(transform.mean).view(1, 3, 1, 1))
+                       / torch.tensor(transform.std).view(1, 3, 1, 1))  # fmt: skip
+        labels = logits.argmax(dim=1, keepdim=True)
+        labels[0, 0] = (labels[0, 0] + 1) % 1000
+        plain = ModelBundle(Preprocessing(transform.mean, transform.std), model, Classification(),
+                            torch.float32, transform)  # fmt: skip
+        padded = ModelBundle(plain.preprocessing, model, plain.classification, torch.float32, transform, batch_size=8)
+        assert [int(v) for v in plain(images, labels)][0] == 4
+        assert [int(v) for v in padded(images, labels)] == [int(v) for v in plain(images, labels)]
+
+
+def test_bf16_bundle_runs_and_counts(jpeg_set):
+    bundle = get_model("test_efficientnet", "cpu", pretrained=False, compile=False, use_bf16=True)
+    assert bundle.dtype == torch.bfloat16
+    with torch.inference_mode():
+        top1, top5 = bundle(torch.zeros((4, 3, 160, 160), dtype=torch.uint8), torch.zeros((4, 1), dtype=torch.int64))
+    assert 0 <= int(top1) <= int(top5) <= 4
+
+
+def test_checkpoint_loads_and_mismatch_names_key(tmp_path):
+    model = timm.create_model("test_efficientnet", pretrained=False)
+    good = tmp_path / "good.pth"
+    torch.save(model.state_dict(), good)
+    bundle = get_model("test_efficientnet", "cpu", checkpoint=good, compile=False, use_bf16=False)
+    assert torch.equal(bundle.model.conv_stem.weight, model.conv_stem.weight)
+
+    state = model.state_dict()
+    state["classifier.weight"] = torch.zeros(10, state["classifier.weight"].shape[1])
+    bad = tmp_path / "bad.pth"
+    torch.save(state, bad)
+    with pytest.raises(UsageError, match=r"'classifier.weight' has shape \(10, \d+\) in the checkpoint, the model"):
+        get_model("test_efficientnet", "cpu", checkpoint=bad, compile=False)
+
+    other = tmp_path / "other.pth"
+    torch.save(timm.create_model("test_resnet", pretrained=False).state_dict(), other)
+    with pytest.raises(UsageError, match="checkpoint lacks 'conv_stem.weight'"):
+        get_model("test_efficientnet", "cpu", checkpoint=other, compile=False)
+
+    (tmp_path / "junk.pth").write_bytes(b"not a checkpoint")
+    with pytest.raises(UsageError, match="junk.pth: cannot load checkpoint"):
+        get_model("test_efficientnet", "cpu", checkpoint=tmp_path / "junk.pth", compile=False)
+
+
+def test_unknown_model_is_a_usage_error():
+    with pytest.raises(UsageError, match="--model no_such_model"):
+        get_model("no_such_model", "cpu", pretrained=False, compile=False)

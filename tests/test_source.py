@@ -1,0 +1,69 @@
+"""The file-list source and the class table."""
+
+from importlib import resources
+
+import pytest
+
+from imagenet_classification import FileListError, UsageError, count_list, get_mappings, parse_wnid, source
+from tests.conftest import ROOT
+
+
+def _timm_list(name: str) -> list[str]:
+    return resources.files("timm.data").joinpath("_info", name).read_text().splitlines()
+
+
+def test_class_table_matches_timm_lists():
+    rows = [line.split("\t") for line in (ROOT / "imagenet_class.tsv").read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 1000
+    assert [r[1] for r in rows] == sorted(w.strip() for w in _timm_list("imagenet_synsets.txt") if w.strip())
+    assert [int(r[0]) for r in rows] == list(range(1000))
+    lemmas = dict(line.split("\t", 1) for line in _timm_list("imagenet_synset_to_lemma.txt") if "\t" in line)
+    assert all(name == lemmas[wnid].strip() for _, wnid, name in rows)
+
+
+def test_mappings_known_indices():
+    mapping = get_mappings()
+    assert len(mapping) == 1000
+    assert mapping["n01440764"] == 0
+    assert mapping["n03709823"] == 636
+    assert mapping["n15075141"] == 999
+
+
+def test_parse_wnid_takes_first():
+    assert parse_wnid("train/n01440764/n01443537_1.JPEG") == "n01440764"
+    with pytest.raises(ValueError, match="no WordNet ID"):
+        parse_wnid("val/cat.jpg")
+
+
+def test_source_prefix_blank_lines_crlf(tmp_path):
+    flist = tmp_path / "list.txt"
+    flist.write_bytes(b"val/n01440764/a.JPEG\r\n\r\n   \n  val/n03709823/b.JPEG  \r\nval/n01440764/c.JPEG")
+    assert list(source(flist, prefix="/data/")) == [
+        ("/data/val/n01440764/a.JPEG", 0),
+        ("/data/val/n03709823/b.JPEG", 636),
+        ("/data/val/n01440764/c.JPEG", 0),
+    ]
+    assert [p for p, _ in source(flist, max_samples=2)] == ["val/n01440764/a.JPEG", "val/n03709823/b.JPEG"]
+    assert count_list(flist) == 3
+    assert count_list(flist, max_samples=2) == 2
+
+
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [("val/cat.jpg", "no WordNet ID"), ("val/n99999999/x.JPEG", "n99999999 is not one of the 1000")],
+)
+def test_bad_line_names_file_and_line(tmp_path, bad_line, message):
+    flist = tmp_path / "list.txt"
+    flist.write_text(f"val/n01440764/a.JPEG\n\n{bad_line}\n")
+    with pytest.raises(FileListError, match=rf"list\.txt:3: {message}"):
+        list(source(flist))
+    with pytest.raises(FileListError, match=r"list\.txt:3:"):
+        count_list(flist)
+
+
+def test_count_list_rejects_missing_and_empty(tmp_path):
+    with pytest.raises(UsageError, match="file list not found"):
+        count_list(tmp_path / "nope.txt")
+    (tmp_path / "empty.txt").write_text("\n \n")
+    with pytest.raises(UsageError, match="no image paths"):
+        count_list(tmp_path / "empty.txt")
