@@ -67,7 +67,7 @@ __all__ = [
     "Classification",
     "Preprocessing",
     "EvalTransform",
-    "DecodeFailures",
+    "DecodeTracker",
     "RunResult",
     "FileListError",
     "ImageDecodeError",
@@ -320,28 +320,51 @@ class ImageDecodeError(RuntimeError):
         self.path, self.reason = path, reason
 
 
-class DecodeFailures:
-    """Thread-safe record of the images that failed to decode, in the order they failed.
+class DecodeTracker:
+    """Thread-safe record of a decode function's work: failed images, and images in progress.
 
     Give one to :py:func:`get_decode_func` to skip bad images one by one (their batch-mates
-    are kept, labels stay aligned) instead of raising :py:class:`ImageDecodeError`.
+    are kept, labels stay aligned) instead of raising :py:class:`ImageDecodeError`. What is in
+    progress tells which file a stalled run is stuck on.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._items: list[ImageDecodeError] = []
+        self._failures: list[ImageDecodeError] = []
+        self._in_progress: dict[int, tuple[str, float]] = {}
 
-    def add(self, error: ImageDecodeError) -> None:
+    def add_failure(self, error: ImageDecodeError) -> None:
         with self._lock:
-            self._items.append(error)
+            self._failures.append(error)
 
-    def __len__(self) -> int:
+    @property
+    def failed(self) -> int:
         with self._lock:
-            return len(self._items)
+            return len(self._failures)
 
-    def items(self) -> list[ImageDecodeError]:
+    def failures(self) -> list[ImageDecodeError]:
         with self._lock:
-            return list(self._items)
+            return list(self._failures)
+
+    @contextlib.contextmanager
+    def working_on(self, path: str) -> Iterator[None]:
+        """Mark ``path`` as being read or decoded by this thread for the duration."""
+        key = threading.get_ident()
+        with self._lock:
+            self._in_progress[key] = (path, time.monotonic())
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_progress.pop(key, None)
+
+    def oldest_in_progress(self) -> tuple[str, float] | None:
+        """``(path, seconds)`` of the image in progress for the longest time, or None."""
+        with self._lock:
+            if not self._in_progress:
+                return None
+            path, started = min(self._in_progress.values(), key=lambda v: v[1])
+        return path, time.monotonic() - started
 
 
 def _read_image_file(path: str) -> bytes:
@@ -375,17 +398,18 @@ def _decode_ffmpeg(path: str, transform: EvalTransform) -> spdl.io.ImageFrames:
 def _decode_items(
     items: list[tuple[str, int]],
     decode_one: Callable[[str], object],
-    failures: DecodeFailures | None,
+    tracker: DecodeTracker | None,
 ) -> tuple[list[object], list[int]]:
-    """Decode each item; a failure raises, or is recorded and skipped if ``failures`` is given."""
+    """Decode each item; a failure raises, or is recorded and skipped if ``tracker`` is given."""
     decoded, labels = [], []
     for path, label in items:
         try:
-            decoded.append(decode_one(path))
+            with tracker.working_on(path) if tracker else contextlib.nullcontext():
+                decoded.append(decode_one(path))
         except ImageDecodeError as e:
-            if failures is None:
+            if tracker is None:
                 raise
-            failures.add(e)
+            tracker.add_failure(e)
             continue
         labels.append(label)
     return decoded, labels
@@ -409,12 +433,12 @@ def _empty_batch(transform: EvalTransform, device: torch.device) -> tuple[Tensor
 
 
 def _ffmpeg_decode_func(
-    transform: EvalTransform, device: torch.device, failures: DecodeFailures | None
+    transform: EvalTransform, device: torch.device, tracker: DecodeTracker | None
 ) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
     cuda_config = _cuda_config(device) if device.type == "cuda" else None
 
     def decode_batch_ffmpeg(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
-        frames, labels = _decode_items(items, lambda p: _decode_ffmpeg(p, transform), failures)
+        frames, labels = _decode_items(items, lambda p: _decode_ffmpeg(p, transform), tracker)
         if not frames:
             return _empty_batch(transform, device)
         buffer = spdl.io.convert_frames(frames)  # one N x H x W x 3 uint8 host buffer
@@ -441,7 +465,7 @@ def _resize_crop_on_device(image: Tensor, transform: EvalTransform) -> Tensor:
 
 
 def _nvjpeg_decode_func(
-    transform: EvalTransform, device: torch.device, failures: DecodeFailures | None
+    transform: EvalTransform, device: torch.device, tracker: DecodeTracker | None
 ) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
     if spdl.io.utils.built_with_nvjpeg():
         cuda_config = _cuda_config(device)
@@ -465,7 +489,7 @@ def _nvjpeg_decode_func(
 
     def decode_batch_nvjpeg(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
         with torch.cuda.device(device):
-            images, labels = _decode_items(items, decode_one, failures)
+            images, labels = _decode_items(items, decode_one, tracker)
             if not images:
                 return _empty_batch(transform, device)
             return torch.stack(images), _label_tensor(labels, device)
@@ -474,10 +498,10 @@ def _nvjpeg_decode_func(
 
 
 def _nvdec_decode_func(
-    transform: EvalTransform, device: torch.device, failures: DecodeFailures | None
+    transform: EvalTransform, device: torch.device, tracker: DecodeTracker | None
 ) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
     cuda_config = _cuda_config(device)
-    ffmpeg_fallback = _ffmpeg_decode_func(transform, device, failures)
+    ffmpeg_fallback = _ffmpeg_decode_func(transform, device, tracker)
 
     def decode_one(path: str) -> Tensor:
         data = _read_image_file(path)
@@ -494,7 +518,7 @@ def _nvdec_decode_func(
 
     def decode_batch_nvdec(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
         with torch.cuda.device(device):
-            images, labels = _decode_items(items, decode_one, failures)
+            images, labels = _decode_items(items, decode_one, tracker)
             if not images:
                 return ffmpeg_fallback([])
             return torch.stack(images), _label_tensor(labels, device)
@@ -506,7 +530,7 @@ def get_decode_func(
     device: torch.device | str = "cpu",
     transform: EvalTransform | None = None,
     decoder: str = "ffmpeg",
-    failures: DecodeFailures | None = None,
+    tracker: DecodeTracker | None = None,
 ) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
     """Return a function that decodes a batch of ``(path, label)`` items.
 
@@ -520,7 +544,7 @@ def get_decode_func(
         transform: Resize and crop to apply (default: 224 crop of 256, bicubic).
         decoder: ``ffmpeg`` (CPU), ``nvjpeg`` or ``nvdec`` (GPU; call
             :py:func:`check_gpu_decoder` first for a clear message if unavailable).
-        failures: If given, undecodable images are recorded there and left out of the batch,
+        tracker: If given, undecodable images are recorded there and left out of the batch,
             the rest kept with their labels. If None, the first one raises ImageDecodeError.
     """
     device = torch.device(device)
@@ -528,7 +552,7 @@ def get_decode_func(
     factories = {"ffmpeg": _ffmpeg_decode_func, "nvjpeg": _nvjpeg_decode_func, "nvdec": _nvdec_decode_func}
     if decoder not in factories:
         raise ValueError(f"unknown decoder {decoder!r}; expected one of {sorted(factories)}")
-    return factories[decoder](transform, device, failures)
+    return factories[decoder](transform, device, tracker)
 
 
 def check_gpu_decoder(decoder: str, device: torch.device) -> str:
@@ -719,8 +743,13 @@ def get_model(
     device = torch.device(device)
     try:
         model = timm.create_model(model_name, pretrained=pretrained and checkpoint is None)
-    except RuntimeError as e:
+    except RuntimeError as e:  # timm: unknown model
         raise UsageError(f"--model {model_name}: {e}") from None
+    except OSError as e:  # the hub is out of reach and the weights are not in its cache
+        raise UsageError(
+            f"--model {model_name}: cannot get its pretrained weights ({type(e).__name__}); "
+            "pass --checkpoint PATH for local weights, or --no-pretrained for random ones"
+        ) from None
     if checkpoint is not None:
         _load_checkpoint(model, Path(checkpoint))
     transform = EvalTransform.from_model(model)
@@ -808,15 +837,27 @@ class _Clock:
         return time.perf_counter()
 
 
-def _check_failures(failures: DecodeFailures | None, skip_bad: bool, max_bad: int | None) -> None:
+def _check_failures(tracker: DecodeTracker | None, skip_bad: bool, max_bad: int | None) -> None:
     """Stop the run on the first failure (strict), or when more than ``max_bad`` failed."""
-    if failures is None or not (count := len(failures)):
+    if tracker is None or not (count := tracker.failed):
         return
     if not skip_bad:
-        first = failures.items()[0]
+        first = tracker.failures()[0]
         raise RunStopped(f"cannot decode {first.path}: {first.reason} (--skip-bad skips such images)", EXIT_FAILED)
     if max_bad is not None and count > max_bad:
         raise RunStopped(f"{count} images failed to decode, more than --max-bad allows ({max_bad})", EXIT_FAILED)
+
+
+def _classify(model: ModelBundle, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Run the bundle on one batch, turning out-of-memory into advice on the batch size."""
+    try:
+        return model(images, labels)
+    except torch.OutOfMemoryError:
+        n = images.shape[0]
+        raise RunStopped(
+            f"out of memory on {images.device} with a batch of {n} images; try --batch-size {max(1, n // 2)}",
+            EXIT_FAILED,
+        ) from None
 
 
 def benchmark(
@@ -825,7 +866,7 @@ def benchmark(
     *,
     listed: int | None = None,
     warmup_batches: int = 20,
-    failures: DecodeFailures | None = None,
+    tracker: DecodeTracker | None = None,
     skip_bad: bool = False,
     max_bad: int | None = None,
 ) -> RunResult:
@@ -839,13 +880,14 @@ def benchmark(
         model: From :py:func:`get_model`.
         listed: How many images the loader was given, for the accounting.
         warmup_batches: Batches left out of the FPS window.
-        failures: The record the decode function writes to, if any.
+        tracker: The record the decode function writes failures to, if any.
         skip_bad: Go on after a decode failure (else stop at the first).
         max_bad: With ``skip_bad``, stop once more than this many images failed.
 
     Returns:
-        A RunResult. An interrupt or stop ends the loop early with ``partial`` set; the
-        exception is then re-raised with the result attached as ``exc.result``.
+        A RunResult. If the run ends early (RunStopped, KeyboardInterrupt, a loader failure or
+        time-out), the exception propagates with the partial result attached as ``exc.result``.
+        If the loader ends without delivering every listed image, RunStopped says how many.
     """
     device = next(model.parameters()).device
     clock = _Clock(device)
@@ -857,10 +899,10 @@ def benchmark(
     try:
         with torch.inference_mode():
             for i, (images, labels) in enumerate(loader):
-                _check_failures(failures, skip_bad, max_bad)
+                _check_failures(tracker, skip_bad, max_bad)
                 with spdl.io.utils.trace_event(f"iter_{i}"), torch.profiler.record_function(f"iter_{i}"):
                     if images.shape[0]:
-                        b1, b5 = model(images, labels)
+                        b1, b5 = _classify(model, images, labels)
                         top1 += b1
                         top5 += b5
                 n = int(images.shape[0])
@@ -871,7 +913,9 @@ def benchmark(
                     t_warm = clock()
                 elif i + 1 > warmup_batches:
                     result.frames_timed += n
-            _check_failures(failures, skip_bad, max_bad)
+            _check_failures(tracker, skip_bad, max_bad)
+            if result.listed is not None and result.classified + (tracker.failed if tracker else 0) != listed:
+                raise RunStopped("the loader ended before delivering every listed image", EXIT_FAILED)
     except (RunStopped, KeyboardInterrupt, PipelineFailure, TimeoutError) as e:
         result.partial = True
         e.result = result  # type: ignore[attr-defined]
@@ -879,16 +923,13 @@ def benchmark(
     finally:
         t_end = clock()
         result.top1_correct, result.top5_correct = int(top1), int(top5)
-        result.failed = len(failures) if failures is not None else 0
-        result.failures = [{"path": f.path, "reason": f.reason} for f in (failures.items() if failures else [])]
+        failures = tracker.failures() if tracker else []
+        result.failed = len(failures)
+        result.failures = [{"path": f.path, "reason": f.reason} for f in failures]
         if result.batches > warmup_batches:
             result.elapsed_s = t_end - t_warm
         else:
             result.frames_timed, result.elapsed_s, result.warmup_included = frames_all, t_end - t_start, True
-    if result.not_reached:
-        error = RunStopped(f"{result.not_reached} listed images never came out of the loader", EXIT_FAILED)
-        result.partial, error.result = True, result  # type: ignore[attr-defined]
-        raise error
     return result
 
 
@@ -979,6 +1020,9 @@ def _preflight(args: argparse.Namespace) -> tuple[int, torch.device, str]:
     listed = count_list(args.input_flist, args.max_samples or float("inf"))
     if args.prefix.endswith(os.sep) and not Path(args.prefix).is_dir():
         raise UsageError(f"--prefix {args.prefix}: no such folder")
+    first_path, _ = next(source(args.input_flist, args.prefix))
+    if not os.path.lexists(first_path):
+        raise UsageError(f"the first listed image, {first_path}, does not exist: is --prefix right?")
     if args.checkpoint is not None and not args.checkpoint.is_file():
         raise UsageError(f"--checkpoint {args.checkpoint}: no such file")
     _check_output_path("--results-file", args.results_file)
@@ -1001,6 +1045,8 @@ def _stop_on_signals() -> Iterator[None]:
     """Turn SIGINT and SIGTERM into RunStopped, so the partial result is still reported."""
 
     def handler(signum: int, _frame: object) -> None:
+        for s in previous:  # a second signal while the run winds down ends the process at once
+            signal.signal(s, signal.SIG_DFL)
         name = signal.Signals(signum).name
         raise RunStopped(f"interrupted by {name}", EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
 
@@ -1044,22 +1090,35 @@ def _run_config(args: argparse.Namespace, model: ModelBundle, device: torch.devi
     }
 
 
-def _run(args: argparse.Namespace, listed: int, device: torch.device, decoder: str) -> int:
-    model = get_model(
-        args.model, device, pretrained=args.pretrained, checkpoint=args.checkpoint,
-        compile=args.compile, use_bf16=args.use_bf16, batch_size=args.batch_size,
-    )  # fmt: skip
-    _LG.info("Model %s on %s, decoder %s, %d images listed.", args.model, device, decoder, listed)
-    failures = DecodeFailures()
-    decode_func = get_decode_func(device, model.transform, decoder.split("-")[0], failures)
-    src = source(args.input_flist, args.prefix, args.max_samples or float("inf"))
-    pipeline = get_pipeline(src, args.batch_size, decode_func, args.num_threads, args.queue_size, args.num_threads)
-    exit_code, result = 0, None
+def _stall_reason(tracker: DecodeTracker, timeout: float) -> str:
+    """Say which stage stalled: the decode stage (and on which file), or the source before it."""
+    stuck = tracker.oldest_in_progress()
+    if stuck is not None:
+        path, seconds = stuck
+        return f"no batch for {timeout:g} s (--timeout): the decode stage has been on {path} for {seconds:.0f} s"
+    return f"no batch for {timeout:g} s (--timeout): the decode stage is idle, waiting for the file list source"
+
+
+def _stop_pipeline(pipeline: Pipeline) -> bool:
+    """Stop the pipeline; return False if a worker thread is stuck (e.g. in a hung read)."""
     try:
-        with _tracing(args.trace), pipeline.auto_stop(timeout=5):
+        pipeline.stop(timeout=1.5)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _run_loop(
+    args: argparse.Namespace, model: ModelBundle, pipeline: Pipeline, tracker: DecodeTracker, listed: int
+) -> tuple[RunResult, int, bool]:
+    """Run the timed loop over the pipeline. Returns ``(result, exit status, stopped cleanly)``."""
+    exit_code = 0
+    pipeline.start()
+    try:
+        with _tracing(args.trace):
             result = benchmark(
                 pipeline.get_iterator(timeout=args.timeout), model, listed=listed,
-                warmup_batches=args.warmup_batches, failures=failures, skip_bad=args.skip_bad,
+                warmup_batches=args.warmup_batches, tracker=tracker, skip_bad=args.skip_bad,
                 max_bad=_max_bad_count(args.max_bad, listed),
             )  # fmt: skip
     except RunStopped as e:
@@ -1067,16 +1126,33 @@ def _run(args: argparse.Namespace, listed: int, device: torch.device, decoder: s
         result.stop_reason = e.reason
     except TimeoutError as e:
         result, exit_code = e.result, EXIT_STALLED  # type: ignore[attr-defined]
-        result.stop_reason = f"no batch came out of the decode stage for {args.timeout:g} s (--timeout)"
+        result.stop_reason = _stall_reason(tracker, args.timeout)
     except PipelineFailure as e:
         result, exit_code = e.result, EXIT_FAILED  # type: ignore[attr-defined]
-        result.stop_reason = f"the loading pipeline failed: {e}"
+        result.stop_reason = f"the loading pipeline failed: {e} (see the log above)"
+    finally:
+        stopped_cleanly = _stop_pipeline(pipeline)
+    return result, exit_code, stopped_cleanly
+
+
+def _run(args: argparse.Namespace, listed: int, device: torch.device, decoder: str) -> tuple[int, bool]:
+    """Build the model and the loader, run, report. Returns ``(exit status, stopped cleanly)``."""
+    model = get_model(
+        args.model, device, pretrained=args.pretrained, checkpoint=args.checkpoint,
+        compile=args.compile, use_bf16=args.use_bf16, batch_size=args.batch_size,
+    )  # fmt: skip
+    _LG.info("Model %s on %s, decoder %s, %d images listed.", args.model, device, decoder, listed)
+    tracker = DecodeTracker()
+    decode_func = get_decode_func(device, model.transform, decoder.split("-")[0], tracker)
+    src = source(args.input_flist, args.prefix, args.max_samples or float("inf"))
+    pipeline = get_pipeline(src, args.batch_size, decode_func, args.num_threads, args.queue_size, args.num_threads)
+    result, exit_code, stopped_cleanly = _run_loop(args, model, pipeline, tracker, listed)
     if result.stop_reason:
         print(f"error: {result.stop_reason}", file=sys.stderr)
     print_summary(result)
     if args.results_file:
         write_results(args.results_file, result, _run_config(args, model, device, decoder), environment(device))
-    return exit_code
+    return exit_code, stopped_cleanly
 
 
 def _init_logging(debug: bool = False) -> None:
@@ -1090,10 +1166,11 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
     _init_logging(args.debug)
     if args.trace is not None:
         args.max_samples = min(args.max_samples or math.inf, args.batch_size * TRACE_BATCHES)
+    stopped_cleanly = True
     try:
         with _stop_on_signals():
             listed, device, decoder = _preflight(args)
-            exit_code = _run(args, listed, device, decoder)
+            exit_code, stopped_cleanly = _run(args, listed, device, decoder)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         exit_code = EXIT_USAGE
@@ -1101,6 +1178,11 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
         print(f"error: {e.reason}", file=sys.stderr)
         exit_code = e.exit_code
     sys.stdout.flush()
+    sys.stderr.flush()
+    if not stopped_cleanly:
+        # A decode thread is stuck in a system call (a hung file system, a FIFO); the
+        # interpreter would wait for it forever at exit. Everything is reported: leave now.
+        os._exit(exit_code)
     sys.exit(exit_code)
 
 

@@ -67,14 +67,14 @@ def test_trace_writes_both_traces(jpeg_set, tmp_path):
 
 def test_gpu_decoder_without_cuda_stops_at_start(jpeg_set):
     for flag in ("--use-nvjpeg", "--use-nvdec"):
-        proc = run_cli("--input-flist", jpeg_set, *TINY, flag)
+        proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, flag)
         assert proc.returncode == 2
         assert f"error: {flag} decodes on a CUDA GPU, but this run uses cpu" in proc.stderr
         assert "Traceback" not in proc.stderr
 
 
 def test_cuda_device_without_cuda_is_a_usage_error(jpeg_set):
-    proc = run_cli("--input-flist", jpeg_set, "--model", "test_efficientnet", "--device", "cuda:0")
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", "--device", "cuda:0")
     assert proc.returncode == 2 and "CUDA is not available on this machine" in proc.stderr
 
 

@@ -9,7 +9,7 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 
 from imagenet_classification import (
-    DecodeFailures,
+    DecodeTracker,
     EvalTransform,
     ImageDecodeError,
     check_gpu_decoder,
@@ -94,18 +94,18 @@ def test_skipping_keeps_batch_mates_and_alignment(tmp_path, jpeg_set):
     good = _items(jpeg_set)[:5]
     missing = (str(tmp_path / "n01440764_missing.JPEG"), 0)
     items = [good[0], missing, good[1], good[2], (str(tmp_path), 0), good[3], good[4]]
-    failures = DecodeFailures()
-    images, labels = get_decode_func("cpu", failures=failures)(items)
+    tracker = DecodeTracker()
+    images, labels = get_decode_func("cpu", tracker=tracker)(items)
     assert labels[:, 0].tolist() == [label for _, label in good]
     assert images.shape[0] == 5
-    assert [f.path for f in failures.items()] == [missing[0], str(tmp_path)]
-    assert "No such file" in failures.items()[0].reason and "directory" in failures.items()[1].reason
+    assert [f.path for f in tracker.failures()] == [missing[0], str(tmp_path)]
+    assert "No such file" in tracker.failures()[0].reason and "directory" in tracker.failures()[1].reason
 
 
 def test_all_failed_batch_is_empty_not_an_error(tmp_path):
-    failures = DecodeFailures()
-    images, labels = get_decode_func("cpu", failures=failures)([(str(tmp_path / "a.JPEG"), 0)])
-    assert images.shape == (0, 3, 224, 224) and labels.shape == (0, 1) and len(failures) == 1
+    tracker = DecodeTracker()
+    images, labels = get_decode_func("cpu", tracker=tracker)([(str(tmp_path / "a.JPEG"), 0)])
+    assert images.shape == (0, 3, 224, 224) and labels.shape == (0, 1) and tracker.failed == 1
 
 
 def test_grayscale_jpeg_decodes_to_rgb(tmp_path):
