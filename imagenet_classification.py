@@ -292,7 +292,12 @@ class EvalTransform:
         """Return ``(resized width, resized height, crop left, crop top)`` for an input size.
 
         Rounding follows torchvision's ``Resize(int)`` and ``CenterCrop``, which timm uses.
+
+        Raises:
+            ValueError: a size is not positive (a corrupt image header).
         """
+        if width <= 0 or height <= 0:
+            raise ValueError(f"invalid image size {width}x{height}")
         short = self.resize_short
         if width <= height:
             new_w, new_h = short, int(short * height / width)
@@ -389,10 +394,14 @@ def _decode_ffmpeg(path: str, transform: EvalTransform) -> spdl.io.ImageFrames:
     data = _read_image_file(path)
     try:
         packets = spdl.io.demux_image(data)
-        return spdl.io.decode_packets(packets, filter_desc=transform.ffmpeg_filter(packets.width, packets.height))
+        frames = spdl.io.decode_packets(packets, filter_desc=transform.ffmpeg_filter(packets.width, packets.height))
     except (RuntimeError, ValueError, IndexError) as e:  # what SPDL raises for FFmpeg errors
         reason = str(e).split(" (/", 1)[0]  # drop SPDL's C++ source location
         raise ImageDecodeError(path, f"FFmpeg cannot decode it: {reason}") from None
+    # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion.
+    if frames.width <= 0:
+        raise ImageDecodeError(path, "FFmpeg cannot decode it: corrupt image data (no frame decoded)")
+    return frames
 
 
 def _decode_items(
@@ -825,6 +834,15 @@ class RunStopped(Exception):
         self.reason, self.exit_code = reason, exit_code
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM during a run. A KeyboardInterrupt, so that no library swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        self.reason = f"interrupted by {signal.Signals(signum).name}"
+        super().__init__(self.reason)
+        self.exit_code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
+
+
 class _Clock:
     """Wall clock that first waits for the device to finish its queued work."""
 
@@ -1042,14 +1060,16 @@ def _max_bad_count(max_bad: tuple[float, bool] | None, listed: int) -> int | Non
 
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into RunStopped, so the partial result is still reported."""
+    """Turn SIGINT and SIGTERM into RunInterrupted, so the partial result is still reported."""
 
     def handler(signum: int, _frame: object) -> None:
         for s in previous:  # a second signal while the run winds down ends the process at once
             signal.signal(s, signal.SIG_DFL)
-        name = signal.Signals(signum).name
-        raise RunStopped(f"interrupted by {name}", EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
+        raise RunInterrupted(signum)
 
+    # SPDL's native library installs glog's crash handler, SIGTERM included, when it first
+    # loads; load it now so that our handler, installed after, is the one that runs.
+    spdl.io.utils.get_ffmpeg_versions()
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
@@ -1121,7 +1141,7 @@ def _run_loop(
                 warmup_batches=args.warmup_batches, tracker=tracker, skip_bad=args.skip_bad,
                 max_bad=_max_bad_count(args.max_bad, listed),
             )  # fmt: skip
-    except RunStopped as e:
+    except (RunStopped, RunInterrupted) as e:
         result, exit_code = e.result, e.exit_code  # type: ignore[attr-defined]
         result.stop_reason = e.reason
     except TimeoutError as e:
@@ -1174,7 +1194,7 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         exit_code = EXIT_USAGE
-    except RunStopped as e:  # a signal before the loop started
+    except RunInterrupted as e:  # before the loop started
         print(f"error: {e.reason}", file=sys.stderr)
         exit_code = e.exit_code
     sys.stdout.flush()

@@ -102,6 +102,19 @@ def test_skipping_keeps_batch_mates_and_alignment(tmp_path, jpeg_set):
     assert "No such file" in tracker.failures()[0].reason and "directory" in tracker.failures()[1].reason
 
 
+def test_zero_size_in_jpeg_header_is_reported(tmp_path, jpeg_set):
+    # Found by fuzzing: a corrupt frame header can declare a width of 0.
+    data = bytearray((jpeg_set.parent / jpeg_set.read_text().splitlines()[0]).read_bytes())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 7 : sof + 9] = b"\x00\x00"  # SOF0: length(2) precision(1) height(2) width(2)
+    path = tmp_path / "zero-width.JPEG"
+    path.write_bytes(bytes(data))
+    tracker = DecodeTracker()
+    images, _ = get_decode_func("cpu", tracker=tracker)([(str(path), 0)])
+    assert images.shape[0] == 0 and tracker.failed == 1
+    assert "FFmpeg cannot decode it" in tracker.failures()[0].reason
+
+
 def test_all_failed_batch_is_empty_not_an_error(tmp_path):
     tracker = DecodeTracker()
     images, labels = get_decode_func("cpu", tracker=tracker)([(str(tmp_path / "a.JPEG"), 0)])

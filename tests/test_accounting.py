@@ -1,0 +1,120 @@
+"""The accounting invariant under SPDL's real failure modes, and a fuzz test of the decoder."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from spdl.pipeline import PipelineBuilder
+
+from imagenet_classification import (
+    DecodeTracker,
+    RunStopped,
+    benchmark,
+    get_decode_func,
+    get_model,
+    get_pipeline,
+    source,
+)
+from tests.conftest import TINY, read_json, run_cli
+
+FAST = [*TINY, "--no-compile", "--batch-size", "4"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return get_model("test_efficientnet", "cpu", pretrained=False, compile=False, use_bf16=False)
+
+
+def test_silently_dropped_batch_is_caught(jpeg_set, tiny_model):
+    # A pipeline built the naive way (SPDL's default failure policy) drops a batch whose stage
+    # raises and goes on. The loop must not report that run as complete.
+    decode = get_decode_func("cpu", tiny_model.transform)
+
+    def flaky_decode(items):
+        if any("00000005" in path for path, _ in items):
+            raise OSError("simulated read error")
+        return decode(items)
+
+    items = source(jpeg_set, f"{jpeg_set.parent}/")
+    naive = PipelineBuilder().add_source(items).aggregate(4).pipe(flaky_decode).add_sink(4).build(num_threads=1)
+    with naive.auto_stop(), pytest.raises(RunStopped, match="before delivering every listed image") as info:
+        benchmark(naive.get_iterator(timeout=30), tiny_model, listed=30, warmup_batches=0)
+    result = info.value.result
+    assert (result.classified, result.not_reached, result.partial) == (26, 4, True)
+
+
+def test_get_pipeline_stops_instead_of_dropping(jpeg_set, tiny_model):
+    decode = get_decode_func("cpu", tiny_model.transform)
+
+    def flaky_decode(items):
+        if any("00000005" in path for path, _ in items):
+            raise OSError("simulated read error")
+        return decode(items)
+
+    pipeline = get_pipeline(source(jpeg_set, f"{jpeg_set.parent}/"), 4, flaky_decode, 2, 4, 2)
+    with pipeline.auto_stop(), pytest.raises(Exception) as info:
+        benchmark(pipeline.get_iterator(timeout=30), tiny_model, listed=30, warmup_batches=0)
+    assert info.value.result.partial is True and info.value.result.classified < 30
+
+
+def _real_jpeg(jpeg_set: Path) -> bytes:
+    return (jpeg_set.parent / jpeg_set.read_text().splitlines()[0]).read_bytes()
+
+
+@settings(max_examples=60, deadline=10_000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzz_decoder_never_crashes_and_accounts(jpeg_set, tmp_path, data):
+    jpeg = _real_jpeg(jpeg_set)
+    kind = data.draw(st.sampled_from(["random", "truncated", "bitflips"]))
+    if kind == "random":
+        blob = data.draw(st.binary(min_size=0, max_size=4096))
+    elif kind == "truncated":
+        blob = jpeg[: data.draw(st.integers(0, len(jpeg) - 3))]
+    else:
+        rng = random.Random(data.draw(st.integers(0, 2**32)))
+        blob = bytearray(jpeg)
+        for _ in range(data.draw(st.integers(1, 20))):
+            blob[rng.randrange(len(blob))] = rng.randrange(256)
+        blob = bytes(blob)
+    path = tmp_path / "n01440764_fuzz.JPEG"
+    path.write_bytes(blob)
+    tracker = DecodeTracker()
+    images, labels = get_decode_func("cpu", tracker=tracker)([(str(path), 0)] * 2)
+    assert images.shape[0] == labels.shape[0] and images.shape[0] + tracker.failed == 2
+    assert images.shape[1:] == (3, 224, 224) and images.dtype == torch.uint8
+    if kind == "truncated":
+        assert tracker.failed == 2  # a cut JPEG is always reported, never half-classified
+
+
+def test_fuzzed_set_through_the_cli(jpeg_set, tmp_path):
+    jpeg = _real_jpeg(jpeg_set)
+    rng = random.Random(7)
+    root = tmp_path / "fuzz"
+    (root / "val" / "n01440764").mkdir(parents=True)
+    lines = []
+    for i in range(24):
+        blob = bytearray(jpeg)
+        if i % 3 == 0:
+            blob = blob[: rng.randrange(len(blob))]
+        elif i % 3 == 1:
+            for _ in range(rng.randint(1, 30)):
+                blob[rng.randrange(len(blob))] = rng.randrange(256)
+        else:
+            blob = bytearray(rng.randbytes(rng.randrange(1, 3000)))
+        rel = f"val/n01440764/{i}.JPEG"
+        (root / rel).write_bytes(bytes(blob))
+        lines.append(rel)
+    flist = root / "val.flist"
+    flist.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r.json"
+    proc = run_cli("--input-flist", flist, "--prefix", f"{root}/", *FAST, "--skip-bad", "--results-file", out,
+                   timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = read_json(out)
+    assert result["listed"] == 24 and result["not_reached"] == 0
+    assert result["classified"] + result["failed"] == 24 and result["failed"] >= 16

@@ -1,0 +1,255 @@
+"""Every way input can be bad: what the user sees, the exit status, and the accounting.
+
+Each test matches a row of README.md's table "What happens with bad input".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli, write_jpeg
+
+FAST = [*TINY, "--no-compile", "--batch-size", "4"]
+
+
+def _accounted(result: dict) -> bool:
+    return result["classified"] + result["failed"] + result["not_reached"] == result["listed"]
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    """A fresh copy of a generated set that a test may damage: returns its file list."""
+    return make_jpeg_set(tmp_path / "data", 12)
+
+
+def _run(flist: Path, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    return run_cli("--input-flist", flist, "--prefix", f"{flist.parent}/", *FAST, *args, timeout=timeout)
+
+
+def _add(flist: Path, rel: str) -> Path:
+    """Append a line to the list; return the path it names."""
+    with open(flist, "a") as f:
+        f.write(rel + "\n")
+    return flist.parent / rel
+
+
+# --- Checked before the model is built: exit status 2, one line, no traceback -------------
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda d: d.unlink(), "file list not found"),
+        (lambda d: d.write_text("\n\n"), "the file list has no image paths"),
+        (lambda d: d.write_bytes(b"\xff\xfe\x00bad"), "cannot read file list"),
+        (lambda d: d.write_text("val/n01440764/a.JPEG\nval/cat.JPEG\n"), ":2: no WordNet ID"),
+        (lambda d: d.write_text("val/n01440764/a.JPEG\nval/n00000001/b.JPEG\n"), ":2: n00000001 is not one of"),
+    ],
+    ids=["missing", "empty", "not-text", "no-wnid", "unknown-wnid"],
+)
+def test_bad_file_list(dataset, setup, message):
+    setup(dataset)
+    proc = _run(dataset)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_wrong_prefix(dataset, tmp_path):
+    proc = run_cli("--input-flist", dataset, "--prefix", f"{tmp_path}/elsewhere/", *FAST)
+    assert proc.returncode == 2 and "no such folder" in proc.stderr
+    proc = run_cli("--input-flist", dataset, "--prefix", f"{tmp_path}/", *FAST)
+    assert proc.returncode == 2 and "does not exist: is --prefix right?" in proc.stderr
+
+
+def test_bad_checkpoint_and_outputs(dataset, tmp_path):
+    proc = _run(dataset, "--checkpoint", tmp_path / "none.pth")
+    assert proc.returncode == 2 and "--checkpoint" in proc.stderr and "no such file" in proc.stderr
+    proc = _run(dataset, "--results-file", tmp_path / "no" / "r.json")
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    proc = _run(dataset, "--results-file", tmp_path)
+    assert proc.returncode == 2 and "cannot write there" in proc.stderr
+    proc = _run(dataset, "--trace", tmp_path / "no" / "t")
+    assert proc.returncode == 2 and "--trace" in proc.stderr
+
+
+def test_pretrained_weights_unreachable(dataset):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(dataset.parent / "hf")}
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(dataset),
+           "--prefix", f"{dataset.parent}/", "--model", "test_efficientnet", "--device", "cpu",
+           "--no-compile"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2 and "cannot get its pretrained weights" in proc.stderr
+    assert "--checkpoint" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# --- Images that must decode -----------------------------------------------------------------
+
+
+def test_unusual_but_valid_images_decode(dataset):
+    rgb = np.clip(np.random.default_rng(1).normal(128, 40, (375, 500, 3)), 0, 255).astype(np.uint8)
+    image = Image.fromarray(rgb)
+    root = dataset.parent
+    image.convert("L").save(_add(dataset, "val/n01440764/gray.JPEG"))
+    image.convert("CMYK").save(_add(dataset, "val/n01440764/cmyk.JPEG"))
+    image.save(_add(dataset, "val/n01440764/progressive.JPEG"), progressive=True)
+    image.save(_add(dataset, "val/n01440764/png-data.JPEG"), format="PNG")
+    image.resize((8000, 6000)).save(_add(dataset, "val/n01440764/huge.JPEG"), quality=70)
+    image.resize((8, 8)).save(_add(dataset, "val/n01440764/tiny.JPEG"))
+    (root / "val/n01440764/with space").mkdir()
+    image.save(_add(dataset, "val/n01440764/with space/naïve café 猫.JPEG"))
+    out = dataset.parent / "r.json"
+    proc = _run(dataset, "--results-file", out)
+    assert proc.returncode == 0, proc.stderr
+    result = read_json(out)
+    assert (result["listed"], result["classified"], result["failed"]) == (19, 19, 0)
+
+
+# --- Images that cannot be used: strict stops, --skip-bad counts -----------------------------
+
+
+def _write_bad_images(dataset: Path) -> dict[str, str]:
+    """Add one image of each unusable kind; returns {path: expected words in the reason}."""
+    root = dataset.parent
+    good = (root / dataset.read_text().splitlines()[0]).read_bytes()
+    bad = {
+        _add(dataset, "val/n01440764/missing.JPEG"): "No such file",
+        _add(dataset, "val/n01440764/zero.JPEG"): "empty file",
+        _add(dataset, "val/n01440764/text.JPEG"): "FFmpeg cannot decode it",
+        _add(dataset, "val/n01440764/truncated.JPEG"): "truncated JPEG",
+        _add(dataset, "val/n01440764/folder.JPEG"): "is a directory",
+    }
+    paths = list(bad)
+    paths[1].write_bytes(b"")
+    paths[2].write_text("<html>not an image</html>\n" * 40)
+    paths[3].write_bytes(good[: len(good) // 2])
+    paths[4].mkdir()
+    return {str(p): words for p, words in bad.items()}
+
+
+def test_strict_stops_at_first_bad_image(dataset):
+    bad = _write_bad_images(dataset)
+    out = dataset.parent / "r.json"
+    proc = _run(dataset, "--results-file", out)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    result = read_json(out)
+    assert result["partial"] is True and result["failed"] >= 1 and _accounted(result)
+    first = result["failures"][0]
+    assert bad[first["path"]] in first["reason"]
+    assert f"error: cannot decode {first['path']}: {first['reason']}" in proc.stderr
+
+
+def test_skip_bad_counts_and_lists_every_bad_image(dataset):
+    bad = _write_bad_images(dataset)
+    out = dataset.parent / "r.json"
+    proc = _run(dataset, "--skip-bad", "--results-file", out)
+    assert proc.returncode == 0, proc.stderr
+    result = read_json(out)
+    assert (result["listed"], result["classified"], result["failed"], result["not_reached"]) == (17, 12, 5, 0)
+    assert {f["path"]: f["reason"] for f in result["failures"]}.keys() == bad.keys()
+    for failure in result["failures"]:
+        assert bad[failure["path"]] in failure["reason"]
+    assert result["top1"] == pytest.approx(result["top1_correct"] / 12)
+    assert "(PARTIAL RUN)" not in proc.stdout and ", 5 failed to decode)" in proc.stdout
+
+
+def test_permission_denied_is_reported(dataset):
+    # Root reads any file: drop the capabilities that let it, so the mode bits apply.
+    secret = _add(dataset, "val/n01440764/secret.JPEG")
+    write_jpeg(secret, (64, 64), (10, 20, 30))
+    secret.chmod(0)
+    out = dataset.parent / "r.json"
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(dataset),
+           "--prefix", f"{dataset.parent}/", *FAST, "--skip-bad", "--results-file", str(out)]  # fmt: skip
+    if os.geteuid() == 0:
+        drop = "-dac_override,-dac_read_search"
+        cmd = ["setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert read_json(out)["failures"] == [{"path": str(secret), "reason": "Permission denied"}]
+
+
+def test_max_bad_stops_the_run(dataset):
+    _write_bad_images(dataset)
+    out = dataset.parent / "r.json"
+    proc = _run(dataset, "--skip-bad", "--max-bad", "2", "--results-file", out)
+    assert proc.returncode == 1 and "more than --max-bad allows (2)" in proc.stderr
+    result = read_json(out)
+    assert result["failed"] > 2 and result["partial"] is True and _accounted(result)
+    proc = _run(dataset, "--skip-bad", "--max-bad", "50%")
+    assert proc.returncode == 0
+    proc = _run(dataset, "--max-bad", "2")
+    assert proc.returncode == 2 and "--max-bad only applies with --skip-bad" in proc.stderr
+
+
+# --- Interrupts and stalls ---------------------------------------------------------------------
+
+
+def _start(flist: Path, out: Path, *args) -> subprocess.Popen:
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist),
+           "--prefix", f"{flist.parent}/", *FAST, "--results-file", str(out), *args]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_log(proc: subprocess.Popen, words: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if words in line:
+            return
+        assert line or proc.poll() is None, "the benchmark ended early"
+    raise AssertionError(f"no log line with {words!r}")
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_quickly_with_partial_result(dataset, signum, status):
+    lines = dataset.read_text().splitlines()
+    dataset.write_text("\n".join(lines * 400) + "\n")  # 4800 images: far longer than the test waits
+    out = dataset.parent / "r.json"
+    proc = _start(dataset, out)
+    _wait_for_log(proc, "images listed")
+    time.sleep(2)
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - sent
+    assert proc.returncode == status, stderr
+    assert elapsed < 2.0, elapsed
+    assert f"interrupted by {signal.Signals(signum).name}" in stderr and "(PARTIAL RUN)" in stdout
+    result = read_json(out)
+    assert result["partial"] is True and 0 < result["classified"] < 4800 and result["not_reached"] > 0
+    assert _accounted(result)
+
+
+def test_stalled_read_stops_with_the_file_named(dataset):
+    fifo = _add(dataset, "val/n01440764/hung-read.JPEG")
+    os.mkfifo(fifo)  # opening it blocks forever, as a read from a hung network file system would
+    out = dataset.parent / "r.json"
+    started = time.monotonic()
+    proc = _run(dataset, "--timeout", "3", "--results-file", out, timeout=60)
+    assert time.monotonic() - started < 45
+    assert proc.returncode == 3, proc.stderr
+    assert f"no batch for 3 s (--timeout): the decode stage has been on {fifo} for" in proc.stderr
+    result = read_json(out)
+    assert result["partial"] is True and result["not_reached"] >= 1 and _accounted(result)
+
+
+def test_all_bad_list_reports_zero_classified(tmp_path):
+    flist = tmp_path / "val.flist"
+    flist.write_text("".join(f"val/n01440764/{i}.JPEG\n" for i in range(3)))
+    (tmp_path / "val" / "n01440764").mkdir(parents=True)
+    for i in range(3):
+        (tmp_path / f"val/n01440764/{i}.JPEG").write_bytes(b"")
+    out = tmp_path / "r.json"
+    proc = run_cli("--input-flist", flist, "--prefix", f"{tmp_path}/", *FAST, "--skip-bad", "--results-file", out)
+    assert proc.returncode == 0, proc.stderr
+    result = read_json(out)
+    assert (result["classified"], result["failed"], result["top1"], result["fps"]) == (0, 3, 0.0, 0.0)
