@@ -210,11 +210,21 @@ def source(
     path: Path | str,
     prefix: str = "",
     max_samples: float = float("inf"),
+    *,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> Iterator[tuple[str, int]]:
     """Iterate a file list, yielding ``(prefix + line, class index)`` for each non-blank line.
 
     Lines are stripped of surrounding whitespace (CRLF included). The list is read lazily, so
     memory does not grow with its length.
+
+    Args:
+        path: The file list.
+        prefix: Prepended to each line.
+        max_samples: Use only the first this many images of the list (before sharding).
+        rank, world_size: Yield only this rank's shard: images ``rank, rank + world_size, …``.
+            Every image goes to exactly one rank; shards differ in length by at most one.
 
     Raises:
         FileListError: a line has no WordNet ID, or one outside the 1000 classes; the message
@@ -224,7 +234,8 @@ def source(
     for i, (text, label) in enumerate(_labelled_lines(Path(path), mapping)):
         if i >= max_samples:
             return
-        yield prefix + text, label
+        if i % world_size == rank:
+            yield prefix + text, label
 
 
 def count_list(path: Path | str, max_samples: float = float("inf")) -> int:
@@ -683,10 +694,14 @@ class ModelBundle(torch.nn.Module):
         return self.classification(self.model(x).float(), labels)
 
 
-def resolve_device(spec: str) -> torch.device:
-    """``auto`` -> ``cuda:0`` if CUDA is available, else ``cpu``; otherwise a checked device."""
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+    """Turn ``--device`` into a checked device.
+
+    ``auto`` is ``cuda:LOCAL_RANK`` if CUDA is available, else ``cpu``; ``cuda`` without an
+    index is ``cuda:LOCAL_RANK`` (``local_rank`` is 0 outside torchrun).
+    """
     if spec == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(spec)
     except RuntimeError:
@@ -694,7 +709,7 @@ def resolve_device(spec: str) -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UsageError(f"--device {spec}: CUDA is not available on this machine; use --device cpu")
-        device = torch.device("cuda", device.index or 0)
+        device = torch.device("cuda", local_rank if device.index is None else device.index)
         if device.index >= torch.cuda.device_count():
             raise UsageError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here")
     elif device.type != "cpu":
@@ -887,6 +902,7 @@ def benchmark(
     tracker: DecodeTracker | None = None,
     skip_bad: bool = False,
     max_bad: int | None = None,
+    sync_clocks: Callable[[], None] | None = None,
 ) -> RunResult:
     """Run the model over every batch and measure throughput and accuracy.
 
@@ -901,6 +917,8 @@ def benchmark(
         tracker: The record the decode function writes failures to, if any.
         skip_bad: Go on after a decode failure (else stop at the first).
         max_bad: With ``skip_bad``, stop once more than this many images failed.
+        sync_clocks: Called just before each clock start (loop start, end of warm-up), e.g. a
+            barrier so that every rank of a distributed run starts its clock together.
 
     Returns:
         A RunResult. If the run ends early (RunStopped, KeyboardInterrupt, a loader failure or
@@ -912,6 +930,8 @@ def benchmark(
     result = RunResult(listed=listed)
     # Counts stay on the device: reading them each batch would stall the GPU's queue.
     top1, top5 = (torch.zeros((), dtype=torch.int64, device=device) for _ in range(2))
+    sync_clocks = sync_clocks or (lambda: None)
+    sync_clocks()
     t_start = t_warm = clock()
     frames_all = 0
     try:
@@ -928,6 +948,7 @@ def benchmark(
                 frames_all += n
                 result.batches = i + 1
                 if i + 1 == warmup_batches:
+                    sync_clocks()
                     t_warm = clock()
                 elif i + 1 > warmup_batches:
                     result.frames_timed += n
@@ -949,6 +970,95 @@ def benchmark(
         else:
             result.frames_timed, result.elapsed_s, result.warmup_included = frames_all, t_end - t_start, True
     return result
+
+
+################################################################################
+# Scale out with torchrun: shards, synchronised clocks, exact totals
+################################################################################
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's place in a torchrun job (rank 0 of 1 outside torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> Shard:
+        """Read RANK, WORLD_SIZE and LOCAL_RANK, which torchrun sets for each process."""
+        env = os.environ
+        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+
+    def size_of(self, listed: int, rank: int | None = None) -> int:
+        """How many of ``listed`` images fall to ``rank`` (default: this one)."""
+        return len(range(self.rank if rank is None else rank, listed, self.world_size))
+
+
+def init_distributed(shard: Shard, device: torch.device, timeout_s: float) -> None:
+    """Join the torchrun job: NCCL on CUDA, Gloo on the CPU; collectives give up after ``timeout_s``."""
+    import datetime
+
+    import torch.distributed as dist
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+
+
+def _warmup_for_all_ranks(shard: Shard, listed: int, batch_size: int, warmup_batches: int) -> int:
+    """A warm-up every rank can reach, so the barrier at its end never waits on a finished rank.
+
+    If the shortest shard has no more batches than the warm-up, return a count no rank reaches:
+    every rank then times all of its batches, as a single process would.
+    """
+    fewest = math.ceil(shard.size_of(listed, shard.world_size - 1) / batch_size)
+    most = math.ceil(shard.size_of(listed, 0) / batch_size)
+    return warmup_batches if fewest > warmup_batches else most + 1
+
+
+def _barrier() -> None:
+    """Wait for every rank; a peer that stopped or died ends this rank's run with a clear reason."""
+    import torch.distributed as dist
+
+    try:
+        dist.barrier()
+    except RuntimeError as e:  # DistBackendError / timeout: a peer is gone
+        reason = f"another rank stopped ({str(e).splitlines()[0]})"
+        raise RunStopped(reason, EXIT_FAILED) from None
+
+
+def _rank_entry(result: RunResult, shard: Shard, device: torch.device) -> dict:
+    """One rank's share of the job, as the results file lists it."""
+    return {"rank": shard.rank, "classified": result.classified, "fps": result.fps,
+            "elapsed_s": result.elapsed_s, "device": str(device)}  # fmt: skip
+
+
+def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tuple[RunResult, list[dict]]:
+    """Sum the counts of every rank exactly; the FPS window is the longest rank's.
+
+    Returns:
+        The job's totals (on every rank) and one dict per rank: rank, classified, fps,
+        elapsed_s, device.
+    """
+    import torch.distributed as dist
+
+    on = device if device.type == "cuda" else torch.device("cpu")
+    fields = ("listed", "classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches")
+    counts = torch.tensor([getattr(result, f) for f in fields], dtype=torch.int64, device=on)
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    flags = torch.tensor(
+        [result.elapsed_s, float(result.partial), float(result.warmup_included)], dtype=torch.float64, device=on
+    )
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    gathered: list[dict | None] = [None] * shard.world_size
+    mine = {**_rank_entry(result, shard, device), "failures": result.failures}
+    dist.all_gather_object(gathered, mine)
+    total = RunResult(**dict(zip(fields, counts.tolist(), strict=True)))
+    total.elapsed_s, total.partial, total.warmup_included = flags[0].item(), bool(flags[1]), bool(flags[2])
+    total.failures = [f for rank in gathered for f in rank.pop("failures")]
+    return total, gathered
 
 
 ################################################################################
@@ -1009,9 +1119,10 @@ def environment(device: torch.device) -> dict:
     }
 
 
-def write_results(path: Path | str, result: RunResult, config: dict, env: dict) -> None:
-    """Write the result, the run's configuration and its environment as one JSON object."""
-    Path(path).write_text(json.dumps({**result.to_dict(), "config": config, "env": env}, indent=2) + "\n")
+def write_results(path: Path | str, result: RunResult, config: dict, env: dict, ranks: list[dict]) -> None:
+    """Write the result, the run's configuration, its environment and each rank's share as JSON."""
+    payload = {**result.to_dict(), "world_size": len(ranks), "ranks": ranks, "config": config, "env": env}
+    Path(path).write_text(json.dumps(payload, indent=2) + "\n")
 
 
 ################################################################################
@@ -1029,11 +1140,11 @@ def _check_output_path(flag: str, path: Path | None) -> None:
         raise UsageError(f"{flag} {path}: cannot write there")
 
 
-def _preflight(args: argparse.Namespace) -> tuple[int, torch.device, str]:
+def _preflight(args: argparse.Namespace, shard: Shard) -> tuple[int, torch.device, str]:
     """Check everything that can be checked before the model is built.
 
     Returns:
-        ``(listed, device, decoder backend)``. Raises UsageError naming what is wrong.
+        ``(images listed in the whole list, device, decoder backend)``. Raises UsageError.
     """
     listed = count_list(args.input_flist, args.max_samples or float("inf"))
     if args.prefix.endswith(os.sep) and not Path(args.prefix).is_dir():
@@ -1046,7 +1157,7 @@ def _preflight(args: argparse.Namespace) -> tuple[int, torch.device, str]:
     _check_output_path("--results-file", args.results_file)
     if args.trace is not None:
         _check_output_path("--trace", args.trace.with_name(args.trace.name + ".json"))
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, shard.local_rank)
     decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
     return listed, device, check_gpu_decoder(decoder, device)
 
@@ -1129,17 +1240,19 @@ def _stop_pipeline(pipeline: Pipeline) -> bool:
 
 
 def _run_loop(
-    args: argparse.Namespace, model: ModelBundle, pipeline: Pipeline, tracker: DecodeTracker, listed: int
+    args: argparse.Namespace, model: ModelBundle, pipeline: Pipeline, tracker: DecodeTracker, listed: int, shard: Shard
 ) -> tuple[RunResult, int, bool]:
     """Run the timed loop over the pipeline. Returns ``(result, exit status, stopped cleanly)``."""
+    distributed = shard.world_size > 1
     exit_code = 0
     pipeline.start()
     try:
-        with _tracing(args.trace):
+        with _tracing(args.trace if shard.rank == 0 else None):
             result = benchmark(
                 pipeline.get_iterator(timeout=args.timeout), model, listed=listed,
-                warmup_batches=args.warmup_batches, tracker=tracker, skip_bad=args.skip_bad,
-                max_bad=_max_bad_count(args.max_bad, listed),
+                warmup_batches=_warmup_for_all_ranks(shard, args.listed_total, args.batch_size, args.warmup_batches),
+                tracker=tracker, skip_bad=args.skip_bad, max_bad=_max_bad_count(args.max_bad, listed),
+                sync_clocks=_barrier if distributed else None,
             )  # fmt: skip
     except (RunStopped, RunInterrupted) as e:
         result, exit_code = e.result, e.exit_code  # type: ignore[attr-defined]
@@ -1155,23 +1268,48 @@ def _run_loop(
     return result, exit_code, stopped_cleanly
 
 
-def _run(args: argparse.Namespace, listed: int, device: torch.device, decoder: str) -> tuple[int, bool]:
+def _combine_ranks(result: RunResult, shard: Shard, device: torch.device) -> tuple[RunResult, list[dict], int]:
+    """Totals over the job: ``(result, per-rank list, exit status)``; a rank that failed stays alone."""
+    mine = _rank_entry(result, shard, device)
+    if shard.world_size == 1:
+        return result, [mine], 0
+    try:
+        total, ranks = reduce_results(result, shard, device)
+    except RuntimeError as e:  # a peer stopped before the final reduction
+        result.partial, result.stop_reason = True, f"another rank stopped ({str(e).splitlines()[0]})"
+        return result, [mine], EXIT_FAILED
+    return total, ranks, 0
+
+
+def _run(args: argparse.Namespace, device: torch.device, decoder: str, shard: Shard) -> tuple[int, bool]:
     """Build the model and the loader, run, report. Returns ``(exit status, stopped cleanly)``."""
+    if shard.world_size > 1:
+        # Compilation happens on the first batches, before the warm-up barrier: allow for it.
+        init_distributed(shard, device, args.timeout + (1800 if args.compile else 0))
     model = get_model(
         args.model, device, pretrained=args.pretrained, checkpoint=args.checkpoint,
         compile=args.compile, use_bf16=args.use_bf16, batch_size=args.batch_size,
     )  # fmt: skip
+    listed = shard.size_of(args.listed_total)
     _LG.info("Model %s on %s, decoder %s, %d images listed.", args.model, device, decoder, listed)
     tracker = DecodeTracker()
     decode_func = get_decode_func(device, model.transform, decoder.split("-")[0], tracker)
-    src = source(args.input_flist, args.prefix, args.max_samples or float("inf"))
+    src = source(args.input_flist, args.prefix, args.max_samples or math.inf, rank=shard.rank,
+                 world_size=shard.world_size)  # fmt: skip
     pipeline = get_pipeline(src, args.batch_size, decode_func, args.num_threads, args.queue_size, args.num_threads)
-    result, exit_code, stopped_cleanly = _run_loop(args, model, pipeline, tracker, listed)
+    result, exit_code, stopped_cleanly = _run_loop(args, model, pipeline, tracker, listed, shard)
+    ranks: list[dict] = []
+    if exit_code == 0:
+        result, ranks, exit_code = _combine_ranks(result, shard, device)
+    label = f"rank {shard.rank}: " if shard.world_size > 1 and (exit_code or not ranks) else ""
     if result.stop_reason:
-        print(f"error: {result.stop_reason}", file=sys.stderr)
-    print_summary(result)
-    if args.results_file:
-        write_results(args.results_file, result, _run_config(args, model, device, decoder), environment(device))
+        print(f"error: {label}{result.stop_reason}", file=sys.stderr)
+    if shard.rank == 0 or label:
+        print_summary(result)
+    if args.results_file and shard.rank == 0:
+        ranks = ranks or [_rank_entry(result, shard, device)]
+        config = _run_config(args, model, device, decoder)
+        write_results(args.results_file, result, config, environment(device), ranks)
     return exit_code, stopped_cleanly
 
 
@@ -1186,11 +1324,14 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
     _init_logging(args.debug)
     if args.trace is not None:
         args.max_samples = min(args.max_samples or math.inf, args.batch_size * TRACE_BATCHES)
+    shard = Shard.from_env()
+    if shard.rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
     stopped_cleanly = True
     try:
         with _stop_on_signals():
-            listed, device, decoder = _preflight(args)
-            exit_code, stopped_cleanly = _run(args, listed, device, decoder)
+            args.listed_total, device, decoder = _preflight(args, shard)
+            exit_code, stopped_cleanly = _run(args, device, decoder, shard)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         exit_code = EXIT_USAGE

@@ -1,0 +1,76 @@
+"""torchrun on the CPU with Gloo: exact totals over shards, and a failing rank stops them all."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from imagenet_classification import Shard, source
+from tests.conftest import ROOT, read_json, run_cli
+
+
+def _args(flist: Path, checkpoint: Path, out: Path, *extra: str) -> list[str]:
+    return ["--input-flist", str(flist), "--prefix", f"{flist.parent}/", "--model", "efficientnet_lite0",
+            "--checkpoint", str(checkpoint), "--device", "cpu", "--no-compile", "--no-bf16", "--batch-size", "4",
+            "--num-threads", "1", "--warmup-batches", "1", "--results-file", str(out), *extra]  # fmt: skip
+
+
+def _odd_list(demo_photos: Path) -> Path:
+    flist = demo_photos.parent / "odd.flist"
+    flist.write_text("\n".join(demo_photos.read_text().splitlines()[:19]) + "\n")
+    return flist
+
+
+def test_shards_cover_every_line_once(jpeg_set):
+    everything = list(source(jpeg_set))
+    for world in (2, 3, 7):
+        shards = [list(source(jpeg_set, rank=r, world_size=world)) for r in range(world)]
+        assert sorted(item for shard in shards for item in shard) == sorted(everything)
+        assert [len(s) for s in shards] == [Shard(r, world).size_of(len(everything)) for r in range(world)]
+
+
+def test_torchrun_totals_equal_a_single_process(demo_photos, lite0_checkpoint, tmp_path):
+    flist = _odd_list(demo_photos)
+    single = run_cli(*_args(flist, lite0_checkpoint, tmp_path / "one.json"))
+    assert single.returncode == 0, single.stderr
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd = [*launcher, str(ROOT / "imagenet_classification.py"), *_args(flist, lite0_checkpoint, tmp_path / "two.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("Images: listed=19 classified=19") == 1  # rank 0 alone reports
+    one, two = read_json(tmp_path / "one.json"), read_json(tmp_path / "two.json")
+    for key in ("listed", "classified", "failed", "not_reached", "top1_correct", "top5_correct"):
+        assert one[key] == two[key], key
+    assert two["listed"] == 19 and two["world_size"] == 2
+    assert sorted(r["classified"] for r in two["ranks"]) == [9, 10]
+    assert two["frames_timed"] == sum(r["classified"] - 4 for r in two["ranks"])  # one warm-up batch each
+    assert two["elapsed_s"] == max(r["elapsed_s"] for r in two["ranks"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_failing_rank_stops_every_rank(demo_photos, lite0_checkpoint, tmp_path):
+    flist = _odd_list(demo_photos)
+    lines = flist.read_text().splitlines()
+    (flist.parent / lines[1]).write_bytes(b"not a JPEG at all" * 20)  # line index 1 falls to rank 1
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    procs = []
+    started = time.monotonic()
+    for rank in (0, 1):
+        cmd = [sys.executable, str(ROOT / "imagenet_classification.py"),
+               *_args(flist, lite0_checkpoint, tmp_path / f"r{rank}.json", "--timeout", "15")]  # fmt: skip
+        rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        procs.append(subprocess.Popen(cmd, env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert time.monotonic() - started < 90
+    assert [p.returncode for p in procs] == [1, 1], outputs
+    assert f"error: rank 1: cannot decode {flist.parent / lines[1]}" in outputs[1][1]
+    assert "error: rank 0: another rank stopped" in outputs[0][1]
