@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,8 +20,10 @@ def _args(flist: Path, checkpoint: Path, out: Path, *extra: str) -> list[str]:
             "--num-threads", "1", "--warmup-batches", "1", "--results-file", str(out), *extra]  # fmt: skip
 
 
-def _odd_list(demo_photos: Path) -> Path:
-    flist = demo_photos.parent / "odd.flist"
+def _odd_list(demo_photos: Path, root: Path) -> Path:
+    """A private copy of the first 19 photos (an odd count), which a test may damage."""
+    shutil.copytree(demo_photos.parent / "val", root / "val")
+    flist = root / "odd.flist"
     flist.write_text("\n".join(demo_photos.read_text().splitlines()[:19]) + "\n")
     return flist
 
@@ -34,7 +37,7 @@ def test_shards_cover_every_line_once(jpeg_set):
 
 
 def test_torchrun_totals_equal_a_single_process(demo_photos, lite0_checkpoint, tmp_path):
-    flist = _odd_list(demo_photos)
+    flist = _odd_list(demo_photos, tmp_path)
     single = run_cli(*_args(flist, lite0_checkpoint, tmp_path / "one.json"))
     assert single.returncode == 0, single.stderr
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -58,7 +61,7 @@ def _free_port() -> int:
 
 
 def test_failing_rank_stops_every_rank(demo_photos, lite0_checkpoint, tmp_path):
-    flist = _odd_list(demo_photos)
+    flist = _odd_list(demo_photos, tmp_path)
     lines = flist.read_text().splitlines()
     (flist.parent / lines[1]).write_bytes(b"not a JPEG at all" * 20)  # line index 1 falls to rank 1
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
