@@ -1,0 +1,210 @@
+"""Compare image loaders on identical work, side by side, in one run.
+
+Generates an ImageNet-like JPEG set (real photographs cropped to ImageNet's common sizes and
+qualities), then measures, interleaved and repeated:
+
+- FFmpeg decode-only rate on one core (demux + decode, no resize): the ceiling per core;
+- the SPDL loader (decode, resize, crop, batch) at 1..N threads;
+- the PyTorch DataLoader with PIL at 1..N worker processes, same transform and batching;
+- the model alone and end-to-end, on a subset;
+- a scaling check: the SPDL loader over 1k and 8k listed images, in fresh processes, comparing
+  throughput and peak RSS.
+
+Writes ``OUT/results.json`` and ``OUT/loaders.png`` and prints the ratios. Usage::
+
+    python bench/compare_loaders.py --out bench/out --images 2000 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+import spdl.io  # noqa: E402
+import torch  # noqa: E402
+from make_demo_data import PHOTOS, photo_path  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import imagenet_classification as ic  # noqa: E402
+
+# ImageNet's most common sizes, roughly in proportion, and a spread of others.
+SIZES = [(500, 375)] * 8 + [(375, 500)] * 3 + [(500, 333)] * 3 + [(333, 500), (500, 500), (400, 300), (640, 480)]
+
+
+def make_image_set(root: Path, count: int, seed: int = 0) -> Path:
+    """Write ``count`` JPEGs under ``root/val/<wnid>/`` and their list; reuse an existing set."""
+    flist = root / f"val{count}.flist"
+    if flist.exists():
+        return flist
+    rng = random.Random(seed)
+    photos = [(Image.open(photo_path(name)).convert("RGB"), wnid) for name, wnid in PHOTOS.items()]
+    lines = []
+    for i in range(count):
+        image, wnid = rng.choice(photos)
+        w, h = image.size
+        scale = rng.uniform(0.5, 1.0)
+        cw, ch = int(w * scale), int(h * scale)
+        left, top = rng.randint(0, w - cw), rng.randint(0, h - ch)
+        size = rng.choice(SIZES)
+        rel = Path("val") / wnid / f"{wnid}_{i:06d}.JPEG"
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        crop = image.crop((left, top, left + cw, top + ch)).resize(size, Image.Resampling.BICUBIC)
+        crop.save(root / rel, quality=rng.choice([70, 80, 85, 90, 95]))
+        lines.append(str(rel))
+    flist.write_text("\n".join(lines) + "\n")
+    return flist
+
+
+def decode_only_rate(paths: list[str]) -> float:
+    """Images/s of FFmpeg demux + decode in one thread, native pixel format, no resize."""
+    started = time.perf_counter()
+    for path in paths:
+        spdl.io.decode_packets(spdl.io.demux_image(Path(path).read_bytes()), filter_desc=None)
+    return len(paths) / (time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def open_loader(kind: str, flist: Path, threads: int, batch_size: int, transform: ic.EvalTransform) -> Iterator:
+    """Batches on the CPU from the SPDL pipeline or the DataLoader baseline, built alike."""
+    prefix, cpu = f"{flist.parent}/", torch.device("cpu")
+    if kind == "torch":
+        dataset = ic.PILDataset(flist, prefix, math.inf, transform, ic.Shard())
+        yield ic.torch_loader_batches(ic.get_torch_loader(dataset, batch_size, threads, cpu, 120), cpu, None)
+        return
+    decode = ic.get_decode_func(cpu, transform)
+    pipeline = ic.get_pipeline(ic.source(flist, prefix), batch_size, decode, threads, 16, threads)
+    with pipeline.auto_stop():
+        yield pipeline.get_iterator(timeout=120)
+
+
+def loader_rate(kind: str, flist: Path, threads: int, batch_size: int, warmup: int) -> float:
+    """Images/s of one loader, iterated alone on the CPU."""
+    with open_loader(kind, flist, threads, batch_size, ic.EvalTransform()) as batches:
+        return ic.measure_loader(batches, torch.device("cpu"), warmup)
+
+
+def model_rates(flist: Path, model_name: str, batch_size: int, threads: int, warmup: int) -> dict:
+    """Model-only and end-to-end images/s with the SPDL loader, through the benchmark's loop."""
+    model = ic.get_model(model_name, "cpu", pretrained=False, compile=False, use_bf16=False)
+    with open_loader("spdl", flist, threads, batch_size, model.transform) as batches:
+        result = ic.benchmark(batches, model, listed=ic.count_list(flist), warmup_batches=warmup)
+    return {"model_fps": ic.measure_model(model, batch_size, result.batches, warmup), "e2e_fps": result.fps}
+
+
+SCALING_CHILD = """
+import resource, sys, torch
+sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
+from compare_loaders import loader_rate
+rate = loader_rate("spdl", __import__("pathlib").Path({flist!r}), {threads}, 32, 5)
+print(rate, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def scaling_check(flist: Path, threads: int) -> dict:
+    """SPDL loader over 1k and 8k listed images in fresh processes: throughput and peak RSS (KiB)."""
+    lines = flist.read_text().splitlines()
+    out = {}
+    for n in (1000, 8000):
+        sub = flist.with_name(f"scaling{n}.flist")
+        sub.write_text("\n".join((lines * (n // len(lines) + 1))[:n]) + "\n")
+        code = SCALING_CHILD.format(root=str(ROOT), bench=str(ROOT / "bench"), flist=str(sub), threads=threads)
+        rate, rss = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split()
+        out[n] = {"fps": float(rate), "peak_rss_kib": int(rss)}
+    return out
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    threads = results["threads"]
+    for kind, label in (("spdl", "SPDL pipeline (FFmpeg)"), ("torch", "PyTorch DataLoader + PIL")):
+        ax.plot(threads, [statistics.median(results["loaders"][kind][str(t)]) for t in threads], "o-", label=label)
+    per_core = statistics.median(results["decode_only"])
+    ax.plot(threads, [per_core * t for t in threads], "k--", label="FFmpeg decode only x threads")
+    ax.set_xlabel("threads / worker processes")
+    ax.set_ylabel("images / s")
+    ax.set_xticks(threads)
+    ax.set_title(f"Loading {results['images']} ImageNet-like JPEGs, {os.cpu_count()} cores")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-threads", type=int, default=os.cpu_count())
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--model", default="mobilenetv3_large_100")
+    parser.add_argument("--model-images", type=int, default=256, help="images for model-only and end-to-end")
+    parser.add_argument("--no-plot", action="store_false", dest="plot", help="skip the PNG (no matplotlib needed)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    flist = make_image_set(args.out / "images", args.images)
+    paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
+    threads = list(range(1, args.max_threads + 1))
+    results = {"images": args.images, "threads": threads, "decode_only": [],
+               "loaders": {"spdl": {str(t): [] for t in threads}, "torch": {str(t): [] for t in threads}}}  # fmt: skip
+    warmup = 5
+    for repeat in range(args.repeats):  # interleaved, so drifts hit every loader alike
+        results["decode_only"].append(decode_only_rate(paths[:500]))
+        for t in threads:
+            for kind in ("spdl", "torch"):
+                results["loaders"][kind][str(t)].append(loader_rate(kind, flist, t, args.batch_size, warmup))
+        print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
+    subset = flist.with_name("model_subset.flist")
+    subset.write_text("\n".join(flist.read_text().splitlines()[: args.model_images]) + "\n")
+    results["model"] = model_rates(subset, args.model, args.batch_size, args.max_threads, 1)
+    results["scaling"] = scaling_check(flist, args.max_threads)
+    results["env"] = ic.environment(torch.device("cpu"))
+
+    per_core = statistics.median(results["decode_only"])
+    top = str(threads[-1])
+    spdl_rate = statistics.median(results["loaders"]["spdl"][top])
+    torch_rate = statistics.median(results["loaders"]["torch"][top])
+    spdl_one = statistics.median(results["loaders"]["spdl"]["1"])
+    scale = results["scaling"]
+    results["ratios"] = {
+        "spdl_1thread_over_decode_only": spdl_one / per_core,
+        "spdl_over_decode_only_x_threads": spdl_rate / (per_core * threads[-1]),
+        "spdl_over_torch_at_max_threads": spdl_rate / torch_rate,
+        "scaling_fps_8k_over_1k": scale[8000]["fps"] / scale[1000]["fps"],
+        "scaling_rss_8k_over_1k": scale[8000]["peak_rss_kib"] / scale[1000]["peak_rss_kib"],
+    }
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if args.plot:
+        plot(results, args.out / "loaders.png")
+    print(f"FFmpeg decode only, one core:            {per_core:7.0f} images/s")
+    for t in threads:
+        s, p = (statistics.median(results["loaders"][k][str(t)]) for k in ("spdl", "torch"))
+        print(f"{t} thread(s): SPDL {s:7.0f}   DataLoader+PIL {p:7.0f} images/s   ratio {s / p:.2f}")
+    print(f"Model alone {results['model']['model_fps']:.0f}, end-to-end {results['model']['e2e_fps']:.0f} images/s "
+          f"({args.model}, float32, CPU)")  # fmt: skip
+    for name, value in results["ratios"].items():
+        print(f"{name:36s} {value:.2f}")
+    print(f"wrote {args.out / 'results.json'}" + (f" and {args.out / 'loaders.png'}" if args.plot else ""))
+
+
+if __name__ == "__main__":
+    main()

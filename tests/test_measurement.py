@@ -1,0 +1,103 @@
+"""Measurement features: --breakdown, the DataLoader baseline, progress display."""
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from imagenet_classification import Breakdown, Progress
+from tests.conftest import ROOT, TINY, read_json, run_cli
+
+FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1"]
+
+
+def test_breakdown_verdict_on_cpu_and_gpu():
+    cpu = Breakdown.from_rates(600.0, 40.0, 36.0, torch.device("cpu"))
+    assert cpu.bound_fps == pytest.approx(1 / (1 / 600 + 1 / 40)) and cpu.bottleneck == "model"
+    assert cpu.efficiency == pytest.approx(36.0 / cpu.bound_fps)
+    gpu = Breakdown.from_rates(5000.0, 20000.0, 4500.0, torch.device("cuda", 0))
+    assert (gpu.bound_fps, gpu.bottleneck, gpu.efficiency) == (5000.0, "loader", 0.9)
+
+
+def test_breakdown_run_reports_three_rates(jpeg_set, tmp_path):
+    out = tmp_path / "r.json"
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--breakdown",
+                   "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Breakdown (images/s): loader alone" in proc.stdout and "end-to-end reaches" in proc.stdout
+    result = read_json(out)
+    b = result["breakdown"]
+    assert b.keys() == {"loader_fps", "model_fps", "e2e_fps", "bound_fps", "bottleneck", "efficiency"}
+    assert b["e2e_fps"] == pytest.approx(result["fps"])
+    assert b["loader_fps"] > 0 and b["model_fps"] > 0
+    assert b["bound_fps"] == pytest.approx(1 / (1 / b["loader_fps"] + 1 / b["model_fps"]))
+    assert b["bottleneck"] == ("loader" if b["loader_fps"] < b["model_fps"] else "model")
+    assert result["classified"] == 30  # the extra timings do not change the accounting
+
+
+def test_torch_loader_does_the_same_work(demo_photos, lite0_checkpoint, tmp_path):
+    common = ["--input-flist", demo_photos, "--prefix", f"{demo_photos.parent}/", "--model", "efficientnet_lite0",
+              "--checkpoint", lite0_checkpoint, "--device", "cpu", "--no-compile", "--batch-size", "4",
+              "--num-threads", "2", "--warmup-batches", "1"]  # fmt: skip
+    spdl_run = run_cli(*common, "--results-file", tmp_path / "spdl.json")
+    torch_run = run_cli(*common, "--loader", "torch", "--results-file", tmp_path / "torch.json")
+    assert spdl_run.returncode == 0 and torch_run.returncode == 0, torch_run.stderr
+    a, b = read_json(tmp_path / "spdl.json"), read_json(tmp_path / "torch.json")
+    assert (b["config"]["loader"], a["config"]["loader"]) == ("torch", "spdl")
+    assert a["classified"] == b["classified"] == 20 and a["top5_correct"] == b["top5_correct"] == 20
+    assert abs(a["top1_correct"] - b["top1_correct"]) <= 1
+
+
+def test_torch_loader_skips_and_counts_bad_images(tmp_path, jpeg_set):
+    lines = jpeg_set.read_text().splitlines()[:9]
+    flist = tmp_path / "l.flist"
+    (tmp_path / "val" / "n01440764").mkdir(parents=True)
+    (tmp_path / "val" / "n01440764" / "bad.JPEG").write_bytes(b"junk" * 100)
+    flist.write_text(
+        "\n".join([f"{jpeg_set.parent}/{line}" for line in lines] + [f"{tmp_path}/val/n01440764/bad.JPEG"])
+    )
+    out = tmp_path / "r.json"
+    proc = run_cli("--input-flist", flist, *FAST, "--loader", "torch", "--skip-bad", "--results-file", out)
+    assert proc.returncode == 0, proc.stderr
+    result = read_json(out)
+    assert (result["classified"], result["failed"], result["not_reached"]) == (9, 1, 0)
+    assert "PIL cannot decode it" in result["failures"][0]["reason"]
+    strict = run_cli("--input-flist", flist, *FAST, "--loader", "torch")
+    assert strict.returncode == 1 and "bad.JPEG: PIL cannot decode it" in strict.stderr
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_on_a_terminal():
+    stream = _Terminal()
+    progress = Progress(100, stream)
+    progress.last -= 1  # as if the last line were a second old
+    progress(40, torch.tensor(30))
+    progress(41, torch.tensor(31))  # too soon after: not shown
+    progress.close()
+    text = stream.getvalue()
+    assert text.startswith("\r40/100 images, ") and "top-1 so far 75.00%" in text and "41/100" not in text
+
+
+def test_bench_script_runs_and_writes_its_outputs(tmp_path):
+    # A small run of bench/compare_loaders.py, so that the harness keeps working; no figures checked.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "compare_loaders.py"), "--out", str(tmp_path), "--images", "80",
+         "--repeats", "1", "--max-threads", "1", "--batch-size", "8", "--model", "test_efficientnet",
+         "--model-images", "32", "--no-plot"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["ratios"]) == {
+        "spdl_1thread_over_decode_only", "spdl_over_decode_only_x_threads", "spdl_over_torch_at_max_threads",
+        "scaling_fps_8k_over_1k", "scaling_rss_8k_over_1k",
+    }  # fmt: skip
+    assert all(v > 0 for v in results["ratios"].values())
+    assert "spdl_over_torch_at_max_threads" in proc.stdout
