@@ -113,19 +113,23 @@ print(rate, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
-def scaling_check(flist: Path, threads: int) -> dict:
-    """SPDL loader over 1k and 8k listed images in fresh processes: throughput and peak RSS (KiB)."""
+def scaling_check(flist: Path, threads: int, repeats: int) -> dict:
+    """SPDL loader over 1k and 8k listed images, each in fresh processes, interleaved ``repeats``
+    times: median throughput and median peak RSS (KiB)."""  # fmt: skip
     lines = flist.read_text().splitlines()
-    out = {}
-    for n in (1000, 8000):
-        sub = flist.with_name(f"scaling{n}.flist")
-        sub.write_text("\n".join((lines * (n // len(lines) + 1))[:n]) + "\n")
-        code = SCALING_CHILD.format(root=str(ROOT), bench=str(ROOT / "bench"), flist=str(sub), threads=threads)
-        rate, rss = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True
-        ).stdout.split()
-        out[n] = {"fps": float(rate), "peak_rss_kib": int(rss)}
-    return out
+    runs: dict[int, list[tuple[float, int]]] = {1000: [], 8000: []}
+    for _ in range(repeats):
+        for n in runs:
+            sub = flist.with_name(f"scaling{n}.flist")
+            sub.write_text("\n".join((lines * (n // len(lines) + 1))[:n]) + "\n")
+            code = SCALING_CHILD.format(root=str(ROOT), bench=str(ROOT / "bench"), flist=str(sub), threads=threads)
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            rate, rss = out.split()
+            runs[n].append((float(rate), int(rss)))
+    return {
+        n: {"fps": statistics.median(r for r, _ in rs), "peak_rss_kib": statistics.median(m for _, m in rs)}
+        for n, rs in runs.items()
+    }
 
 
 def plot(results: dict, path: Path) -> None:
@@ -176,7 +180,7 @@ def main() -> None:
     subset = flist.with_name("model_subset.flist")
     subset.write_text("\n".join(flist.read_text().splitlines()[: args.model_images]) + "\n")
     results["model"] = model_rates(subset, args.model, args.batch_size, args.max_threads, 1)
-    results["scaling"] = scaling_check(flist, args.max_threads)
+    results["scaling"] = scaling_check(flist, args.max_threads, args.repeats)
     results["env"] = ic.environment(torch.device("cpu"))
 
     per_core = statistics.median(results["decode_only"])
