@@ -30,6 +30,7 @@ def test_full_run_prints_lines_and_writes_results(jpeg_set, tmp_path):
     assert re.search(r"^Accuracy \(top1\)=\d+\.\d\d% \(\d+/30\)$", proc.stdout, re.M)
     assert re.search(r"^Accuracy \(top5\)=\d+\.\d\d% \(\d+/30\)$", proc.stdout, re.M)
     assert "Images: listed=30 classified=30 failed=0 not_reached=0" in proc.stdout
+    assert "leaked" not in proc.stderr  # nanobind's warning about SPDL buffers alive at exit
     result = read_json(out)
     assert RESULT_KEYS <= result.keys() and CONFIG_KEYS <= result["config"].keys()
     assert (result["listed"], result["classified"], result["frames_timed"], result["batches"]) == (30, 30, 22, 8)
