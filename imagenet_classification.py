@@ -57,25 +57,45 @@ from spdl.pipeline import Pipeline, PipelineBuilder, PipelineFailure
 from torch import Tensor
 
 __all__ = [
+    # The seed's names, kept for notebooks.
     "entrypoint",
     "benchmark",
     "source",
-    "count_list",
     "get_decode_func",
     "get_pipeline",
     "get_model",
     "ModelBundle",
     "Classification",
     "Preprocessing",
+    "get_mappings",
+    "parse_wnid",
+    # Source and decode.
+    "count_list",
+    "Shard",
     "EvalTransform",
     "FilterGraphCache",
     "DecodeTracker",
-    "RunResult",
-    "FileListError",
     "ImageDecodeError",
-    "get_mappings",
-    "parse_wnid",
+    "FileListError",
+    "check_gpu_decoder",
+    # The DataLoader baseline.
+    "decode_pil",
+    "PILDataset",
+    "collate_pil",
+    "get_torch_loader",
+    "torch_loader_batches",
+    # Model, loop, measurement, results.
     "resolve_device",
+    "RunResult",
+    "Progress",
+    "Breakdown",
+    "measure_loader",
+    "measure_model",
+    "init_distributed",
+    "reduce_results",
+    "print_summary",
+    "print_breakdown",
+    "environment",
     "write_results",
 ]
 
@@ -994,6 +1014,10 @@ class RunResult:
     stop_reason: str | None = None
     failures: list[dict[str, str]] = field(default_factory=list)
 
+    def record_failures(self, failures: list[ImageDecodeError]) -> None:
+        self.failed = len(failures)
+        self.failures = [{"path": f.path, "reason": f.reason} for f in failures]
+
     @property
     def not_reached(self) -> int:
         return 0 if self.listed is None else self.listed - self.classified - self.failed
@@ -1109,7 +1133,6 @@ def benchmark(
     sync_clocks = sync_clocks or (lambda: None)
     sync_clocks()
     t_start = t_warm = clock()
-    frames_all = 0
     try:
         with torch.inference_mode():
             for i, (images, labels) in enumerate(loader):
@@ -1121,7 +1144,6 @@ def benchmark(
                         top5 += b5
                 n = int(images.shape[0])
                 result.classified += n
-                frames_all += n
                 result.batches = i + 1
                 if i + 1 == warmup_batches:
                     sync_clocks()
@@ -1140,13 +1162,11 @@ def benchmark(
     finally:
         t_end = clock()
         result.top1_correct, result.top5_correct = int(top1), int(top5)
-        failures = tracker.failures() if tracker else []
-        result.failed = len(failures)
-        result.failures = [{"path": f.path, "reason": f.reason} for f in failures]
+        result.record_failures(tracker.failures() if tracker else [])
         if result.batches > warmup_batches:
             result.elapsed_s = t_end - t_warm
-        else:
-            result.frames_timed, result.elapsed_s, result.warmup_included = frames_all, t_end - t_start, True
+        else:  # too short for a warm-up: time everything
+            result.frames_timed, result.elapsed_s, result.warmup_included = result.classified, t_end - t_start, True
     return result
 
 

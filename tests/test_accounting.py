@@ -30,17 +30,22 @@ def tiny_model():
     return get_model("test_efficientnet", "cpu", pretrained=False, compile=False, use_bf16=False)
 
 
-def test_silently_dropped_batch_is_caught(jpeg_set, tiny_model):
-    # A pipeline built the naive way (SPDL's default failure policy) drops a batch whose stage
-    # raises and goes on. The loop must not report that run as complete.
-    decode = get_decode_func("cpu", tiny_model.transform)
+def _failing_on_image_5(decode):
+    """A decode function whose whole batch raises when it holds image 5, as a failing disk would."""
 
     def flaky_decode(items):
         if any("00000005" in path for path, _ in items):
             raise OSError("simulated read error")
         return decode(items)
 
+    return flaky_decode
+
+
+def test_silently_dropped_batch_is_caught(jpeg_set, tiny_model):
+    # A pipeline built the naive way (SPDL's default failure policy) drops a batch whose stage
+    # raises and goes on. The loop must not report that run as complete.
     items = source(jpeg_set, f"{jpeg_set.parent}/")
+    flaky_decode = _failing_on_image_5(get_decode_func("cpu", tiny_model.transform))
     naive = PipelineBuilder().add_source(items).aggregate(4).pipe(flaky_decode).add_sink(4).build(num_threads=1)
     with naive.auto_stop(), pytest.raises(RunStopped, match="before delivering every listed image") as info:
         benchmark(naive.get_iterator(timeout=30), tiny_model, listed=30, warmup_batches=0)
@@ -49,13 +54,7 @@ def test_silently_dropped_batch_is_caught(jpeg_set, tiny_model):
 
 
 def test_get_pipeline_stops_instead_of_dropping(jpeg_set, tiny_model):
-    decode = get_decode_func("cpu", tiny_model.transform)
-
-    def flaky_decode(items):
-        if any("00000005" in path for path, _ in items):
-            raise OSError("simulated read error")
-        return decode(items)
-
+    flaky_decode = _failing_on_image_5(get_decode_func("cpu", tiny_model.transform))
     pipeline = get_pipeline(source(jpeg_set, f"{jpeg_set.parent}/"), 4, flaky_decode, 2, 4, 2)
     with pipeline.auto_stop(), pytest.raises(Exception) as info:
         benchmark(pipeline.get_iterator(timeout=30), tiny_model, listed=30, warmup_batches=0)

@@ -67,3 +67,13 @@ def test_count_list_rejects_missing_and_empty(tmp_path):
     (tmp_path / "empty.txt").write_text("\n \n")
     with pytest.raises(UsageError, match="no image paths"):
         count_list(tmp_path / "empty.txt")
+
+
+def test_public_names_exist():
+    import imagenet_classification
+
+    missing = [name for name in imagenet_classification.__all__ if not hasattr(imagenet_classification, name)]
+    assert missing == []
+    seed_names = {"entrypoint", "benchmark", "source", "get_decode_func", "get_pipeline", "get_model",
+                  "ModelBundle", "Classification", "Preprocessing", "get_mappings", "parse_wnid"}  # fmt: skip
+    assert seed_names <= set(imagenet_classification.__all__)
