@@ -1226,16 +1226,22 @@ class Breakdown:
 
 
 def _timed_rate(steps: Iterable[int], warmup_batches: int, clock: _Clock) -> float:
-    """Images/s over ``steps`` (each yields its batch's image count), after ``warmup_batches``."""
-    frames, t0 = 0, clock()
+    """Images/s over ``steps`` (each yields its batch's image count), after ``warmup_batches``.
+
+    With no more batches than the warm-up, all of them are timed, as :py:func:`benchmark` does.
+    """
+    frames = frames_all = 0
+    t_start = t_warm = clock()
     for i, n in enumerate(steps):
+        frames_all += n
         if i + 1 == warmup_batches:
-            t0 = clock()
+            t_warm = clock()
         elif i + 1 > warmup_batches:
             frames += n
-    if frames == 0:
-        raise ValueError("not enough batches after the warm-up to time")
-    return frames / (clock() - t0)
+    t_end = clock()
+    if frames:
+        return frames / (t_end - t_warm)
+    return frames_all / (t_end - t_start) if frames_all else 0.0
 
 
 def measure_loader(batches: Iterable[tuple[Tensor, Tensor]], device: torch.device, warmup_batches: int) -> float:

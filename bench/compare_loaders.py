@@ -44,16 +44,21 @@ import imagenet_classification as ic  # noqa: E402
 SIZES = [(500, 375)] * 8 + [(375, 500)] * 3 + [(500, 333)] * 3 + [(333, 500), (500, 500), (400, 300), (640, 480)]
 
 
-def make_image_set(root: Path, count: int, seed: int = 0) -> Path:
-    """Write ``count`` JPEGs under ``root/val/<wnid>/`` and their list; reuse an existing set."""
+def make_image_set(root: Path, count: int, seed: int = 0, photos: list[tuple[Path, str]] | None = None) -> Path:
+    """Write ``count`` JPEGs under ``root/val/<wnid>/`` and their list; reuse an existing set.
+
+    Args:
+        photos: ``(image path, wnid)`` pairs to cut from; default scikit-image's demo photos.
+    """
     flist = root / f"val{count}.flist"
     if flist.exists():
         return flist
     rng = random.Random(seed)
-    photos = [(Image.open(photo_path(name)).convert("RGB"), wnid) for name, wnid in PHOTOS.items()]
+    photos = photos or [(photo_path(name), wnid) for name, wnid in PHOTOS.items()]
+    sources = [(Image.open(path).convert("RGB"), wnid) for path, wnid in photos]
     lines = []
     for i in range(count):
-        image, wnid = rng.choice(photos)
+        image, wnid = rng.choice(sources)
         w, h = image.size
         scale = rng.uniform(0.5, 1.0)
         cw, ch = int(w * scale), int(h * scale)

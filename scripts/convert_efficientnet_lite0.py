@@ -41,12 +41,17 @@ def map_state_dict(source: dict[str, torch.Tensor], target: dict[str, torch.Tens
     return mapped
 
 
-def convert(out: Path) -> Path:
-    """Write a state dict that ``timm.create_model('efficientnet_lite0')`` loads strictly."""
+def convert(out: Path, half: bool = False) -> Path:
+    """Write a state dict that ``timm.create_model('efficientnet_lite0')`` loads strictly.
+
+    With ``half``, floating-point tensors are stored as float16 (half the size, for carrying).
+    """
     source = torch.load(source_weights_path(), map_location="cpu", weights_only=True)
     model = timm.create_model("efficientnet_lite0", pretrained=False)
     mapped = map_state_dict(source, model.state_dict())
     model.load_state_dict(mapped, strict=True)
+    if half:
+        mapped = {k: v.half() if v.is_floating_point() else v for k, v in mapped.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(mapped, out)
     return out
@@ -55,7 +60,9 @@ def convert(out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
-    print(f"wrote {convert(parser.parse_args().out)}")
+    parser.add_argument("--half", action="store_true", help="store float16 tensors")
+    args = parser.parse_args()
+    print(f"wrote {convert(args.out, args.half)}")
 
 
 if __name__ == "__main__":

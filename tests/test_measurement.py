@@ -38,6 +38,13 @@ def test_breakdown_run_reports_three_rates(jpeg_set, tmp_path):
     assert result["classified"] == 30  # the extra timings do not change the accounting
 
 
+def test_breakdown_of_a_run_shorter_than_the_warmup(jpeg_set):
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
+                   "--batch-size", "4", "--max-samples", "8", "--breakdown")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "not more than the warm-up" in proc.stdout and "Breakdown (images/s): loader alone" in proc.stdout
+
+
 def test_torch_loader_does_the_same_work(demo_photos, lite0_checkpoint, tmp_path):
     common = ["--input-flist", demo_photos, "--prefix", f"{demo_photos.parent}/", "--model", "efficientnet_lite0",
               "--checkpoint", lite0_checkpoint, "--device", "cpu", "--no-compile", "--batch-size", "4",

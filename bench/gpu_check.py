@@ -1,0 +1,137 @@
+"""Prove the GPU paths on real hardware: every decoder, loader-only and end-to-end, and agreement.
+
+Run by ``bench/gpu_check.sh`` on a machine with an NVIDIA GPU and no network, from the bundle
+that ``bench/gpu_prepare.sh`` filled. For each decoder (FFmpeg + copy, nvJPEG, NVDEC) it runs
+the benchmark in a subprocess on a generated ImageNet-like JPEG set with ``torch.compile`` and
+bf16 on and ``--breakdown`` (which times the loader alone, the model alone and end-to-end),
+then classifies the real photos through each decoder with real weights and measures how often
+each decoder's top-1 agrees with FFmpeg's. One leg's failure is recorded and the others go on.
+
+Usage (``--device cpu --decoders ffmpeg`` runs the CPU legs anywhere)::
+
+    python bench/gpu_check.py --bundle bench/gpu_bundle --out OUT [--device cuda] [--images 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+DECODER_FLAGS = {"ffmpeg": [], "nvjpeg": ["--use-nvjpeg"], "nvdec": ["--use-nvdec"]}
+
+
+def run_leg(name: str, args: list[str], out: Path, timeout: float, log) -> dict:
+    """Run the benchmark's CLI once; return its results file, or the error it stopped with."""
+    results = out / f"{name}.json"
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), *args, "--results-file", str(results)]
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {timeout:g} s"}
+    log.write(f"### {name}: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}\n")
+    entry = {"ok": proc.returncode == 0, "exit": proc.returncode, "wall_s": time.monotonic() - started}
+    if results.exists():
+        entry["result"] = json.loads(results.read_text())
+    if proc.returncode:
+        entry["error"] = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return entry
+
+
+def top1_per_image(flist: Path, checkpoint: Path, device: str, decoder: str) -> dict[str, int]:
+    """Top-1 class of each listed photo, decoded by ``decoder`` and classified with real weights."""
+    import torch
+
+    import imagenet_classification as ic
+
+    ic.check_gpu_decoder(decoder, torch.device(device))  # a clear reason if it cannot run here
+    model = ic.get_model("efficientnet_lite0", device, checkpoint=checkpoint, compile=False, use_bf16=False)
+    decode = ic.get_decode_func(device, model.transform, decoder)
+    items = list(ic.source(flist, f"{flist.parent}/"))
+    predictions = {}
+    with torch.inference_mode():
+        for start in range(0, len(items), 16):
+            batch = items[start : start + 16]
+            images, _ = decode(batch)
+            logits = model.model(model.preprocessing(images))
+            predictions.update(zip((p for p, _ in batch), logits.argmax(dim=1).tolist(), strict=True))
+    return predictions
+
+
+def agreement(photos: Path, checkpoint: Path, device: str, decoders: list[str], log) -> dict:
+    """Share of photos whose top-1 through each decoder equals FFmpeg's."""
+    reference = top1_per_image(photos, checkpoint, device, "ffmpeg")
+    out = {"photos": len(reference)}
+    for decoder in decoders:
+        if decoder == "ffmpeg":
+            continue
+        try:
+            other = top1_per_image(photos, checkpoint, device, decoder)
+        except Exception as e:  # a decoder that cannot run here is reported, not fatal to the check
+            log.write(f"### agreement {decoder}: {type(e).__name__}: {e}\n")
+            out[decoder] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            continue
+        same = sum(reference[p] == other.get(p) for p in reference)
+        out[decoder] = {"ok": True, "agree": same / len(reference)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundle", type=Path, default=ROOT / "bench" / "gpu_bundle")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--images", type=int, default=4000)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--decoders", default="ffmpeg,nvjpeg,nvdec")
+    parser.add_argument("--leg-timeout", type=float, default=150)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    decoders = args.decoders.split(",")
+
+    from compare_loaders import make_image_set
+
+    photos = args.bundle / "photos" / "val.flist"
+    sources = [(photos.parent / line, line.split("/")[1]) for line in photos.read_text().split()]
+    flist = make_image_set(args.out / "images", args.images, photos=sources)
+    checkpoint = args.bundle / "efficientnet_lite0.pth"
+    report: dict = {"device": args.device, "images": args.images, "legs": {}}
+    with open(args.out / "gpu_check.log", "w") as log:
+        for decoder in decoders:
+            common = ["--input-flist", str(flist), "--prefix", f"{flist.parent}/", "--device", args.device,
+                      "--batch-size", str(args.batch_size), "--num-threads", str(args.threads),
+                      "--model", "mobilenetv3_large_100", "--no-pretrained", "--breakdown",
+                      *([] if args.compile else ["--no-compile"]), *DECODER_FLAGS[decoder]]  # fmt: skip
+            report["legs"][decoder] = run_leg(decoder, common, args.out, args.leg_timeout, log)
+            print(f"{decoder}: {summary(report['legs'][decoder])}", flush=True)
+        report["agreement"] = agreement(photos, checkpoint, args.device, decoders, log)
+        print(f"top-1 agreement with FFmpeg on {report['agreement']['photos']} photos: "
+              f"{ {k: v for k, v in report['agreement'].items() if k != 'photos'} }", flush=True)  # fmt: skip
+    import torch
+
+    import imagenet_classification as ic
+
+    report["env"] = ic.environment(torch.device(args.device))
+    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def summary(leg: dict) -> str:
+    """One line for a leg: its three rates and the verdict, or why it failed."""
+    if not leg.get("ok"):
+        return f"FAILED: {leg.get('error')}"
+    b, decoder = leg["result"]["breakdown"], leg["result"]["config"]["decoder"]
+    rates = f"loader {b['loader_fps']:.0f}, model {b['model_fps']:.0f}, end-to-end {b['e2e_fps']:.0f} images/s"
+    return f"{rates} ({b['efficiency']:.0%} of the bound, {b['bottleneck']} bound); decoder {decoder}"
+
+
+if __name__ == "__main__":
+    main()
