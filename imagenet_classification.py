@@ -78,6 +78,9 @@ __all__ = [
     "ImageDecodeError",
     "FileListError",
     "check_gpu_decoder",
+    "jpeg_frame_type",
+    "nvdec_can_take",
+    "decode_ffmpeg_image",
     # The DataLoader baseline.
     "decode_pil",
     "PILDataset",
@@ -405,6 +408,17 @@ class DecodeTracker:
         self._lock = threading.Lock()
         self._failures: list[ImageDecodeError] = []
         self._in_progress: dict[int, tuple[str, float]] = {}
+        self._fallbacks = 0
+
+    def add_fallback(self) -> None:
+        """Count an image that a GPU decoder could not take, decoded by FFmpeg instead."""
+        with self._lock:
+            self._fallbacks += 1
+
+    @property
+    def fallbacks(self) -> int:
+        with self._lock:
+            return self._fallbacks
 
     def add_failure(self, error: ImageDecodeError) -> None:
         with self._lock:
@@ -492,9 +506,9 @@ def _spdl_reason(error: Exception) -> str:
     return str(error).split(" (/", 1)[0]  # drop SPDL's C++ source location
 
 
-def _decode_ffmpeg(path: str, graphs: FilterGraphCache) -> spdl.io.VideoFrames:
-    """Decode one image with FFmpeg into a ``size x size`` RGB frame."""
-    data = _read_image_file(path)
+def _decode_ffmpeg(path: str, graphs: FilterGraphCache, data: bytes | None = None) -> spdl.io.VideoFrames:
+    """Decode one image (its file's bytes, if already read) with FFmpeg into a ``size x size`` RGB frame."""
+    data = _read_image_file(path) if data is None else data
     try:
         frames = spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None)
     except (RuntimeError, ValueError, IndexError) as e:  # what SPDL raises for FFmpeg errors
@@ -611,33 +625,88 @@ def _nvjpeg_decode_func(
     return decode_batch_nvjpeg
 
 
+def jpeg_frame_type(data: bytes) -> int | None:
+    """The JPEG start-of-frame marker (0xC0 baseline, 0xC2 progressive, …), or None if not JPEG."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 4 <= len(data) and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+        elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn, not DHT/JPG/DAC
+            return marker
+        elif marker == 0xDA:  # start of scan before any frame header: corrupt
+            return None
+        else:
+            i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return None
+
+
+def nvdec_can_take(data: bytes, codec_name: str, pix_fmt: str) -> bool:
+    """NVDEC decodes sequential (baseline or extended) JPEGs with 4:2:0 chroma, nothing else."""
+    return codec_name == "mjpeg" and pix_fmt in ("yuvj420p", "yuv420p") and jpeg_frame_type(data) in (0xC0, 0xC1)
+
+
+def decode_ffmpeg_image(path: str, graphs: FilterGraphCache, device: torch.device, data: bytes) -> Tensor:
+    """One image decoded by FFmpeg as uint8 ``3 x size x size`` on ``device``: a GPU decoder's fallback."""
+    size = graphs.transform.size
+    image = spdl.io.to_torch(spdl.io.convert_frames([_decode_ffmpeg(path, graphs, data)])).view(size, size, 3)
+    return image.permute(2, 0, 1).to(device)
+
+
 def _nvdec_decode_func(
     transform: EvalTransform, device: torch.device, tracker: DecodeTracker | None
 ) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
     cuda_config = _cuda_config(device)
-    ffmpeg_fallback = _ffmpeg_decode_func(transform, device, tracker)
+    graphs = FilterGraphCache(transform)
 
     def decode_one(path: str) -> Tensor:
         data = _read_image_file(path)
         try:
             packets = spdl.io.demux_video(data)
+        except (RuntimeError, ValueError, IndexError) as e:
+            raise ImageDecodeError(path, f"FFmpeg cannot read it: {_spdl_reason(e)}") from None
+        if not nvdec_can_take(data, packets.codec.name, packets.codec.pix_fmt):
+            if tracker is not None:
+                tracker.add_fallback()
+            return decode_ffmpeg_image(path, graphs, device, data)
+        try:
             new_w, new_h, left, top = transform.geometry(packets.width, packets.height)
             buffer = spdl.io.decode_packets_nvdec(
                 packets, device_config=cuda_config, pix_fmt="rgb", scale_width=new_w, scale_height=new_h
             )
-        except RuntimeError as e:
-            raise ImageDecodeError(path, f"NVDEC cannot decode it: {e}") from None
-        frame = spdl.io.to_torch(buffer)[0]
+        except (RuntimeError, ValueError) as e:
+            raise ImageDecodeError(path, f"NVDEC cannot decode it: {_spdl_reason(e)}") from None
+        frame = spdl.io.to_torch(buffer)[0]  # 3 x H x W
         return frame[:, top : top + transform.size, left : left + transform.size]
 
     def decode_batch_nvdec(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
         with torch.cuda.device(device):
             images, labels = _decode_items(items, decode_one, tracker)
             if not images:
-                return ffmpeg_fallback([])
+                return _empty_batch(transform, device)
             return torch.stack(images), _label_tensor(labels, device)
 
     return decode_batch_nvdec
+
+
+def _probe_nvdec(device: torch.device) -> None:
+    """Decode a small 4:2:0 JPEG with NVDEC; UsageError if this GPU or driver cannot."""
+    import io
+
+    from PIL import Image
+
+    encoded = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 80, 40)).save(encoded, format="JPEG", subsampling=2)
+    try:
+        packets = spdl.io.demux_video(encoded.getvalue())
+        spdl.io.decode_packets_nvdec(packets, device_config=_cuda_config(device), pix_fmt="rgb")
+    except (RuntimeError, ValueError) as e:
+        raise UsageError(
+            f"--use-nvdec: NVDEC cannot decode a JPEG on {torch.cuda.get_device_name(device)} "
+            f"({_spdl_reason(e)}); drop the flag to decode with FFmpeg"
+        ) from None
 
 
 def get_decode_func(
@@ -683,6 +752,7 @@ def check_gpu_decoder(decoder: str, device: torch.device) -> str:
             f"{flag}: the installed SPDL ({_version('spdl')}) is built without NVDEC support; "
             "install an SPDL build with NVDEC or drop the flag to decode with FFmpeg"
         )
+    _probe_nvdec(device)
     return "nvdec"
 
 
@@ -997,6 +1067,7 @@ class RunResult:
         failed: Images that could not be decoded (see ``failures``).
         top1_correct, top5_correct: Hits among ``classified``.
         frames_timed, elapsed_s: Images and seconds in the FPS window (after the warm-up).
+        decoder_fallbacks: Images a GPU decoder could not take, decoded by FFmpeg instead.
         partial: The run stopped before every listed image was classified or failed.
         stop_reason: Why it stopped early, or None.
     """
@@ -1009,6 +1080,7 @@ class RunResult:
     frames_timed: int = 0
     elapsed_s: float = 0.0
     batches: int = 0
+    decoder_fallbacks: int = 0
     warmup_included: bool = False
     partial: bool = False
     stop_reason: str | None = None
@@ -1163,6 +1235,7 @@ def benchmark(
         t_end = clock()
         result.top1_correct, result.top5_correct = int(top1), int(top5)
         result.record_failures(tracker.failures() if tracker else [])
+        result.decoder_fallbacks = tracker.fallbacks if tracker else 0
         if result.batches > warmup_batches:
             result.elapsed_s = t_end - t_warm
         else:  # too short for a warm-up: time everything
@@ -1320,7 +1393,8 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     import torch.distributed as dist
 
     on = device if device.type == "cuda" else torch.device("cpu")
-    fields = ("listed", "classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches")
+    fields = ("listed", "classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches",
+              "decoder_fallbacks")  # fmt: skip
     counts = torch.tensor([getattr(result, f) for f in fields], dtype=torch.int64, device=on)
     dist.all_reduce(counts, op=dist.ReduceOp.SUM)
     flags = torch.tensor(
@@ -1355,6 +1429,8 @@ def print_summary(result: RunResult, file: TextIO | None = None) -> None:
         f"not_reached={result.not_reached}{' (PARTIAL RUN)' if result.partial else ''}",
         file=file,
     )
+    if result.decoder_fallbacks:
+        print(f"  {result.decoder_fallbacks} images decoded by FFmpeg: the GPU decoder cannot take them", file=file)
     for failure in result.failures[:10]:
         print(f"  failed: {failure['path']}: {failure['reason']}", file=file)
     if len(result.failures) > 10:

@@ -15,7 +15,10 @@ from imagenet_classification import (
     FilterGraphCache,
     ImageDecodeError,
     check_gpu_decoder,
+    decode_ffmpeg_image,
     get_decode_func,
+    jpeg_frame_type,
+    nvdec_can_take,
     source,
 )
 from tests.conftest import label_colour
@@ -142,6 +145,33 @@ def test_grayscale_jpeg_decodes_to_rgb(tmp_path):
     images, _ = get_decode_func("cpu")([(str(path), 0)])
     assert images.shape == (1, 3, 224, 224)
     assert (images.float().mean(dim=(2, 3)) - 77).abs().max() < 2
+
+
+def test_which_images_nvdec_can_take(tmp_path):
+    rgb = np.clip(np.random.default_rng(3).normal(128, 40, (48, 64, 3)), 0, 255).astype(np.uint8)
+    image = Image.fromarray(rgb)
+    cases = {
+        "baseline-420.JPEG": (dict(subsampling=2), 0xC0, True),
+        "baseline-444.JPEG": (dict(subsampling=0), 0xC0, False),
+        "progressive-420.JPEG": (dict(subsampling=2, progressive=True), 0xC2, False),
+        "gray.JPEG": (dict(), 0xC0, False),
+        "png-data.JPEG": (dict(format="PNG"), None, False),
+    }
+    for name, (options, frame_type, expected) in cases.items():
+        path = tmp_path / name
+        (image.convert("L") if name.startswith("gray") else image).save(path, **{"format": "JPEG", **options})
+        data = path.read_bytes()
+        packets = spdl.io.demux_video(data)
+        assert jpeg_frame_type(data) == frame_type, name
+        assert nvdec_can_take(data, packets.codec.name, packets.codec.pix_fmt) is expected, name
+
+
+def test_gpu_fallback_image_equals_the_ffmpeg_batch(jpeg_set):
+    transform = EvalTransform()
+    path, label = _items(jpeg_set)[0]
+    image = decode_ffmpeg_image(path, FilterGraphCache(transform), torch.device("cpu"), Path(path).read_bytes())
+    batch, _ = get_decode_func("cpu", transform)([(path, label)])
+    assert image.shape == (3, 224, 224) and torch.equal(image, batch[0])
 
 
 def test_gpu_decoders_refuse_cpu_at_start():
