@@ -582,14 +582,35 @@ def _resize_crop_on_device(image: Tensor, transform: EvalTransform) -> Tensor:
     """Resize a 3 x H x W uint8 image on its device and centre-crop it, like the FFmpeg path."""
     height, width = image.shape[-2:]
     new_w, new_h, left, top = transform.geometry(width, height)
-    mode = {"nearest": "nearest"}.get(transform.interpolation, transform.interpolation)
-    if mode == "lanczos":
-        mode = "bicubic"  # torch has no lanczos; bicubic is the closest antialiased kernel
+    # torch has no lanczos; bicubic is the closest antialiased kernel.
+    mode = "bicubic" if transform.interpolation == "lanczos" else transform.interpolation
     resized = torch.nn.functional.interpolate(
         image[None].float(), size=(new_h, new_w), mode=mode, antialias=mode != "nearest"
     )
     crop = resized[0, :, top : top + transform.size, left : left + transform.size]
     return crop.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def decode_ffmpeg_image(path: str, graphs: FilterGraphCache, device: torch.device, data: bytes) -> Tensor:
+    """One image decoded by FFmpeg as uint8 ``3 x size x size`` on ``device``: a GPU decoder's fallback."""
+    size = graphs.transform.size
+    image = spdl.io.to_torch(spdl.io.convert_frames([_decode_ffmpeg(path, graphs, data)])).view(size, size, 3)
+    return image.permute(2, 0, 1).to(device)
+
+
+def _gpu_batch_func(
+    decode_one: Callable[[str], Tensor], transform: EvalTransform, device: torch.device, tracker: DecodeTracker | None
+) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
+    """Batch a per-image GPU decoder: images stacked on ``device``, failures as for FFmpeg."""
+
+    def decode_batch_gpu(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
+        with torch.cuda.device(device):
+            images, labels = _decode_items(items, decode_one, tracker)
+            if not images:
+                return _empty_batch(transform, device)
+            return torch.stack(images), _label_tensor(labels, device)
+
+    return decode_batch_gpu
 
 
 def _nvjpeg_decode_func(
@@ -607,22 +628,19 @@ def _nvjpeg_decode_func(
             encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             return torchvision.io.decode_jpeg(encoded, mode=torchvision.io.ImageReadMode.RGB, device=device)
 
+    graphs = FilterGraphCache(transform)
+
     def decode_one(path: str) -> Tensor:
         data = _read_image_file(path)
         try:
             image = decode_gpu(data)
-        except RuntimeError as e:
-            raise ImageDecodeError(path, f"nvJPEG cannot decode it: {e}") from None
+        except RuntimeError:  # not a JPEG nvJPEG takes (PNG data, CMYK, corrupt): FFmpeg decides
+            if tracker is not None:
+                tracker.add_fallback()
+            return decode_ffmpeg_image(path, graphs, device, data)
         return _resize_crop_on_device(image, transform)
 
-    def decode_batch_nvjpeg(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
-        with torch.cuda.device(device):
-            images, labels = _decode_items(items, decode_one, tracker)
-            if not images:
-                return _empty_batch(transform, device)
-            return torch.stack(images), _label_tensor(labels, device)
-
-    return decode_batch_nvjpeg
+    return _gpu_batch_func(decode_one, transform, device, tracker)
 
 
 def jpeg_frame_type(data: bytes) -> int | None:
@@ -646,13 +664,6 @@ def jpeg_frame_type(data: bytes) -> int | None:
 def nvdec_can_take(data: bytes, codec_name: str, pix_fmt: str) -> bool:
     """NVDEC decodes sequential (baseline or extended) JPEGs with 4:2:0 chroma, nothing else."""
     return codec_name == "mjpeg" and pix_fmt in ("yuvj420p", "yuv420p") and jpeg_frame_type(data) in (0xC0, 0xC1)
-
-
-def decode_ffmpeg_image(path: str, graphs: FilterGraphCache, device: torch.device, data: bytes) -> Tensor:
-    """One image decoded by FFmpeg as uint8 ``3 x size x size`` on ``device``: a GPU decoder's fallback."""
-    size = graphs.transform.size
-    image = spdl.io.to_torch(spdl.io.convert_frames([_decode_ffmpeg(path, graphs, data)])).view(size, size, 3)
-    return image.permute(2, 0, 1).to(device)
 
 
 def _nvdec_decode_func(
@@ -681,14 +692,7 @@ def _nvdec_decode_func(
         frame = spdl.io.to_torch(buffer)[0]  # 3 x H x W
         return frame[:, top : top + transform.size, left : left + transform.size]
 
-    def decode_batch_nvdec(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
-        with torch.cuda.device(device):
-            images, labels = _decode_items(items, decode_one, tracker)
-            if not images:
-                return _empty_batch(transform, device)
-            return torch.stack(images), _label_tensor(labels, device)
-
-    return decode_batch_nvdec
+    return _gpu_batch_func(decode_one, transform, device, tracker)
 
 
 def _probe_nvdec(device: torch.device) -> None:
