@@ -1143,6 +1143,37 @@ class _Clock:
         return time.perf_counter()
 
 
+class _TimingWindow:
+    """The FPS window: from the end of the warm-up to the last batch.
+
+    If the run has no more batches than the warm-up, the window covers every batch. ``sync``
+    runs before each clock start (a barrier across ranks).
+    """
+
+    def __init__(self, device: torch.device, warmup_batches: int, sync: Callable[[], None] | None = None) -> None:
+        self.clock, self.warmup_batches, self.sync = _Clock(device), warmup_batches, sync or (lambda: None)
+        self.batches = self.frames = self.frames_all = 0
+        self.sync()
+        self.t_start = self.t_warm = self.clock()
+
+    def add(self, frames: int) -> None:
+        """Count one batch of ``frames`` images, just finished."""
+        self.batches += 1
+        self.frames_all += frames
+        if self.batches == self.warmup_batches:
+            self.sync()
+            self.t_warm = self.clock()
+        elif self.batches > self.warmup_batches:
+            self.frames += frames
+
+    def close(self) -> tuple[int, float, bool]:
+        """``(images timed, seconds, whether the warm-up is included)``."""
+        t_end = self.clock()
+        if self.batches > self.warmup_batches:
+            return self.frames, t_end - self.t_warm, False
+        return self.frames_all, t_end - self.t_start, True
+
+
 def _check_failures(tracker: DecodeTracker | None, skip_bad: bool, max_bad: int | None) -> None:
     """Stop the run on the first failure (strict), or when more than ``max_bad`` failed."""
     if tracker is None or not (count := tracker.failed):
@@ -1202,13 +1233,10 @@ def benchmark(
         If the loader ends without delivering every listed image, RunStopped says how many.
     """
     device = next(model.parameters()).device
-    clock = _Clock(device)
     result = RunResult(listed=listed)
     # Counts stay on the device: reading them each batch would stall the GPU's queue.
     top1, top5 = (torch.zeros((), dtype=torch.int64, device=device) for _ in range(2))
-    sync_clocks = sync_clocks or (lambda: None)
-    sync_clocks()
-    t_start = t_warm = clock()
+    window = _TimingWindow(device, warmup_batches, sync_clocks)
     try:
         with torch.inference_mode():
             for i, (images, labels) in enumerate(loader):
@@ -1218,14 +1246,8 @@ def benchmark(
                         b1, b5 = _classify(model, images, labels)
                         top1 += b1
                         top5 += b5
-                n = int(images.shape[0])
-                result.classified += n
-                result.batches = i + 1
-                if i + 1 == warmup_batches:
-                    sync_clocks()
-                    t_warm = clock()
-                elif i + 1 > warmup_batches:
-                    result.frames_timed += n
+                result.classified += int(images.shape[0])
+                window.add(int(images.shape[0]))
                 if progress is not None:
                     progress(result.classified, top1)
             _check_failures(tracker, skip_bad, max_bad)
@@ -1236,14 +1258,11 @@ def benchmark(
         e.result = result  # type: ignore[attr-defined]
         raise
     finally:
-        t_end = clock()
+        result.frames_timed, result.elapsed_s, result.warmup_included = window.close()
+        result.batches = window.batches
         result.top1_correct, result.top5_correct = int(top1), int(top5)
         result.record_failures(tracker.failures() if tracker else [])
         result.decoder_fallbacks = tracker.fallbacks if tracker else 0
-        if result.batches > warmup_batches:
-            result.elapsed_s = t_end - t_warm
-        else:  # too short for a warm-up: time everything
-            result.frames_timed, result.elapsed_s, result.warmup_included = result.classified, t_end - t_start, True
     return result
 
 
@@ -1302,28 +1321,18 @@ class Breakdown:
         return cls(loader_fps, model_fps, e2e_fps, bound, bottleneck, e2e_fps / bound if bound else 0.0)
 
 
-def _timed_rate(steps: Iterable[int], warmup_batches: int, clock: _Clock) -> float:
-    """Images/s over ``steps`` (each yields its batch's image count), after ``warmup_batches``.
-
-    With no more batches than the warm-up, all of them are timed, as :py:func:`benchmark` does.
-    """
-    frames = frames_all = 0
-    t_start = t_warm = clock()
-    for i, n in enumerate(steps):
-        frames_all += n
-        if i + 1 == warmup_batches:
-            t_warm = clock()
-        elif i + 1 > warmup_batches:
-            frames += n
-    t_end = clock()
-    if frames:
-        return frames / (t_end - t_warm)
-    return frames_all / (t_end - t_start) if frames_all else 0.0
+def _timed_rate(steps: Iterable[int], warmup_batches: int, device: torch.device) -> float:
+    """Images/s over ``steps`` (each yields its batch's image count), in :py:func:`benchmark`'s window."""
+    window = _TimingWindow(device, warmup_batches)
+    for frames in steps:
+        window.add(frames)
+    frames, seconds, _ = window.close()
+    return frames / seconds if seconds > 0 else 0.0
 
 
 def measure_loader(batches: Iterable[tuple[Tensor, Tensor]], device: torch.device, warmup_batches: int) -> float:
     """Images/s of a loader iterated alone, batches delivered on ``device``, nothing computed."""
-    return _timed_rate((images.shape[0] for images, _ in batches), warmup_batches, _Clock(device))
+    return _timed_rate((images.shape[0] for images, _ in batches), warmup_batches, device)
 
 
 def measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_batches: int) -> float:
@@ -1340,7 +1349,7 @@ def measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_
             yield batch_size
 
     with torch.inference_mode():
-        return _timed_rate(steps(), warmup_batches, _Clock(device))
+        return _timed_rate(steps(), warmup_batches, device)
 
 
 ################################################################################
