@@ -132,7 +132,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     data = parser.add_argument_group("data")
     data.add_argument("--input-flist", type=Path, required=True, help="file with one image path per line")
     data.add_argument("--prefix", default="", help="prepended to every path in the list")
-    data.add_argument("--max-samples", type=int, default=None, help="use only the first N listed images")
+    data.add_argument("--max-samples", type=int, default=math.inf, help="use only the first N listed images")
 
     loader = parser.add_argument_group("loader")
     loader.add_argument("--batch-size", type=int, default=32)
@@ -169,7 +169,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("batch_size", "num_threads", "queue_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.max_samples is not None and args.max_samples < 1:
+    if args.max_samples < 1:
         parser.error("--max-samples must be at least 1")
     if args.warmup_batches < 0 or args.timeout <= 0:
         parser.error("--warmup-batches must be >= 0 and --timeout > 0")
@@ -816,11 +816,8 @@ def decode_pil(path: str, transform: EvalTransform):
     try:
         with Image.open(io.BytesIO(data)) as image:
             rgb = image.convert("RGB")
+        new_w, new_h, left, top = transform.geometry(*rgb.size)  # ValueError for a 0 x 0 header
     except (OSError, ValueError, Image.DecompressionBombError) as e:
-        raise ImageDecodeError(path, f"PIL cannot decode it: {e}") from None
-    try:
-        new_w, new_h, left, top = transform.geometry(*rgb.size)
-    except ValueError as e:
         raise ImageDecodeError(path, f"PIL cannot decode it: {e}") from None
     resized = rgb.resize((new_w, new_h), _PIL_RESAMPLE[transform.interpolation])
     return np.asarray(resized.crop((left, top, left + transform.size, top + transform.size)))
@@ -1379,6 +1376,11 @@ def _warmup_for_all_ranks(shard: Shard, listed: int, batch_size: int, warmup_bat
     return warmup_batches if fewest > warmup_batches else most + 1
 
 
+def _peer_gone(error: RuntimeError) -> str:
+    """Why this rank stops when a collective fails: a peer stopped or died."""
+    return f"another rank stopped ({str(error).splitlines()[0]})"
+
+
 def _barrier() -> None:
     """Wait for every rank; a peer that stopped or died ends this rank's run with a clear reason."""
     import torch.distributed as dist
@@ -1386,8 +1388,7 @@ def _barrier() -> None:
     try:
         dist.barrier()
     except RuntimeError as e:  # DistBackendError / timeout: a peer is gone
-        reason = f"another rank stopped ({str(e).splitlines()[0]})"
-        raise RunStopped(reason, EXIT_FAILED) from None
+        raise RunStopped(_peer_gone(e), EXIT_FAILED) from None
 
 
 def _rank_entry(result: RunResult, shard: Shard, device: torch.device) -> dict:
@@ -1523,7 +1524,7 @@ def _preflight(args: argparse.Namespace, shard: Shard) -> tuple[int, torch.devic
     Returns:
         ``(images listed in the whole list, device, decoder backend)``. Raises UsageError.
     """
-    listed = count_list(args.input_flist, args.max_samples or float("inf"))
+    listed = count_list(args.input_flist, args.max_samples)
     if args.prefix.endswith(os.sep) and not Path(args.prefix).is_dir():
         raise UsageError(f"--prefix {args.prefix}: no such folder")
     first_path, _ = next(source(args.input_flist, args.prefix))
@@ -1632,12 +1633,12 @@ def _open_loader(
     the loader could not be stopped cleanly (a stuck worker thread)."""  # fmt: skip
     stopped_cleanly = [True]
     if args.loader == "torch":
-        dataset = PILDataset(args.input_flist, args.prefix, args.max_samples or math.inf, transform, shard)
+        dataset = PILDataset(args.input_flist, args.prefix, args.max_samples, transform, shard)
         loader = get_torch_loader(dataset, args.batch_size, args.num_threads, device, args.timeout)
         yield torch_loader_batches(loader, device, tracker), stopped_cleanly
         return
     decode_func = get_decode_func(device, transform, decoder.split("-")[0], tracker)
-    src = source(args.input_flist, args.prefix, args.max_samples or math.inf, rank=shard.rank,
+    src = source(args.input_flist, args.prefix, args.max_samples, rank=shard.rank,
                  world_size=shard.world_size)  # fmt: skip
     pipeline = get_pipeline(src, args.batch_size, decode_func, args.num_threads, args.queue_size, args.num_threads,
                             report_stats_interval=args.stats_interval)  # fmt: skip
@@ -1700,7 +1701,7 @@ def _combine_ranks(result: RunResult, shard: Shard, device: torch.device) -> tup
     try:
         total, ranks = reduce_results(result, shard, device)
     except RuntimeError as e:  # a peer stopped before the final reduction
-        result.partial, result.stop_reason = True, f"another rank stopped ({str(e).splitlines()[0]})"
+        result.partial, result.stop_reason = True, _peer_gone(e)
         return result, [mine], EXIT_FAILED
     return total, ranks, 0
 
@@ -1779,7 +1780,7 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
     _init_logging(args.debug)
     if args.trace is not None:
-        args.max_samples = min(args.max_samples or math.inf, args.batch_size * TRACE_BATCHES)
+        args.max_samples = min(args.max_samples, args.batch_size * TRACE_BATCHES)
     shard = Shard.from_env()
     if shard.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
