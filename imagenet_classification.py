@@ -45,7 +45,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -53,7 +53,16 @@ from typing import TextIO
 import spdl.io
 import spdl.io.utils
 import torch
-from spdl.pipeline import Pipeline, PipelineBuilder, PipelineFailure
+from spdl.pipeline import (
+    AsyncQueue,
+    Pipeline,
+    PipelineBuilder,
+    PipelineFailure,
+    StageInfo,
+    StatsQueue,
+    TaskHook,
+    TaskStatsHook,
+)
 from torch import Tensor
 
 __all__ = [
@@ -78,6 +87,7 @@ __all__ = [
     "ImageDecodeError",
     "FileListError",
     "check_gpu_decoder",
+    "PipelineStats",
     "jpeg_frame_type",
     "nvdec_can_take",
     "decode_ffmpeg_image",
@@ -98,6 +108,7 @@ __all__ = [
     "reduce_results",
     "print_summary",
     "print_breakdown",
+    "print_pipeline_stats",
     "environment",
     "write_results",
 ]
@@ -765,6 +776,100 @@ def check_gpu_decoder(decoder: str, device: torch.device) -> str:
 ################################################################################
 
 
+class _SinkQueue(StatsQueue):
+    """SPDL's ``StatsQueue`` (its logs unchanged) that also keeps, until the consumer's last
+    ``get``, how long it held no batch and how long the consumer waited on it."""
+
+    def __init__(self, info: StageInfo, *, buffer_size: int = 1, interval: float = -1) -> None:
+        super().__init__(info, buffer_size=buffer_size, interval=interval)
+        self.started: float | None = None
+        self.empty_since: float | None = None
+        self.empty_s = 0.0
+        self.gets = 0
+        self.get_wait_s = 0.0
+        self.last_get: float | None = None
+
+    @contextlib.asynccontextmanager
+    async def stage_hook(self) -> AsyncIterator[None]:
+        self.started = self.empty_since = time.monotonic()
+        async with super().stage_hook():
+            yield
+
+    async def put(self, item: object) -> None:
+        if self.empty_since is not None:
+            self.empty_s += time.monotonic() - self.empty_since
+            self.empty_since = None
+        await super().put(item)
+
+    async def get(self) -> object:
+        t0 = time.monotonic()
+        item = await super().get()
+        self.last_get = now = time.monotonic()
+        self.gets += 1
+        self.get_wait_s += now - t0
+        if self.qsize() == 0:
+            self.empty_since = now
+        return item
+
+    def occupancy(self) -> float:
+        """Fraction of the time from the stage's start to the last ``get`` that a batch was waiting."""
+        if self.started is None or self.last_get is None or self.last_get <= self.started:
+            return 0.0
+        empty = self.empty_s + (self.last_get - self.empty_since if self.empty_since is not None else 0.0)
+        return max(0.0, 1.0 - empty / (self.last_get - self.started))
+
+
+class PipelineStats:
+    """Collect SPDL's per-stage statistics through the builder's public hooks, for a summary at
+    the end of the run (SPDL's own logs, periodic with ``--stats-interval``, are kept).
+
+    Read as SPDL's performance guide does: a sink queue that almost always holds a batch means the
+    loader runs ahead of the model; one that is almost always empty means the model is starved and
+    loading is the bottleneck. Each stage's average task time says which stage costs the most.
+    """
+
+    def __init__(self, interval: float = -1) -> None:
+        self.interval = interval
+        self.hooks: list[TaskStatsHook] = []
+        self.queues: list[_SinkQueue] = []
+
+    def task_hooks(self, info: StageInfo) -> list[TaskHook]:
+        """``task_hook_factory`` for :py:meth:`PipelineBuilder.build`."""
+        hook = TaskStatsHook(info, interval=self.interval)
+        self.hooks.append(hook)
+        return [hook]
+
+    def queue(self, info: StageInfo, *, buffer_size: int = 1) -> AsyncQueue:
+        """``queue_class`` for :py:meth:`PipelineBuilder.build`; the last one made is the sink's."""
+        q = _SinkQueue(info, buffer_size=buffer_size, interval=self.interval)
+        self.queues.append(q)
+        return q
+
+    def summary(self) -> dict | None:
+        """``stages`` (name, tasks, failures, average task seconds) and the ``sink_queue``'s
+        occupancy and average wait per ``get``; None before the pipeline ran."""
+        if not self.queues:
+            return None
+        sink = self.queues[-1]
+        return {
+            "stages": [
+                {
+                    "name": h.info.stage_name,
+                    "concurrency": h.info.concurrency,
+                    "tasks": h.num_tasks,
+                    "failures": h.num_tasks - h.num_success,
+                    "ave_task_s": h.ave_time,
+                }
+                for h in self.hooks
+            ],  # fmt: skip
+            "sink_queue": {
+                "items": sink.gets,
+                "occupancy": sink.occupancy(),
+                "ave_get_wait_s": sink.get_wait_s / sink.gets if sink.gets else 0.0,
+            },
+        }
+
+
 def get_pipeline(
     src: Iterable[tuple[str, int]],
     batch_size: int,
@@ -773,6 +878,7 @@ def get_pipeline(
     buffer_size: int,
     num_threads: int,
     report_stats_interval: float = -1,
+    stats: PipelineStats | None = None,
 ) -> Pipeline:
     """Build the loading pipeline: source -> aggregate -> pipe(decode) -> sink.
 
@@ -786,15 +892,21 @@ def get_pipeline(
         concurrency: Batches decoded at once.
         buffer_size: Decoded batches held ready for the consumer.
         num_threads: Threads in the pipeline's pool.
-        report_stats_interval: Seconds between SPDL's stage statistics logs (-1: off).
+        report_stats_interval: Seconds between SPDL's stage statistics logs (-1: off); taken
+            from ``stats`` when given.
+        stats: Collects the stage statistics for :py:meth:`PipelineStats.summary`.
     """
+    hooks = {}
+    if stats is not None:
+        hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
+        report_stats_interval = stats.interval
     return (
         PipelineBuilder()
         .add_source(src)
         .aggregate(batch_size, drop_last=False)
         .pipe(decode_func, concurrency=concurrency, name="decode")
         .add_sink(buffer_size)
-        .build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval)
+        .build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval, **hooks)
     )
 
 
@@ -1460,6 +1572,30 @@ def print_breakdown(breakdown: Breakdown, file: TextIO | None = None) -> None:
           file=file or sys.stdout)  # fmt: skip
 
 
+def _queue_verdict(occupancy: float) -> str:
+    if occupancy >= 0.8:
+        return "the loader ran ahead of the model"
+    if occupancy <= 0.2:
+        return "the model waited for batches: loading is the bottleneck"
+    return "loader and model ran at about the same pace"
+
+
+def print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
+    """Print :py:meth:`PipelineStats.summary`: each stage's average task time, then the sink
+    queue's occupancy read as SPDL's performance guide reads it. Covers the whole run, warm-up too."""
+    file = file or sys.stdout
+    stages = []
+    for stage in stats["stages"]:
+        failed = f" ({stage['failures']} failed)" if stage["failures"] else ""
+        name = stage["name"].split("(")[0]  # "aggregate(op=collate(32), ...)" -> "aggregate"
+        stages.append(f"{name} {stage['ave_task_s'] * 1e3:.2f} ms x {stage['tasks']}{failed}")
+    print(f"SPDL stages (average task time x tasks): {', '.join(stages)}", file=file)
+    sink = stats["sink_queue"]
+    wait_ms = sink["ave_get_wait_s"] * 1e3
+    print(f"SPDL sink queue: a batch was waiting {sink['occupancy']:.0%} of the time, the model waited "
+          f"{wait_ms:.2f} ms per batch: {_queue_verdict(sink['occupancy'])}", file=file)  # fmt: skip
+
+
 def _version(package: str) -> str:
     from importlib import metadata
 
@@ -1494,12 +1630,21 @@ def environment(device: torch.device) -> dict:
 
 
 def write_results(
-    path: Path | str, result: RunResult, config: dict, env: dict, ranks: list[dict], breakdown: Breakdown | None = None
+    path: Path | str,
+    result: RunResult,
+    config: dict,
+    env: dict,
+    ranks: list[dict],
+    breakdown: Breakdown | None = None,
+    pipeline_stats: dict | None = None,
 ) -> None:
-    """Write the result, the run's configuration, its environment and each rank's share as JSON."""
+    """Write the result, the run's configuration, its environment and each rank's share as JSON,
+    with the breakdown and this process's SPDL stage statistics when there are some."""
     payload = {**result.to_dict(), "world_size": len(ranks), "ranks": ranks, "config": config, "env": env}
     if breakdown is not None:
         payload["breakdown"] = asdict(breakdown)
+    if pipeline_stats is not None:
+        payload["pipeline_stats"] = pipeline_stats
     Path(path).write_text(json.dumps(payload, indent=2) + "\n")
 
 
@@ -1620,6 +1765,16 @@ def _stop_pipeline(pipeline: Pipeline) -> bool:
     return True
 
 
+@dataclass
+class _Loader:
+    """A running loader: its batches, its SPDL stage statistics (None for ``--loader torch``),
+    and whether it stopped cleanly (False when a worker thread was stuck, e.g. in a hung read)."""
+
+    batches: Iterator[tuple[Tensor, Tensor]]
+    stats: PipelineStats | None = None
+    stopped_cleanly: bool = True
+
+
 @contextlib.contextmanager
 def _open_loader(
     args: argparse.Namespace,
@@ -1628,25 +1783,25 @@ def _open_loader(
     decoder: str,
     shard: Shard,
     tracker: DecodeTracker,
-) -> Iterator[tuple[Iterator[tuple[Tensor, Tensor]], list[bool]]]:
-    """Start the loader chosen by ``--loader``; yield its batches and a flag list, False once
-    the loader could not be stopped cleanly (a stuck worker thread)."""  # fmt: skip
-    stopped_cleanly = [True]
+) -> Iterator[_Loader]:
+    """Start the loader chosen by ``--loader``; stop it on the way out."""
     if args.loader == "torch":
         dataset = PILDataset(args.input_flist, args.prefix, args.max_samples, transform, shard)
         loader = get_torch_loader(dataset, args.batch_size, args.num_threads, device, args.timeout)
-        yield torch_loader_batches(loader, device, tracker), stopped_cleanly
+        yield _Loader(torch_loader_batches(loader, device, tracker))
         return
     decode_func = get_decode_func(device, transform, decoder.split("-")[0], tracker)
     src = source(args.input_flist, args.prefix, args.max_samples, rank=shard.rank,
                  world_size=shard.world_size)  # fmt: skip
+    stats = PipelineStats(args.stats_interval)
     pipeline = get_pipeline(src, args.batch_size, decode_func, args.num_threads, args.queue_size, args.num_threads,
-                            report_stats_interval=args.stats_interval)  # fmt: skip
+                            stats=stats)  # fmt: skip
     pipeline.start()
+    handle = _Loader(pipeline.get_iterator(timeout=args.timeout), stats)
     try:
-        yield pipeline.get_iterator(timeout=args.timeout), stopped_cleanly
+        yield handle
     finally:
-        stopped_cleanly[0] = _stop_pipeline(pipeline)
+        handle.stopped_cleanly = _stop_pipeline(pipeline)
 
 
 def _run_loop(
@@ -1686,8 +1841,8 @@ def _measure_breakdown(
     """After the end-to-end run: the same loader alone, then the model alone on as many batches."""
     _LG.info("Breakdown: timing the loader alone, then the model alone.")
     shard = Shard()
-    with _open_loader(args, model.transform, device, decoder, shard, DecodeTracker()) as (loader, _):
-        loader_fps = measure_loader(loader, device, args.warmup_batches)
+    with _open_loader(args, model.transform, device, decoder, shard, DecodeTracker()) as loader:
+        loader_fps = measure_loader(loader.batches, device, args.warmup_batches)
     model_fps = measure_model(model, args.batch_size, max(result.batches, args.warmup_batches + 1),
                               args.warmup_batches)  # fmt: skip
     return Breakdown.from_rates(loader_fps, model_fps, result.fps, device)
@@ -1731,17 +1886,18 @@ def _run_rank(args: argparse.Namespace, device: torch.device, decoder: str, shar
     _LG.info("Model %s on %s, %s loader, decoder %s, %d images listed.", args.model, device, args.loader,
              decoder if args.loader == "spdl" else "pil", listed)  # fmt: skip
     tracker = DecodeTracker()
-    with _open_loader(args, model.transform, device, decoder, shard, tracker) as (loader, stopped_cleanly):
-        result, exit_code = _run_loop(args, model, loader, tracker, listed, shard)
-    if not stopped_cleanly[0]:
-        return _report(args, result, model, device, decoder, shard, exit_code, []), False
+    with _open_loader(args, model.transform, device, decoder, shard, tracker) as loader:
+        result, exit_code = _run_loop(args, model, loader.batches, tracker, listed, shard)
+    pipeline_stats = loader.stats.summary() if loader.stats else None
+    if not loader.stopped_cleanly:
+        return _report(args, result, model, device, decoder, shard, exit_code, [], pipeline_stats=pipeline_stats), False
     breakdown = None
     if args.breakdown and exit_code == 0:
         breakdown = _measure_breakdown(args, model, device, decoder, result)
     ranks: list[dict] = []
     if exit_code == 0:
         result, ranks, exit_code = _combine_ranks(result, shard, device)
-    return _report(args, result, model, device, decoder, shard, exit_code, ranks, breakdown), True
+    return _report(args, result, model, device, decoder, shard, exit_code, ranks, breakdown, pipeline_stats), True
 
 
 def _report(
@@ -1754,6 +1910,7 @@ def _report(
     exit_code: int,
     ranks: list[dict],
     breakdown: Breakdown | None = None,
+    pipeline_stats: dict | None = None,
 ) -> int:
     """Print the summary (rank 0, or a rank that stopped alone) and write the results file."""
     label = f"rank {shard.rank}: " if shard.world_size > 1 and (exit_code or not ranks) else ""
@@ -1761,12 +1918,14 @@ def _report(
         print(f"error: {label}{result.stop_reason}", file=sys.stderr)
     if shard.rank == 0 or label:
         print_summary(result)
+        if pipeline_stats is not None:
+            print_pipeline_stats(pipeline_stats)
         if breakdown is not None:
             print_breakdown(breakdown)
     if args.results_file and shard.rank == 0:
         ranks = ranks or [_rank_entry(result, shard, device)]
         config = _run_config(args, model, device, decoder)
-        write_results(args.results_file, result, config, environment(device), ranks, breakdown)
+        write_results(args.results_file, result, config, environment(device), ranks, breakdown, pipeline_stats)
     return exit_code
 
 

@@ -4,11 +4,12 @@ import io
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from imagenet_classification import Breakdown, Progress
+from imagenet_classification import Breakdown, PipelineStats, Progress, get_pipeline
 from tests.conftest import ROOT, TINY, read_json, run_cli
 
 FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1"]
@@ -108,3 +109,50 @@ def test_bench_script_runs_and_writes_its_outputs(tmp_path):
     }  # fmt: skip
     assert all(v > 0 for v in results["ratios"].values())
     assert "spdl_over_torch_at_max_threads" in proc.stdout
+
+
+def _pipeline_occupancy(decode_s: float, consume_s: float) -> dict:
+    """Run a real SPDL pipeline whose decode stage and consumer take the given times per batch."""
+    stats = PipelineStats()
+
+    def decode(items):
+        time.sleep(decode_s)
+        return items
+
+    pipeline = get_pipeline(iter(range(48)), 4, decode, 1, 2, 1, stats=stats)
+    with pipeline.auto_stop():
+        for _ in pipeline:
+            time.sleep(consume_s)
+    return stats.summary()
+
+
+def test_sink_queue_tells_a_starved_model_from_a_slow_one():
+    slow_model = _pipeline_occupancy(decode_s=0.001, consume_s=0.03)
+    slow_loader = _pipeline_occupancy(decode_s=0.03, consume_s=0.0)
+    for summary in (slow_model, slow_loader):
+        assert summary["sink_queue"]["items"] == 12
+        assert [(s["name"].split("(")[0], s["tasks"], s["failures"]) for s in summary["stages"]] == [
+            ("aggregate", 49, 0),  # 48 items and the end-of-stream flush
+            ("decode", 12, 0),
+        ]
+    assert slow_model["sink_queue"]["occupancy"] > 0.8
+    assert slow_loader["sink_queue"]["occupancy"] < 0.2
+    assert slow_loader["sink_queue"]["ave_get_wait_s"] > 0.02 > slow_model["sink_queue"]["ave_get_wait_s"]
+    decode_ms = dict((s["name"], s["ave_task_s"]) for s in slow_loader["stages"])["decode"] * 1e3
+    assert 28 < decode_ms < 60
+
+
+def test_run_reports_spdl_stage_stats(jpeg_set, tmp_path):
+    out = tmp_path / "r.json"
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--results-file", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "SPDL stages (average task time x tasks): aggregate" in proc.stdout
+    assert "SPDL sink queue: a batch was waiting" in proc.stdout
+    stats = read_json(out)["pipeline_stats"]
+    decode = [s for s in stats["stages"] if s["name"] == "decode"]
+    assert decode and decode[0]["tasks"] == 8 and decode[0]["ave_task_s"] > 0  # 30 images in batches of 4
+    assert stats["sink_queue"]["items"] == 8 and 0.0 <= stats["sink_queue"]["occupancy"] <= 1.0
+    torch_run = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--loader", "torch",
+                        "--results-file", out)  # fmt: skip
+    assert torch_run.returncode == 0, torch_run.stderr
+    assert "pipeline_stats" not in read_json(out) and "SPDL stages" not in torch_run.stdout
