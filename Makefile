@@ -53,6 +53,7 @@ demo: ffmpeg $(VENV)/.installed $(DEMO)/val.flist $(DEMO)/efficientnet_lite0.pth
 bench: ffmpeg $(VENV)/.installed
 	$(PY) -m pip install -q matplotlib==3.11.2
 	$(PY) bench/compare_loaders.py --out bench/out
+	$(PY) bench/decode_paths.py --out bench/out
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,171 @@
+"""Why the FFmpeg loader is built the way it is: its alternatives, side by side in one run.
+
+Part 1, one thread, per image: FFmpeg decode alone, then decode + resize + crop with each
+filter chain this project has used (a new filter graph per image, then graphs cached per
+size, resizing packed RGB, 4:4:4 YUV, or planar RGB, the current one), each with its mean
+absolute difference from PIL (decode, bicubic resize, crop) on the real demo photos.
+
+Part 2, the whole loader: SPDL's ``aggregate`` stage versus batches formed in the source (the
+current ``get_pipeline``), at 1..N threads.
+
+Usage::
+
+    python bench/decode_paths.py --out bench/out --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
+
+import numpy as np  # noqa: E402
+import spdl.io  # noqa: E402
+import torch  # noqa: E402
+from compare_loaders import make_image_set  # noqa: E402
+from make_demo_data import make_demo_data  # noqa: E402
+from PIL import Image  # noqa: E402
+from spdl.pipeline import PipelineBuilder  # noqa: E402
+
+import imagenet_classification as ic  # noqa: E402
+
+T = ic.EvalTransform()
+
+
+def _earlier_chain(kind: str) -> Callable[[int, int], str]:
+    """Filter chains this project used before the current one, for the same geometry."""
+
+    def chain(width: int, height: int) -> str:
+        new_w, new_h, left, top = T.geometry(width, height)
+        crop = f"crop={T.size}:{T.size}:{left}:{top}"
+        scale = f"scale={new_w}:{new_h}:flags=bicubic+accurate_rnd+full_chroma_int"
+        if kind == "rgb":
+            return f"{scale},format=rgb24,{crop}"
+        return f"{scale},format=yuv444p,{crop},scale=flags=accurate_rnd,format=rgb24"
+
+    return chain
+
+
+CHAINS: dict[str, tuple[Callable[[int, int], str], bool]] = {
+    # name: (chain for a width and height, graphs cached per size)
+    "new graph per image, resize in packed RGB": (_earlier_chain("rgb"), False),
+    "cached graphs, resize in packed RGB": (_earlier_chain("rgb"), True),
+    "cached graphs, resize to 4:4:4 YUV, convert the crop": (_earlier_chain("yuv444"), True),
+    "cached graphs, resize to planar RGB, pack the crop (current)": (T.ffmpeg_filter, True),
+}
+
+
+class _Graphs:
+    """Filter graphs for one chain, cached per (size, pixel format) or built per image."""
+
+    def __init__(self, chain: Callable[[int, int], str], cached: bool) -> None:
+        self.chain, self.cached, self.graphs = chain, cached, {}
+
+    def apply(self, frames: spdl.io.ImageFrames) -> spdl.io.VideoFrames:
+        key = (frames.width, frames.height, frames.pix_fmt)
+        graph = self.graphs.get(key) if self.cached else None
+        if graph is None:
+            src = f"buffer=video_size={key[0]}x{key[1]}:pix_fmt={key[2]}:time_base=1/25:pixel_aspect=1/1"
+            graph = spdl.io.FilterGraph(f"{src},{self.chain(key[0], key[1])},buffersink")
+            if self.cached:
+                self.graphs[key] = graph
+        graph.add_frames(frames)
+        return graph.get_frames()
+
+
+def _decode(data: bytes) -> spdl.io.ImageFrames:
+    return spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None)
+
+
+def per_image_rate(datas: list[bytes], graphs: _Graphs | None) -> float:
+    """Images/s in this thread: decode alone (``graphs`` None) or decode + filter chain."""
+    started = time.perf_counter()
+    for data in datas:
+        frames = _decode(data)
+        if graphs is not None:
+            graphs.apply(frames)
+    return len(datas) / (time.perf_counter() - started)
+
+
+def pil_mad(paths: list[str], graphs: _Graphs) -> float:
+    """Largest per-image mean absolute difference (0-255) from PIL's decode + resize + crop."""
+    worst = 0.0
+    for path in paths:
+        frames = graphs.apply(_decode(Path(path).read_bytes()))
+        ours = spdl.io.to_numpy(spdl.io.convert_frames([frames])).reshape(T.size, T.size, 3).astype(np.int16)
+        image = Image.open(path).convert("RGB")
+        new_w, new_h, left, top = T.geometry(*image.size)
+        image = image.resize((new_w, new_h), Image.Resampling.BICUBIC)
+        ref = np.asarray(image.crop((left, top, left + T.size, top + T.size))).astype(np.int16)
+        worst = max(worst, float(np.abs(ours - ref).mean()))
+    return worst
+
+
+def loader_rate(flist: Path, threads: int, in_source: bool, warmup: int = 5) -> float:
+    """Images/s of the FFmpeg loader on the CPU, batching in the source or in an aggregate stage."""
+    decode = ic.get_decode_func("cpu", T)
+    src = ic.source(flist, f"{flist.parent}/")
+    if in_source:
+        pipeline = ic.get_pipeline(src, 32, decode, threads, 16, threads)
+    else:
+        builder = PipelineBuilder().add_source(src).aggregate(32, drop_last=False)
+        pipeline = builder.pipe(decode, concurrency=threads).add_sink(16).build(num_threads=threads, max_failures=0)
+    with pipeline.auto_stop():
+        return ic.measure_loader(pipeline.get_iterator(timeout=120), torch.device("cpu"), warmup)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
+    parser.add_argument("--images", type=int, default=2000, help="images in the generated set")
+    parser.add_argument("--per-image", type=int, default=500, help="images timed per chain in part 1")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-threads", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    flist = make_image_set(args.out / "images", args.images)
+    datas = [(flist.parent / line).read_bytes() for line in flist.read_text().splitlines()[: args.per_image]]
+    photos = make_demo_data(args.out / "photos", variants=4)
+    photo_paths = [f"{photos.parent}/{line}" for line in photos.read_text().splitlines()]
+
+    threads = list(range(1, args.max_threads + 1))
+    part1: dict[str, list[float]] = {"decode only": [], **{name: [] for name in CHAINS}}
+    part2: dict[str, list[float]] = {f"{where}, {t} thread(s)": [] for where in ("aggregate stage", "in source")
+                                     for t in threads}  # fmt: skip
+    for repeat in range(args.repeats):  # interleaved, so drifts hit every variant alike
+        part1["decode only"].append(per_image_rate(datas, None))
+        for name, (chain, cached) in CHAINS.items():
+            part1[name].append(per_image_rate(datas, _Graphs(chain, cached)))
+        for t in threads:
+            for where, in_source in (("aggregate stage", False), ("in source", True)):
+                part2[f"{where}, {t} thread(s)"].append(loader_rate(flist, t, in_source))
+        print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
+
+    decode_only = statistics.median(part1["decode only"])
+    mads = {name: pil_mad(photo_paths, _Graphs(chain, cached)) for name, (chain, cached) in CHAINS.items()}
+    print(f"Part 1, one thread ({args.per_image} images):    images/s  vs decode only  max MAD vs PIL")
+    for name, rates in part1.items():
+        rate = statistics.median(rates)
+        mad = f"{mads[name]:.2f}" if name in mads else "-"
+        print(f"  {name:62s} {rate:6.0f}   {rate / decode_only:5.2f}   {mad}")
+    print("Part 2, the loader (SPDL pipeline, batches of 32):")
+    for t in threads:
+        agg, src = (statistics.median(part2[f"{w}, {t} thread(s)"]) for w in ("aggregate stage", "in source"))
+        per_core = f"{agg / t / decode_only:.2f} -> {src / t / decode_only:.2f}"
+        print(f"  {t} thread(s): aggregate stage {agg:6.0f}, batched in source {src:6.0f} images/s: "
+              f"{src / agg:.2f}x; per core vs decode only {per_core}")  # fmt: skip
+    out = {"decode_paths": part1, "pil_mad": mads, "loader": part2, "env": ic.environment(torch.device("cpu"))}
+    (args.out / "decode_paths.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out / 'decode_paths.json'}")
+
+
+if __name__ == "__main__":
+    main()
