@@ -775,9 +775,10 @@ def check_gpu_decoder(decoder: str, device: torch.device) -> str:
 ################################################################################
 
 
-class _SinkQueue(StatsQueue):
-    """SPDL's ``StatsQueue`` (its logs unchanged) that also keeps, until the consumer's last
-    ``get``, how long it held no batch and how long the consumer waited on it."""
+class _TimedQueue(StatsQueue):
+    """SPDL's ``StatsQueue`` (its logs unchanged) that also keeps, up to the last ``get`` from
+    it, how long it was empty and how long ``get`` waited: SPDL's own figures for a queue stop
+    when its stage ends, which for the sink queue is before the model has taken every batch."""
 
     def __init__(self, info: StageInfo, *, buffer_size: int = 1, interval: float = -1) -> None:
         super().__init__(info, buffer_size=buffer_size, interval=interval)
@@ -830,7 +831,7 @@ class PipelineStats:
     def __init__(self, interval: float = -1) -> None:
         self.interval = interval
         self.hooks: list[TaskStatsHook] = []
-        self.queues: list[_SinkQueue] = []
+        self.queues: list[_TimedQueue] = []
 
     def task_hooks(self, info: StageInfo) -> list[TaskHook]:
         """``task_hook_factory`` for :py:meth:`PipelineBuilder.build`."""
@@ -840,13 +841,13 @@ class PipelineStats:
 
     def queue(self, info: StageInfo, *, buffer_size: int = 1) -> AsyncQueue:
         """``queue_class`` for :py:meth:`PipelineBuilder.build`; the last one made is the sink's."""
-        q = _SinkQueue(info, buffer_size=buffer_size, interval=self.interval)
+        q = _TimedQueue(info, buffer_size=buffer_size, interval=self.interval)
         self.queues.append(q)
         return q
 
     def summary(self) -> dict | None:
         """``stages`` (name, tasks, failures, average task seconds) and the ``sink_queue``'s
-        occupancy and average wait per ``get``; None before the pipeline ran."""
+        occupancy and average wait per ``get``; None if no pipeline was built with these hooks."""
         if not self.queues:
             return None
         sink = self.queues[-1]
@@ -860,7 +861,7 @@ class PipelineStats:
                     "ave_task_s": h.ave_time,
                 }
                 for h in self.hooks
-            ],  # fmt: skip
+            ],
             "sink_queue": {
                 "items": sink.gets,
                 "occupancy": sink.occupancy(),
