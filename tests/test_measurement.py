@@ -120,9 +120,9 @@ def test_decode_paths_script_compares_every_variant(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     results = json.loads((tmp_path / "decode_paths.json").read_text())
-    assert len(results["decode_paths"]) == 5 and all(len(v) == 1 for v in results["decode_paths"].values())
+    assert len(results["decode_paths"]) == 6 and len(results["decode_paths"]["decode only"]) == 5
     assert set(results["loader"]) == {"aggregate stage, 1 thread(s)", "in source, 1 thread(s)"}
-    current = results["pil_mad"]["cached graphs, resize to planar RGB, pack the crop (current)"]
+    current = results["pil_mad"]["cached graphs, resize only the crop's region to planar RGB (current)"]
     assert 0 < current < 1.5 and current <= min(results["pil_mad"].values()) + 0.01
     assert "batched in source" in proc.stdout
 
