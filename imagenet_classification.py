@@ -821,12 +821,14 @@ def check_gpu_decoder(decoder: str, device: torch.device) -> str:
 
 
 class _TimedQueue(StatsQueue):
-    """SPDL's ``StatsQueue`` (its logs unchanged) that also keeps, up to the last ``get`` from
-    it, how long it was empty and how long ``get`` waited: SPDL's own figures for a queue stop
-    when its stage ends, which for the sink queue is before the model has taken every batch."""
+    """SPDL's ``StatsQueue`` (its logs unchanged) that also keeps, from its stage's start or the
+    last :py:meth:`restart` up to the last ``get`` from it, how long it was empty and how long
+    ``get`` waited: SPDL's own figures for a queue stop when its stage ends, which for the sink
+    queue is before the model has taken every batch."""
 
     def __init__(self, info: StageInfo, *, buffer_size: int = 1, interval: float = -1) -> None:
         super().__init__(info, buffer_size=buffer_size, interval=interval)
+        self._lock = threading.Lock()  # restart() comes from the consumer's thread
         self.started: float | None = None
         self.empty_since: float | None = None
         self.empty_s = 0.0
@@ -834,30 +836,40 @@ class _TimedQueue(StatsQueue):
         self.get_wait_s = 0.0
         self.last_get: float | None = None
 
+    def restart(self) -> None:
+        """Count afresh from now."""
+        with self._lock:
+            self.started = now = time.monotonic()
+            self.empty_s, self.gets, self.get_wait_s, self.last_get = 0.0, 0, 0.0, None
+            self.empty_since = now if self.qsize() == 0 else None
+
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:
-        self.started = self.empty_since = time.monotonic()
+        with self._lock:
+            self.started = self.empty_since = time.monotonic()
         async with super().stage_hook():
             yield
 
     async def put(self, item: object) -> None:
-        if self.empty_since is not None:
-            self.empty_s += time.monotonic() - self.empty_since
-            self.empty_since = None
+        with self._lock:
+            if self.empty_since is not None:
+                self.empty_s += time.monotonic() - self.empty_since
+                self.empty_since = None
         await super().put(item)
 
     async def get(self) -> object:
         t0 = time.monotonic()
         item = await super().get()
-        self.last_get = now = time.monotonic()
-        self.gets += 1
-        self.get_wait_s += now - t0
-        if self.qsize() == 0:
-            self.empty_since = now
+        with self._lock:
+            self.last_get = now = time.monotonic()
+            self.gets += 1
+            self.get_wait_s += now - max(t0, self.started or t0)  # a wait across a restart counts from it
+            if self.qsize() == 0:
+                self.empty_since = now
         return item
 
     def occupancy(self) -> float:
-        """Fraction of the time from the stage's start to the last ``get`` that a batch was waiting."""
+        """Fraction of the time from the start to the last ``get`` that a batch was waiting."""
         if self.started is None or self.last_get is None or self.last_get <= self.started:
             return 0.0
         empty = self.empty_s + (self.last_get - self.empty_since if self.empty_since is not None else 0.0)
@@ -871,6 +883,10 @@ class PipelineStats:
     Read as SPDL's performance guide does: a sink queue that almost always holds a batch means the
     loader runs ahead of the model; one that is almost always empty means the model is starved and
     loading is the bottleneck. Each stage's average task time says which stage costs the most.
+    Task times cover the pipeline's whole life (a task costs what it costs). The sink queue's
+    figures do too, or start at the last :py:meth:`start_window`: pass that as
+    :py:func:`benchmark`'s ``sync_clocks`` and they cover the FPS window, leaving out a warm-up
+    whose minutes of compilation would otherwise read as a loader far ahead of the model.
     """
 
     def __init__(self, interval: float = -1) -> None:
@@ -889,6 +905,11 @@ class PipelineStats:
         q = _TimedQueue(info, buffer_size=buffer_size, interval=self.interval)
         self.queues.append(q)
         return q
+
+    def start_window(self) -> None:
+        """Measure the sink queue from now on, leaving out what came before (e.g. the warm-up)."""
+        for q in self.queues:
+            q.restart()
 
     def summary(self) -> dict | None:
         """``stages`` (name, tasks, failures, average task seconds) and the ``sink_queue``'s
@@ -1641,7 +1662,7 @@ def _queue_verdict(occupancy: float) -> str:
 
 def print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
     """Print :py:meth:`PipelineStats.summary`: each stage's average task time, then the sink
-    queue's occupancy read as SPDL's performance guide reads it. Covers the whole run, warm-up too."""
+    queue's occupancy read as SPDL's performance guide reads it."""
     file = file or sys.stdout
     stages = []
     for stage in stats["stages"]:
@@ -1862,18 +1883,30 @@ def _open_loader(
         handle.stopped_cleanly = _stop_pipeline(pipeline)
 
 
+def _clock_start_hook(shard: Shard, stats: PipelineStats | None) -> Callable[[], None]:
+    """What runs at each clock start: a barrier across ranks, and the stage statistics' window."""
+
+    def at_clock_start() -> None:
+        if shard.world_size > 1:
+            _barrier()
+        if stats is not None:
+            stats.start_window()
+
+    return at_clock_start
+
+
 def _run_loop(
-    args: argparse.Namespace, model: ModelBundle, loader: Iterator, tracker: DecodeTracker, listed: int, shard: Shard
+    args: argparse.Namespace, model: ModelBundle, loader: _Loader, tracker: DecodeTracker, listed: int, shard: Shard
 ) -> tuple[RunResult, int]:
     """Run the timed loop over the loader's batches. Returns ``(result, exit status)``."""
     progress = Progress(listed) if shard.rank == 0 else None
     try:
         with _tracing(args.trace if shard.rank == 0 else None):
             return benchmark(
-                loader, model, listed=listed,
+                loader.batches, model, listed=listed,
                 warmup_batches=_warmup_for_all_ranks(shard, args.listed_total, args.batch_size, args.warmup_batches),
                 tracker=tracker, skip_bad=args.skip_bad, max_bad=_max_bad_count(args.max_bad, listed),
-                sync_clocks=_barrier if shard.world_size > 1 else None, progress=progress,
+                sync_clocks=_clock_start_hook(shard, loader.stats), progress=progress,
             ), 0  # fmt: skip
     except (RunStopped, RunInterrupted) as e:
         result, exit_code, reason = e.result, e.exit_code, e.reason  # type: ignore[attr-defined]
@@ -1945,7 +1978,7 @@ def _run_rank(args: argparse.Namespace, device: torch.device, decoder: str, shar
              decoder if args.loader == "spdl" else "pil", listed)  # fmt: skip
     tracker = DecodeTracker()
     with _open_loader(args, model.transform, device, decoder, shard, tracker) as loader:
-        result, exit_code = _run_loop(args, model, loader.batches, tracker, listed, shard)
+        result, exit_code = _run_loop(args, model, loader, tracker, listed, shard)
     pipeline_stats = loader.stats.summary() if loader.stats else None
     if not loader.stopped_cleanly:
         return _report(args, result, model, device, decoder, shard, exit_code, [], pipeline_stats=pipeline_stats), False
