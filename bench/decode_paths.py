@@ -34,7 +34,6 @@ import spdl.io  # noqa: E402
 import torch  # noqa: E402
 from compare_loaders import make_image_set  # noqa: E402
 from make_demo_data import make_demo_data  # noqa: E402
-from PIL import Image  # noqa: E402
 from spdl.pipeline import PipelineBuilder  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -111,11 +110,7 @@ def pil_mad(paths: list[str], graphs: _Graphs) -> float:
     for path in paths:
         frames = graphs.apply(_decode(Path(path).read_bytes()))
         ours = spdl.io.to_numpy(spdl.io.convert_frames([frames])).reshape(T.size, T.size, 3).astype(np.int16)
-        image = Image.open(path).convert("RGB")
-        new_w, new_h, left, top = T.geometry(*image.size)
-        image = image.resize((new_w, new_h), Image.Resampling.BICUBIC)
-        ref = np.asarray(image.crop((left, top, left + T.size, top + T.size))).astype(np.int16)
-        worst = max(worst, float(np.abs(ours - ref).mean()))
+        worst = max(worst, float(np.abs(ours - ic.decode_pil(path, T).astype(np.int16)).mean()))
     return worst
 
 
