@@ -1,10 +1,12 @@
 """Why the FFmpeg loader is built the way it is: its alternatives, side by side in one run.
 
-Part 1, one thread, per image, from bytes already in memory: FFmpeg decode alone, then decode + resize + crop with each
-filter chain this project has used (a new filter graph per image, then graphs cached per
-size, resizing packed RGB, 4:4:4 YUV or planar RGB, then only the region the crop needs, the
-current one), each with its mean absolute difference from PIL (decode, bicubic resize, crop)
-on the real demo photos.
+Part 1, one thread, per image, from bytes already in memory: FFmpeg decode alone (the
+demuxer probing the format, as compare_loaders.py's yardstick does, measured beside every
+other row; and with the JPEG demuxer named), then decode + resize + crop with each filter
+chain this project has used (a new filter graph per image, then graphs cached per size,
+resizing packed RGB, 4:4:4 YUV or planar RGB, then only the region the crop needs; last, the
+current path, which also names the JPEG demuxer), each with its mean absolute difference
+from PIL (decode, bicubic resize, crop) on the real demo photos.
 
 Part 2, the whole loader (files read from disk): SPDL's ``aggregate`` stage versus batches
 formed in the source (the current ``get_pipeline``), at 1..N threads. The loader against the
@@ -57,13 +59,16 @@ def _earlier_chain(kind: str) -> Callable[[int, int], str]:
     return chain
 
 
-CHAINS: dict[str, tuple[Callable[[int, int], str], bool]] = {
-    # name: (chain for a width and height, graphs cached per size)
-    "new graph per image, resize in packed RGB": (_earlier_chain("rgb"), False),
-    "cached graphs, resize in packed RGB": (_earlier_chain("rgb"), True),
-    "cached graphs, resize to 4:4:4 YUV, convert the crop": (_earlier_chain("yuv444"), True),
-    "cached graphs, resize to planar RGB, pack the crop": (_earlier_chain("planar"), True),
-    "cached graphs, resize only the crop's region to planar RGB (current)": (T.ffmpeg_filter, True),
+YARDSTICK = "decode only (demuxer probed, as compare_loaders.py's yardstick)"
+ROWS: dict[str, tuple[Callable[[int, int], str] | None, bool, bool]] = {
+    # name: (chain for a width and height or None to decode only, graphs cached per size, JPEG demuxer named)
+    "decode only, JPEG demuxer named (no probe)": (None, False, True),
+    "new graph per image, resize in packed RGB": (_earlier_chain("rgb"), False, False),
+    "cached graphs, resize in packed RGB": (_earlier_chain("rgb"), True, False),
+    "cached graphs, resize to 4:4:4 YUV, convert the crop": (_earlier_chain("yuv444"), True, False),
+    "cached graphs, resize to planar RGB, pack the crop": (_earlier_chain("planar"), True, False),
+    "cached graphs, resize only the crop's region to planar RGB": (T.ffmpeg_filter, True, False),
+    "the same, JPEG demuxer named (current)": (T.ffmpeg_filter, True, True),
 }
 
 
@@ -85,20 +90,22 @@ class _Graphs:
         return graph.get_frames()
 
 
-def _decode(data: bytes) -> spdl.io.ImageFrames:
-    return spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None)
+def _decode(data: bytes, named: bool = False) -> spdl.io.ImageFrames:
+    """FFmpeg demux (the format probed, or named as the module names it for JPEG data) and decode."""
+    packets = ic._demux_image(data) if named else spdl.io.demux_image(data)
+    return spdl.io.decode_packets(packets, filter_desc=None)
 
 
-def per_image_rate(datas: list[bytes], graphs: _Graphs | None) -> float:
+def per_image_rate(datas: list[bytes], graphs: _Graphs | None, named: bool = False) -> float:
     """Images/s in this thread: decode alone (``graphs`` None) or decode + filter chain, after
     a short untimed warm-up on the same images."""
     for data in datas[:50]:
-        frames = _decode(data)
+        frames = _decode(data, named)
         if graphs is not None:
             graphs.apply(frames)
     started = time.perf_counter()
     for data in datas:
-        frames = _decode(data)
+        frames = _decode(data, named)
         if graphs is not None:
             graphs.apply(frames)
     return len(datas) / (time.perf_counter() - started)
@@ -142,25 +149,25 @@ def main() -> None:
     photo_paths = [f"{photos.parent}/{line}" for line in photos.read_text().splitlines()]
 
     threads = list(range(1, args.max_threads + 1))
-    part1: dict[str, list[float]] = {"decode only": [], **{name: [] for name in CHAINS}}
+    part1: dict[str, list[float]] = {YARDSTICK: [], **{name: [] for name in ROWS}}
     part2: dict[str, list[float]] = {f"{where}, {t} thread(s)": [] for where in ("aggregate stage", "in source")
                                      for t in threads}  # fmt: skip
     for repeat in range(args.repeats):  # interleaved, so drifts hit every variant alike
-        for name, (chain, cached) in CHAINS.items():  # decode only beside each: it is the yardstick
-            part1["decode only"].append(per_image_rate(datas, None))
-            part1[name].append(per_image_rate(datas, _Graphs(chain, cached)))
+        for name, (chain, cached, named) in ROWS.items():  # the yardstick beside each row
+            part1[YARDSTICK].append(per_image_rate(datas, None))
+            part1[name].append(per_image_rate(datas, chain and _Graphs(chain, cached), named))
         for t in threads:
             for where, in_source in (("aggregate stage", False), ("in source", True)):
                 part2[f"{where}, {t} thread(s)"].append(loader_rate(flist, t, in_source))
         print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
 
-    decode_only = statistics.median(part1["decode only"])
-    mads = {name: pil_mad(photo_paths, _Graphs(chain, cached)) for name, (chain, cached) in CHAINS.items()}
-    print(f"Part 1, one thread ({args.per_image} images):{' ' * 28}images/s  vs decode only  max MAD vs PIL")
+    decode_only = statistics.median(part1[YARDSTICK])
+    mads = {name: pil_mad(photo_paths, _Graphs(chain, cached)) for name, (chain, cached, _) in ROWS.items() if chain}
+    print(f"Part 1, one thread ({args.per_image} images):{' ' * 34}images/s  vs yardstick  max MAD vs PIL")
     for name, rates in part1.items():
         rate = statistics.median(rates)
         mad = f"{mads[name]:.2f}" if name in mads else "-"
-        print(f"  {name:70s} {rate:6.0f}   {rate / decode_only:5.2f}   {mad}")
+        print(f"  {name:76s} {rate:6.0f}   {rate / decode_only:5.2f}   {mad}")
     print("Part 2, the loader (SPDL pipeline, batches of 32):")
     for t in threads:
         agg, src = (statistics.median(part2[f"{w}, {t} thread(s)"]) for w in ("aggregate stage", "in source"))

@@ -105,6 +105,7 @@ def test_bench_script_runs_and_writes_its_outputs(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["ratios"]) == {
         "spdl_1thread_over_decode_only", "spdl_over_decode_only_x_threads", "spdl_over_torch_at_max_threads",
+        "spdl_1thread_over_decode_only_named_demuxer", "spdl_over_decode_only_named_demuxer_x_threads",
         "scaling_fps_8k_over_1k", "scaling_rss_8k_over_1k",
     }  # fmt: skip
     assert all(v > 0 for v in results["ratios"].values())
@@ -120,9 +121,10 @@ def test_decode_paths_script_compares_every_variant(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     results = json.loads((tmp_path / "decode_paths.json").read_text())
-    assert len(results["decode_paths"]) == 6 and len(results["decode_paths"]["decode only"]) == 5
+    rows = results["decode_paths"]
+    assert len(rows) == 8 and all(len(rates) == (7 if "yardstick" in name else 1) for name, rates in rows.items())
     assert set(results["loader"]) == {"aggregate stage, 1 thread(s)", "in source, 1 thread(s)"}
-    current = results["pil_mad"]["cached graphs, resize only the crop's region to planar RGB (current)"]
+    current = results["pil_mad"]["the same, JPEG demuxer named (current)"]
     assert 0 < current < 1.5 and current <= min(results["pil_mad"].values()) + 0.01
     assert "batched in source" in proc.stdout
 
