@@ -115,24 +115,26 @@ def model_rates(flist: Path, model_name: str, batch_size: int, threads: int, war
 
 
 SCALING_CHILD = """
-import resource, sys, torch
+import resource, statistics, sys, torch
 sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
 from compare_loaders import loader_rate
-rate = loader_rate("spdl", __import__("pathlib").Path({flist!r}), {threads}, 32, 5)
-print(rate, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+rates = [loader_rate("spdl", __import__("pathlib").Path({flist!r}), {threads}, 32, 5) for _ in range({passes})]
+print(statistics.median(rates), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
 def scaling_check(flist: Path, threads: int, repeats: int) -> dict:
     """SPDL loader over 1k and 8k listed images, each in fresh processes, interleaved ``repeats``
-    times: median throughput and median peak RSS (KiB)."""  # fmt: skip
+    times: median throughput and median peak RSS (KiB). A 1k process goes over its list 8
+    times (the median pass counts), so that both sizes are timed over as many images."""  # fmt: skip
     lines = flist.read_text().splitlines()
     runs: dict[int, list[tuple[float, int]]] = {1000: [], 8000: []}
     for _ in range(repeats):
         for n in runs:
             sub = flist.with_name(f"scaling{n}.flist")
             sub.write_text("\n".join((lines * (n // len(lines) + 1))[:n]) + "\n")
-            code = SCALING_CHILD.format(root=str(ROOT), bench=str(ROOT / "bench"), flist=str(sub), threads=threads)
+            code = SCALING_CHILD.format(root=str(ROOT), bench=str(ROOT / "bench"), flist=str(sub), threads=threads,
+                                        passes=max(1, 8000 // n))  # fmt: skip
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
             rate, rss = out.split()
             runs[n].append((float(rate), int(rss)))
