@@ -980,7 +980,7 @@ def get_pipeline(
 
     Items are aggregated into batches as the source yields them, so SPDL's event loop hands
     over one list per batch rather than each item through an ``aggregate`` stage: 1.02-1.08x
-    the images/s with one decode thread, 1.14-1.29x with two on two cores (``bench/decode_paths.py``).
+    the images/s with one decode thread, 1.14-1.37x with two on two cores (``bench/decode_paths.py``).
     The last, partial batch is kept. Any exception escaping ``decode_func`` stops the pipeline
     (``max_failures=0``) instead of SPDL's default of dropping that batch and going on.
 

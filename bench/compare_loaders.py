@@ -106,6 +106,18 @@ def loader_rate(kind: str, flist: Path, threads: int, batch_size: int, warmup: i
         return ic.measure_loader(batches, torch.device("cpu"), warmup)
 
 
+def steady_loader_rate(flist: Path, threads: int, batch_size: int, warmup: int, tail: int) -> float:
+    """Images/s of the SPDL loader between its first ``warmup`` and last ``tail`` batches: the
+    steady state, without the start-up and the end where fewer batches are left than threads."""
+    stamps, sizes = [], []
+    with open_loader("spdl", flist, threads, batch_size, ic.EvalTransform()) as batches:
+        for images, _ in batches:
+            stamps.append(time.perf_counter())
+            sizes.append(images.shape[0])
+    end = len(stamps) - 1 - tail
+    return sum(sizes[warmup + 1 : end + 1]) / (stamps[end] - stamps[warmup])
+
+
 def model_rates(flist: Path, model_name: str, batch_size: int, threads: int, warmup: int) -> dict:
     """Model-only and end-to-end images/s with the SPDL loader, through the benchmark's loop."""
     model = ic.get_model(model_name, "cpu", pretrained=False, compile=False, use_bf16=False)
@@ -117,16 +129,16 @@ def model_rates(flist: Path, model_name: str, batch_size: int, threads: int, war
 SCALING_CHILD = """
 import resource, statistics, sys, torch
 sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
-from compare_loaders import loader_rate
-rates = [loader_rate("spdl", __import__("pathlib").Path({flist!r}), {threads}, 32, 5) for _ in range({passes})]
+from compare_loaders import steady_loader_rate
+rates = [steady_loader_rate(__import__("pathlib").Path({flist!r}), {threads}, 32, 5, 4) for _ in range({passes})]
 print(statistics.median(rates), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
 def scaling_check(flist: Path, threads: int, repeats: int) -> dict:
     """SPDL loader over 1k and 8k listed images, each in fresh processes, interleaved ``repeats``
-    times: median throughput and median peak RSS (KiB). A 1k process goes over its list 8
-    times (the median pass counts), so that both sizes are timed over as many images."""  # fmt: skip
+    times: median steady-state throughput (:py:func:`steady_loader_rate`) and median peak RSS
+    (KiB). A 1k process goes over its list 8 times (the median pass counts)."""  # fmt: skip
     lines = flist.read_text().splitlines()
     runs: dict[int, list[tuple[float, int]]] = {1000: [], 8000: []}
     for _ in range(repeats):
