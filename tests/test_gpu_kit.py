@@ -35,3 +35,15 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
     assert not nvjpeg["ok"] and "--use-nvjpeg decodes on a CUDA GPU" in nvjpeg["error"]
     assert report["agreement"]["photos"] == 40 and report["agreement"]["nvjpeg"]["ok"] is False
     assert (tmp_path / "out" / "gpu_check.log").stat().st_size > 0
+
+    # A budget too small for any leg: the legs say so, the photo agreement still runs, the JSON is written.
+    env["OUT"] = str(tmp_path / "out2")
+    short = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_check.sh"), "--device", "cpu", "--decoders", "ffmpeg",
+         "--images", "40", "--no-compile", "--time-budget", "65"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert short.returncode == 0, short.stderr
+    report = json.loads((tmp_path / "out2" / "gpu_check.json").read_text())
+    assert report["legs"]["ffmpeg"] == {"ok": False, "error": "not run: the time budget was spent"}
+    assert report["agreement"]["photos"] == 40 and "torch" in report["env"]
