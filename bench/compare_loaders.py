@@ -88,13 +88,15 @@ def decode_only_rate(paths: list[str], named_demuxer: bool = False) -> float:
 
 @contextlib.contextmanager
 def open_loader(kind: str, flist: Path, threads: int, batch_size: int, transform: ic.EvalTransform) -> Iterator:
-    """Batches on the CPU from the SPDL pipeline or the DataLoader baseline, built alike."""
+    """Batches on the CPU from the SPDL pipeline or the DataLoader baseline, built alike and as
+    the benchmark's CLI builds them (with a DecodeTracker, which the CLI always has)."""
     prefix, cpu = f"{flist.parent}/", torch.device("cpu")
     if kind == "torch":
         dataset = ic.PILDataset(flist, prefix, math.inf, transform, ic.Shard())
-        yield ic.torch_loader_batches(ic.get_torch_loader(dataset, batch_size, threads, cpu, 120), cpu, None)
+        loader = ic.get_torch_loader(dataset, batch_size, threads, cpu, 120)
+        yield ic.torch_loader_batches(loader, cpu, ic.DecodeTracker())
         return
-    decode = ic.get_decode_func(cpu, transform)
+    decode = ic.get_decode_func(cpu, transform, tracker=ic.DecodeTracker())
     pipeline = ic.get_pipeline(ic.source(flist, prefix), batch_size, decode, threads, 16, threads)
     with pipeline.auto_stop():
         yield pipeline.get_iterator(timeout=120)
