@@ -78,11 +78,14 @@ def decode_only_rate(paths: list[str], named_demuxer: bool = False) -> float:
     short untimed warm-up. The demuxer probes the format (the issue's yardstick), or is named
     for JPEG data as the module's decode function names it."""
     demux = ic._demux_image if named_demuxer else spdl.io.demux_image
-    for path in paths[:50]:
-        spdl.io.decode_packets(demux(Path(path).read_bytes()), filter_desc=None)
+
+    def run(files: list[str]) -> None:
+        for path in files:
+            spdl.io.decode_packets(demux(Path(path).read_bytes()), filter_desc=None)
+
+    run(paths[:50])
     started = time.perf_counter()
-    for path in paths:
-        spdl.io.decode_packets(demux(Path(path).read_bytes()), filter_desc=None)
+    run(paths)
     return len(paths) / (time.perf_counter() - started)
 
 

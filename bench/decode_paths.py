@@ -99,15 +99,16 @@ def _decode(data: bytes, named: bool = False) -> spdl.io.ImageFrames:
 def per_image_rate(datas: list[bytes], graphs: _Graphs | None, named: bool = False) -> float:
     """Images/s in this thread: decode alone (``graphs`` None) or decode + filter chain, after
     a short untimed warm-up on the same images."""
-    for data in datas[:50]:
-        frames = _decode(data, named)
-        if graphs is not None:
-            graphs.apply(frames)
+
+    def run(images: list[bytes]) -> None:
+        for data in images:
+            frames = _decode(data, named)
+            if graphs is not None:
+                graphs.apply(frames)
+
+    run(datas[:50])
     started = time.perf_counter()
-    for data in datas:
-        frames = _decode(data, named)
-        if graphs is not None:
-            graphs.apply(frames)
+    run(datas)
     return len(datas) / (time.perf_counter() - started)
 
 
