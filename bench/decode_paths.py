@@ -4,9 +4,10 @@ Part 1, one thread, per image, from bytes already in memory: FFmpeg decode alone
 demuxer probing the format, as compare_loaders.py's yardstick does, measured beside every
 other row; and with the JPEG demuxer named), then decode + resize + crop with each filter
 chain this project has used (a new filter graph per image, then graphs cached per size,
-resizing packed RGB, 4:4:4 YUV or planar RGB, then only the region the crop needs; last, the
-current path, which also names the JPEG demuxer), each with its mean absolute difference
-from PIL (decode, bicubic resize, crop) on the real demo photos.
+resizing packed RGB, 4:4:4 YUV or planar RGB, then only the region the crop needs, then
+naming the JPEG demuxer; last, the current path, which also decodes with the Xvid IDCT), each
+with its largest mean absolute difference from PIL (decode, bicubic resize, crop) on the real
+demo photos.
 
 Part 2, the whole loader (files read from disk): SPDL's ``aggregate`` stage versus batches
 formed in the source (the current ``get_pipeline``), at 1..N threads. The loader against the
@@ -60,15 +61,20 @@ def _earlier_chain(kind: str) -> Callable[[int, int], str]:
 
 
 YARDSTICK = "decode only (demuxer probed, as compare_loaders.py's yardstick)"
-ROWS: dict[str, tuple[Callable[[int, int], str] | None, bool, bool]] = {
-    # name: (chain for a width and height or None to decode only, graphs cached per size, JPEG demuxer named)
-    "decode only, JPEG demuxer named (no probe)": (None, False, True),
-    "new graph per image, resize in packed RGB": (_earlier_chain("rgb"), False, False),
-    "cached graphs, resize in packed RGB": (_earlier_chain("rgb"), True, False),
-    "cached graphs, resize to 4:4:4 YUV, convert the crop": (_earlier_chain("yuv444"), True, False),
-    "cached graphs, resize to planar RGB, pack the crop": (_earlier_chain("planar"), True, False),
-    "cached graphs, resize only the crop's region to planar RGB": (T.ffmpeg_filter, True, False),
-    "the same, JPEG demuxer named (current)": (T.ffmpeg_filter, True, True),
+# How an image is demuxed and decoded: FFmpeg's defaults (the format probed), the JPEG demuxer
+# named, or as the module does (the JPEG demuxer named and, on x86-64, the Xvid IDCT).
+PROBED, NAMED, LOADER = "probed", "named", "loader"
+ROWS: dict[str, tuple[Callable[[int, int], str] | None, bool, str]] = {
+    # name: (chain for a width and height or None to decode only, graphs cached per size, decoding)
+    "decode only, JPEG demuxer named (no probe)": (None, False, NAMED),
+    "decode only, as the loader decodes (also the Xvid IDCT on x86-64)": (None, False, LOADER),
+    "new graph per image, resize in packed RGB": (_earlier_chain("rgb"), False, PROBED),
+    "cached graphs, resize in packed RGB": (_earlier_chain("rgb"), True, PROBED),
+    "cached graphs, resize to 4:4:4 YUV, convert the crop": (_earlier_chain("yuv444"), True, PROBED),
+    "cached graphs, resize to planar RGB, pack the crop": (_earlier_chain("planar"), True, PROBED),
+    "cached graphs, resize only the crop's region to planar RGB": (T.ffmpeg_filter, True, PROBED),
+    "the same, JPEG demuxer named": (T.ffmpeg_filter, True, NAMED),
+    "the same, decoded as the loader decodes (current)": (T.ffmpeg_filter, True, LOADER),
 }
 
 
@@ -90,19 +96,21 @@ class _Graphs:
         return graph.get_frames()
 
 
-def _decode(data: bytes, named: bool = False) -> spdl.io.ImageFrames:
-    """FFmpeg demux (the format probed, or named as the module names it for JPEG data) and decode."""
-    packets = ic._demux_image(data) if named else spdl.io.demux_image(data)
+def _decode(data: bytes, decoding: str = PROBED) -> spdl.io.ImageFrames:
+    """FFmpeg demux and decode: the format probed, the JPEG demuxer named, or as the loader does."""
+    if decoding == LOADER:
+        return ic._decode_image(data)
+    packets = spdl.io.demux_image(data, demux_config=ic._jpeg_configs()[0] if decoding == NAMED else None)
     return spdl.io.decode_packets(packets, filter_desc=None)
 
 
-def per_image_rate(datas: list[bytes], graphs: _Graphs | None, named: bool = False) -> float:
+def per_image_rate(datas: list[bytes], graphs: _Graphs | None, decoding: str = PROBED) -> float:
     """Images/s in this thread: decode alone (``graphs`` None) or decode + filter chain, after
     a short untimed warm-up on the same images."""
 
     def run(images: list[bytes]) -> None:
         for data in images:
-            frames = _decode(data, named)
+            frames = _decode(data, decoding)
             if graphs is not None:
                 graphs.apply(frames)
 
@@ -112,11 +120,11 @@ def per_image_rate(datas: list[bytes], graphs: _Graphs | None, named: bool = Fal
     return len(datas) / (time.perf_counter() - started)
 
 
-def pil_mad(paths: list[str], graphs: _Graphs) -> float:
+def pil_mad(paths: list[str], graphs: _Graphs, decoding: str) -> float:
     """Largest per-image mean absolute difference (0-255) from PIL's decode + resize + crop."""
     worst = 0.0
     for path in paths:
-        frames = graphs.apply(_decode(Path(path).read_bytes()))
+        frames = graphs.apply(_decode(Path(path).read_bytes(), decoding))
         ours = spdl.io.to_numpy(spdl.io.convert_frames([frames])).reshape(T.size, T.size, 3).astype(np.int16)
         worst = max(worst, float(np.abs(ours - ic.decode_pil(path, T).astype(np.int16)).mean()))
     return worst
@@ -154,16 +162,17 @@ def main() -> None:
     part2: dict[str, list[float]] = {f"{where}, {t} thread(s)": [] for where in ("aggregate stage", "in source")
                                      for t in threads}  # fmt: skip
     for repeat in range(args.repeats):  # interleaved, so drifts hit every variant alike
-        for name, (chain, cached, named) in ROWS.items():  # the yardstick beside each row
+        for name, (chain, cached, decoding) in ROWS.items():  # the yardstick beside each row
             part1[YARDSTICK].append(per_image_rate(datas, None))
-            part1[name].append(per_image_rate(datas, chain and _Graphs(chain, cached), named))
+            part1[name].append(per_image_rate(datas, chain and _Graphs(chain, cached), decoding))
         for t in threads:
             for where, in_source in (("aggregate stage", False), ("in source", True)):
                 part2[f"{where}, {t} thread(s)"].append(loader_rate(flist, t, in_source))
         print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
 
     decode_only = statistics.median(part1[YARDSTICK])
-    mads = {name: pil_mad(photo_paths, _Graphs(chain, cached)) for name, (chain, cached, _) in ROWS.items() if chain}
+    mads = {name: pil_mad(photo_paths, _Graphs(chain, cached), decoding)
+            for name, (chain, cached, decoding) in ROWS.items() if chain}  # fmt: skip
     print(f"Part 1, one thread ({args.per_image} images):{' ' * 34}images/s  vs yardstick  max MAD vs PIL")
     for name, rates in part1.items():
         rate = statistics.median(rates)

@@ -97,18 +97,20 @@ def test_bench_script_runs_and_writes_its_outputs(tmp_path):
     # A small run of bench/compare_loaders.py, so that the harness keeps working; no figures checked.
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "compare_loaders.py"), "--out", str(tmp_path), "--images", "80",
-         "--repeats", "1", "--max-threads", "1", "--batch-size", "8", "--model", "test_efficientnet",
+         "--repeats", "1", "--max-threads", "2", "--batch-size", "8", "--model", "test_efficientnet",
          "--model-images", "32", "--no-plot"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["ratios"]) == {
-        "spdl_1thread_over_decode_only", "spdl_over_decode_only_x_threads", "spdl_over_torch_at_max_threads",
-        "spdl_1thread_over_decode_only_named_demuxer", "spdl_over_decode_only_named_demuxer_x_threads",
+        "spdl_1thread_over_decode_only", "spdl_over_decode_only_at_max_threads",
+        "spdl_over_decode_only_1thread_x_threads", "spdl_1thread_over_decode_as_loader",
+        "spdl_over_decode_as_loader_at_max_threads", "spdl_over_torch_at_max_threads",
         "scaling_fps_8k_over_1k", "scaling_rss_8k_over_1k",
     }  # fmt: skip
     assert all(v > 0 for v in results["ratios"].values())
+    assert all(len(results[name][t]) == 1 for name in ("decode_only", "decode_only_as_loader") for t in ("1", "2"))
     assert "spdl_over_torch_at_max_threads" in proc.stdout
 
 
@@ -122,9 +124,9 @@ def test_decode_paths_script_compares_every_variant(tmp_path):
     assert proc.returncode == 0, proc.stderr
     results = json.loads((tmp_path / "decode_paths.json").read_text())
     rows = results["decode_paths"]
-    assert len(rows) == 8 and all(len(rates) == (7 if "yardstick" in name else 1) for name, rates in rows.items())
+    assert len(rows) == 10 and all(len(rates) == (9 if "yardstick" in name else 1) for name, rates in rows.items())
     assert set(results["loader"]) == {"aggregate stage, 1 thread(s)", "in source, 1 thread(s)"}
-    current = results["pil_mad"]["the same, JPEG demuxer named (current)"]
+    current = results["pil_mad"]["the same, decoded as the loader decodes (current)"]
     assert 0 < current < 1.5 and current <= min(results["pil_mad"].values()) + 0.01
     assert "batched in source" in proc.stdout
 
