@@ -209,7 +209,8 @@ def main() -> None:
     threads = list(range(1, args.max_threads + 1))
     by_threads = lambda: {str(t): [] for t in threads}  # noqa: E731
     results = {"images": args.images, "threads": threads, "decode_only": by_threads(),
-               "decode_only_as_loader": by_threads(), "loaders": {"spdl": by_threads(), "torch": by_threads()}}  # fmt: skip
+               "decode_only_as_loader": by_threads(),
+               "loaders": {"spdl": by_threads(), "torch": by_threads()}}  # fmt: skip
     warmup = 5
     for repeat in range(args.repeats):  # interleaved, so drifts hit every loader alike
         for t in threads:

@@ -1,13 +1,14 @@
 """Why the FFmpeg loader is built the way it is: its alternatives, side by side in one run.
 
 Part 1, one thread, per image, from bytes already in memory: FFmpeg decode alone (the
-demuxer probing the format, as compare_loaders.py's yardstick does, measured beside every
-other row; and with the JPEG demuxer named), then decode + resize + crop with each filter
-chain this project has used (a new filter graph per image, then graphs cached per size,
-resizing packed RGB, 4:4:4 YUV or planar RGB, then only the region the crop needs, then
-naming the JPEG demuxer; last, the current path, which also decodes with the Xvid IDCT), each
-with its largest mean absolute difference from PIL (decode, bicubic resize, crop) on the real
-demo photos.
+demuxer probing the format, as compare_loaders.py's yardstick does; then the JPEG demuxer
+named; then as the loader decodes), and decode + resize + crop with each filter chain this
+project has used (a new filter graph per image, then graphs cached per size, resizing packed
+RGB, 4:4:4 YUV or planar RGB, then only the region the crop needs, then naming the JPEG
+demuxer; last, the current path, which also decodes with the Xvid IDCT). The yardstick is
+measured just before every row and each row is reported as the median of its ratios to those.
+Each chain also gets its largest mean absolute difference from PIL (decode, bicubic resize,
+crop) on the real demo photos.
 
 Part 2, the whole loader (files read from disk): SPDL's ``aggregate`` stage versus batches
 formed in the source (the current ``get_pipeline``), at 1..N threads. The loader against the
@@ -15,7 +16,7 @@ decode-only rate per core, the issue's target, is ``compare_loaders.py``'s figur
 
 Usage::
 
-    python bench/decode_paths.py --out bench/out --repeats 3
+    python bench/decode_paths.py --out bench/out --repeats 5
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--images", type=int, default=2000, help="images in the generated set")
     parser.add_argument("--per-image", type=int, default=500, help="images timed per chain in part 1")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-threads", type=int, default=os.cpu_count())
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -159,30 +160,39 @@ def main() -> None:
 
     threads = list(range(1, args.max_threads + 1))
     part1: dict[str, list[float]] = {YARDSTICK: [], **{name: [] for name in ROWS}}
+    beside: dict[str, list[float]] = {name: [] for name in ROWS}  # the yardstick measured just before each row
     part2: dict[str, list[float]] = {f"{where}, {t} thread(s)": [] for where in ("aggregate stage", "in source")
                                      for t in threads}  # fmt: skip
     for repeat in range(args.repeats):  # interleaved, so drifts hit every variant alike
         for name, (chain, cached, decoding) in ROWS.items():  # the yardstick beside each row
-            part1[YARDSTICK].append(per_image_rate(datas, None))
+            beside[name].append(per_image_rate(datas, None))
+            part1[YARDSTICK].append(beside[name][-1])
             part1[name].append(per_image_rate(datas, chain and _Graphs(chain, cached), decoding))
         for t in threads:
             for where, in_source in (("aggregate stage", False), ("in source", True)):
                 part2[f"{where}, {t} thread(s)"].append(loader_rate(flist, t, in_source))
         print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
 
-    decode_only = statistics.median(part1[YARDSTICK])
+    # Each row against the yardstick measured just before it, the median of those ratios: a
+    # drift of the machine's speed during the run cancels out.
+    ratios = {name: statistics.median(r / y for r, y in zip(part1[name], beside[name], strict=True)) for name in ROWS}
     mads = {name: pil_mad(photo_paths, _Graphs(chain, cached), decoding)
             for name, (chain, cached, decoding) in ROWS.items() if chain}  # fmt: skip
     print(f"Part 1, one thread ({args.per_image} images):{' ' * 34}images/s  vs yardstick  max MAD vs PIL")
     for name, rates in part1.items():
-        rate = statistics.median(rates)
         mad = f"{mads[name]:.2f}" if name in mads else "-"
-        print(f"  {name:76s} {rate:6.0f}   {rate / decode_only:5.2f}   {mad}")
+        print(f"  {name:76s} {statistics.median(rates):6.0f}   {ratios.get(name, 1.0):5.2f}   {mad}")
     print("Part 2, the loader (SPDL pipeline, batches of 32):")
     for t in threads:
         agg, src = (statistics.median(part2[f"{w}, {t} thread(s)"]) for w in ("aggregate stage", "in source"))
         print(f"  {t} thread(s): aggregate stage {agg:6.0f}, batched in source {src:6.0f} images/s: {src / agg:.2f}x")
-    out = {"decode_paths": part1, "pil_mad": mads, "loader": part2, "env": ic.environment(torch.device("cpu"))}
+    out = {
+        "decode_paths": part1,
+        "vs_yardstick": ratios,
+        "pil_mad": mads,
+        "loader": part2,
+        "env": ic.environment(torch.device("cpu")),
+    }
     (args.out / "decode_paths.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out / 'decode_paths.json'}")
 

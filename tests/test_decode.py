@@ -17,6 +17,7 @@ from imagenet_classification import (
     EvalTransform,
     FilterGraphCache,
     ImageDecodeError,
+    _decode_image,
     check_gpu_decoder,
     decode_ffmpeg_image,
     get_decode_func,
@@ -25,7 +26,6 @@ from imagenet_classification import (
     resize_region,
     source,
 )
-from imagenet_classification import _decode_image
 from tests.conftest import label_colour
 
 # Mean absolute difference (0-255 scale) between this decoder and PIL's decode + bicubic
