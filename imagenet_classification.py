@@ -173,7 +173,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     run.add_argument("--max-bad", type=_parse_max_bad, help="with --skip-bad: stop after N or P%% bad images")
     run.add_argument("--timeout", type=float, default=120.0, help="seconds without a batch before giving up")
     run.add_argument("--breakdown", action="store_true", help="also time the loader alone and the model alone")
-    run.add_argument("--stats-interval", type=float, default=-1, help="log SPDL stage statistics every S seconds")
+    run.add_argument("--stats-interval", type=float, default=-1,
+                     help="log SPDL's own stage statistics every S seconds and when the pipeline ends")  # fmt: skip
     run.add_argument("--results-file", type=Path, help="write the result as JSON here")
     run.add_argument("--trace", type=Path, help=f"write PATH.json and PATH.pftrace ({TRACE_BATCHES} batches)")
     run.add_argument("--debug", action="store_true")
@@ -1004,8 +1005,8 @@ def get_pipeline(
         concurrency: Batches decoded at once.
         buffer_size: Decoded batches held ready for the consumer.
         num_threads: Threads in the pipeline's pool.
-        report_stats_interval: Seconds between SPDL's stage statistics logs (-1: off); taken
-            from ``stats`` when given.
+        report_stats_interval: Seconds between SPDL's stage statistics logs (-1: none until
+            each stage ends, when SPDL always logs them at INFO); taken from ``stats`` when given.
         stats: Collects the stage statistics for :py:meth:`PipelineStats.summary`.
     """
     hooks = {}
@@ -2051,15 +2052,20 @@ def _report(
     return exit_code
 
 
-def _init_logging(debug: bool = False) -> None:
+def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
+    """Log INFO and up (DEBUG with ``debug``). SPDL's own per-stage statistics lines, which it
+    logs at INFO when each stage ends, only with ``spdl_stats`` or ``debug``: by default the
+    end-of-run summary (:py:func:`print_pipeline_stats`) says it, over the FPS window."""
     fmt = "%(asctime)s [%(levelname)s] %(message)s"
     logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO)
+    if not (debug or spdl_stats):
+        logging.getLogger("spdl.pipeline").setLevel(logging.WARNING)
 
 
 def entrypoint(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point: check the inputs, build the model and loader, run, report."""
     args = _parse_args(argv)
-    _init_logging(args.debug)
+    _init_logging(args.debug, spdl_stats=args.stats_interval > 0)
     if args.trace is not None:
         args.max_samples = min(args.max_samples, args.batch_size * TRACE_BATCHES)
     shard = Shard.from_env()

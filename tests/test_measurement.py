@@ -191,6 +191,11 @@ def test_run_reports_spdl_stage_stats(jpeg_set, tmp_path):
     assert decode and decode[0]["tasks"] == 8 and decode[0]["ave_task_s"] > 0  # 30 images in batches of 4
     # The sink queue is measured over the FPS window: the 7 batches after the 1-batch warm-up.
     assert stats["sink_queue"]["items"] == 7 and 0.0 <= stats["sink_queue"]["occupancy"] <= 1.0
+    # SPDL's own stage lines (whole run, sink line cut at the last put) only when asked for.
+    assert "Occupancy rate" not in proc.stderr and "Ave task time" not in proc.stderr
+    asked = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--stats-interval", "60")
+    assert asked.returncode == 0, asked.stderr
+    assert "Occupancy rate" in asked.stderr and "Ave task time" in asked.stderr
     torch_run = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--loader", "torch",
                         "--results-file", out)  # fmt: skip
     assert torch_run.returncode == 0, torch_run.stderr
