@@ -12,7 +12,7 @@ qualities), then measures, interleaved and repeated:
 
 Writes ``OUT/results.json`` and ``OUT/loaders.png`` and prints the ratios. Usage::
 
-    python bench/compare_loaders.py --out bench/out --images 2000 --repeats 3
+    python bench/compare_loaders.py --out bench/out --images 2000 --repeats 5
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--images", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-threads", type=int, default=os.cpu_count())
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--model", default="mobilenetv3_large_100")
@@ -214,8 +214,8 @@ def main() -> None:
     warmup = 5
     for repeat in range(args.repeats):  # interleaved, so drifts hit every loader alike
         for t in threads:
-            results["decode_only"][str(t)].append(decode_only_rate(paths[: 500 * t], t))
-            results["decode_only_as_loader"][str(t)].append(decode_only_rate(paths[: 500 * t], t, as_loader=True))
+            results["decode_only"][str(t)].append(decode_only_rate(paths[: 1000 * t], t))
+            results["decode_only_as_loader"][str(t)].append(decode_only_rate(paths[: 1000 * t], t, as_loader=True))
             for kind in ("spdl", "torch"):
                 results["loaders"][kind][str(t)].append(loader_rate(kind, flist, t, args.batch_size, warmup))
         print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
@@ -230,17 +230,24 @@ def main() -> None:
     top = threads[-1]
     spdl_rate = statistics.median(results["loaders"]["spdl"][str(top)])
     torch_rate = statistics.median(results["loaders"]["torch"][str(top)])
-    spdl_one = statistics.median(results["loaders"]["spdl"]["1"])
     scale = results["scaling"]
+
+    def paired(loader_threads: int, yardstick: str, yardstick_threads: int, times: int = 1) -> float:
+        """Median over the repeats of the loader's rate over the yardstick's measured just before
+        it in the same repeat (times ``times``): a drift of the machine's speed cancels out."""
+        rates = results["loaders"]["spdl"][str(loader_threads)]
+        return statistics.median(r / (y * times) for r, y in zip(rates, results[yardstick][str(yardstick_threads)],
+                                                                  strict=True))  # fmt: skip
+
     results["ratios"] = {
         # The issue's target, per core: the loader against FFmpeg decoding alone on as many cores.
-        "spdl_1thread_over_decode_only": spdl_one / med["decode_only"][1],
-        "spdl_over_decode_only_at_max_threads": spdl_rate / med["decode_only"][top],
+        "spdl_1thread_over_decode_only": paired(1, "decode_only", 1),
+        "spdl_over_decode_only_at_max_threads": paired(top, "decode_only", top),
         # Stricter: against one thread's decode-only rate times the threads, as if decoding scaled perfectly.
-        "spdl_over_decode_only_1thread_x_threads": spdl_rate / (med["decode_only"][1] * top),
+        "spdl_over_decode_only_1thread_x_threads": paired(top, "decode_only", 1, top),
         # Against decoding alone as the loader decodes (JPEG demuxer named, its IDCT).
-        "spdl_1thread_over_decode_as_loader": spdl_one / med["decode_only_as_loader"][1],
-        "spdl_over_decode_as_loader_at_max_threads": spdl_rate / med["decode_only_as_loader"][top],
+        "spdl_1thread_over_decode_as_loader": paired(1, "decode_only_as_loader", 1),
+        "spdl_over_decode_as_loader_at_max_threads": paired(top, "decode_only_as_loader", top),
         "spdl_over_torch_at_max_threads": spdl_rate / torch_rate,
         "scaling_fps_8k_over_1k": scale[8000]["fps"] / scale[1000]["fps"],
         "scaling_rss_8k_over_1k": scale[8000]["peak_rss_kib"] / scale[1000]["peak_rss_kib"],
