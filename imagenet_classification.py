@@ -570,24 +570,34 @@ def _decode_image(data: bytes) -> spdl.io.ImageFrames:
     """Demux and decode one image's bytes with FFmpeg, in the image's own pixel format.
 
     JPEG data (data starting with JPEG's start-of-image marker) goes straight to FFmpeg's JPEG
-    demuxer and is decoded with the IDCT in :py:func:`_jpeg_configs`; any other data (a PNG
-    saved as .JPEG, for example) is probed and decoded with FFmpeg's defaults.
-    ``bench/decode_paths.py`` measures each choice."""
+    demuxer, as one packet, and is decoded with the IDCT in :py:func:`_jpeg_configs`; any other
+    data (a PNG saved as .JPEG, for example) is probed and decoded with FFmpeg's defaults. A
+    file holding several frames gives its first. ``bench/decode_paths.py`` measures each choice."""
     if not data.startswith(_JPEG_START):
-        return spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None)
+        # num_frames=1: the first frame of an animated GIF or PNG, as PIL gives; SPDL would
+        # fail on "multiple frames" otherwise.
+        return spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None, num_frames=1)
     demux_config, decode_config = _jpeg_configs()
     packets = spdl.io.demux_image(data, demux_config=demux_config)
-    return spdl.io.decode_packets(packets, filter_desc=None, decode_config=decode_config)
+    return spdl.io.decode_packets(packets, filter_desc=None, decode_config=decode_config, num_frames=1)
 
 
 @functools.cache
 def _jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig | None]:
-    """FFmpeg's JPEG demuxer named, which skips the format probe (about 0.06 ms per image), and
-    on x86-64 the Xvid IDCT, FFmpeg's SSE2 one: JPEG decodes 4-6 % faster than with the
-    default IDCT and lands slightly closer to PIL's (libjpeg's accurate integer IDCT). Elsewhere
-    (ARM has no SIMD Xvid IDCT) FFmpeg picks. Made on first use, not at import: making a config
-    loads SPDL's native library."""
-    demux_config = spdl.io.demux_config(format="jpeg_pipe")
+    """How JPEG data is demuxed and decoded. Made on first use, not at import: making a config
+    loads SPDL's native library.
+
+    - FFmpeg's JPEG demuxer named: no format probe (about 0.06 ms per image).
+    - Without FFmpeg's JPEG parser (``fflags=noparse``), the whole file is one packet, as PIL
+      reads it: the decoder stops at the first image's end, so a file with a second image
+      after it (an MPO, or a phone photo's HDR gain map) decodes to its primary image, where
+      the parser splits it in two and SPDL fails on "multiple frames". It also skips the
+      parser's pass over the bytes (about 0.04 ms per image).
+    - On x86-64, FFmpeg's Xvid IDCT (SSE2): decoding 1.05x faster than with the default IDCT
+      and slightly closer to PIL's (libjpeg's accurate integer IDCT). Elsewhere (ARM has no
+      SIMD Xvid IDCT) FFmpeg picks.
+    """
+    demux_config = spdl.io.demux_config(format="jpeg_pipe", format_options={"fflags": "noparse"})
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return demux_config, None
     return demux_config, spdl.io.decode_config(decoder_options={"idct": "xvid"})
@@ -598,7 +608,9 @@ def _decode_ffmpeg(path: str, graphs: FilterGraphCache, data: bytes | None = Non
     data = _read_image_file(path) if data is None else data
     try:
         frames = _decode_image(data)
-    except (RuntimeError, ValueError, IndexError) as e:  # what SPDL raises for FFmpeg errors
+    # What SPDL raises for FFmpeg's errors, and its InternalError (an AssertionError) for data
+    # it did not expect: either way this image, not the run.
+    except (RuntimeError, ValueError, IndexError, AssertionError) as e:
         raise ImageDecodeError(path, f"FFmpeg cannot decode it: {_spdl_reason(e)}") from None
     # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion.
     if frames.width <= 0:

@@ -104,13 +104,17 @@ def test_unusual_but_valid_images_decode(dataset):
     image.save(_add(dataset, "val/n01440764/png-data.JPEG"), format="PNG")
     image.resize((8000, 6000)).save(_add(dataset, "val/n01440764/huge.JPEG"), quality=70)
     image.resize((8, 8)).save(_add(dataset, "val/n01440764/tiny.JPEG"))
+    image.save(_add(dataset, "val/n01440764/animated-gif.JPEG"), format="GIF", save_all=True, append_images=[image])
+    # A second image after the first, as in an MPO file or a photo carrying an HDR gain map.
+    first, second = (root / dataset.read_text().splitlines()[0]).read_bytes(), (root / "val/n01440764/tiny.JPEG")
+    _add(dataset, "val/n01440764/two-images.JPEG").write_bytes(first + second.read_bytes())
     (root / "val/n01440764/with space").mkdir()
     image.save(_add(dataset, "val/n01440764/with space/naïve café 猫.JPEG"))
     out = dataset.parent / "r.json"
     proc = _run(dataset, "--results-file", out)
     assert proc.returncode == 0, proc.stderr
     result = read_json(out)
-    assert (result["listed"], result["classified"], result["failed"]) == (19, 19, 0)
+    assert (result["listed"], result["classified"], result["failed"]) == (21, 21, 0)
 
 
 # --- Images that cannot be used: strict stops, --skip-bad counts -----------------------------

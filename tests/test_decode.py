@@ -1,5 +1,6 @@
 """FFmpeg decode through SPDL: shapes, alignment, parity with a PIL reference."""
 
+import io
 import platform
 from pathlib import Path
 
@@ -203,6 +204,33 @@ def test_all_failed_batch_is_empty_not_an_error(tmp_path):
     tracker = DecodeTracker()
     images, labels = get_decode_func("cpu", tracker=tracker)([(str(tmp_path / "a.JPEG"), 0)])
     assert images.shape == (0, 3, 224, 224) and labels.shape == (0, 1) and tracker.failed == 1
+
+
+def test_jpeg_with_a_second_image_appended_decodes_to_its_primary_image(tmp_path, demo_photos):
+    # As in an MPO file or a phone photo carrying its HDR gain map after the primary image:
+    # FFmpeg's JPEG parser would split the file in two, which SPDL refuses ("multiple frames").
+    primary_path, _ = _items(demo_photos)[0]
+    primary = Path(primary_path).read_bytes()
+    appended = io.BytesIO()
+    Image.new("RGB", (160, 120), (10, 200, 30)).save(appended, format="JPEG")
+    both = tmp_path / "with-gain-map.JPEG"
+    both.write_bytes(primary + appended.getvalue())
+    decode = get_decode_func("cpu")
+    images, labels = decode([(str(both), 3)])
+    alone, _ = decode([(primary_path, 3)])
+    assert labels.tolist() == [[3]] and torch.equal(images, alone)
+
+
+@pytest.mark.parametrize("fmt", ["GIF", "PNG"])
+def test_animated_image_decodes_to_its_first_frame_as_pil_does(tmp_path, fmt):
+    frames = [Image.new("RGB", (320, 240), (60 + 60 * i, 90, 30)) for i in range(3)]
+    path = tmp_path / f"animated-{fmt}.JPEG"
+    frames[0].save(path, format=fmt, save_all=True, append_images=frames[1:])
+    images, _ = get_decode_func("cpu")([(str(path), 0)])
+    with Image.open(path) as reference:
+        first = np.asarray(reference.convert("RGB"), dtype=np.float32).mean(axis=(0, 1))
+    assert images.shape == (1, 3, 224, 224)
+    assert np.abs(images.float().mean(dim=(2, 3))[0].numpy() - first).max() < 3
 
 
 def test_grayscale_jpeg_decodes_to_rgb(tmp_path):
