@@ -2,13 +2,13 @@
 
 Part 1, one thread, per image, from bytes already in memory: FFmpeg decode alone (the
 demuxer probing the format, as compare_loaders.py's yardstick does; then the JPEG demuxer
-named; then as the loader decodes), and decode + resize + crop with each filter chain this
-project has used (a new filter graph per image, then graphs cached per size, resizing packed
-RGB, 4:4:4 YUV or planar RGB, then only the region the crop needs, then naming the JPEG
-demuxer; last, the current path, which also decodes with the Xvid IDCT). The yardstick is
-measured just before every row and each row is reported as the median of its ratios to those.
-Each chain also gets its largest mean absolute difference from PIL (decode, bicubic resize,
-crop) on the real demo photos.
+named; then without its parser, one packet per file; then as the loader decodes), and decode
++ resize + crop with each filter chain this project has used (a new filter graph per image,
+then graphs cached per size, resizing packed RGB, 4:4:4 YUV or planar RGB, then only the
+region the crop needs, then each decoding step above; the last row is the current path). The
+yardstick is measured just before every row and each row is reported as the median of its
+ratios to those. Each chain also gets its largest mean absolute difference from PIL (decode,
+bicubic resize, crop) on the real demo photos.
 
 Part 2, the whole loader (files read from disk): SPDL's ``aggregate`` stage versus batches
 formed in the source (the current ``get_pipeline``), at 1..N threads. The loader against the
@@ -63,11 +63,13 @@ def _earlier_chain(kind: str) -> Callable[[int, int], str]:
 
 YARDSTICK = "decode only (demuxer probed, as compare_loaders.py's yardstick)"
 # How an image is demuxed and decoded: FFmpeg's defaults (the format probed), the JPEG demuxer
-# named, or as the module does (the JPEG demuxer named and, on x86-64, the Xvid IDCT).
-PROBED, NAMED, LOADER = "probed", "named", "loader"
+# named, the same without its parser (one packet per file), or as the module does (all that
+# and, on x86-64, the Xvid IDCT).
+PROBED, NAMED, ONE_PACKET, LOADER = "probed", "named", "one packet", "loader"
 ROWS: dict[str, tuple[Callable[[int, int], str] | None, bool, str]] = {
     # name: (chain for a width and height or None to decode only, graphs cached per size, decoding)
     "decode only, JPEG demuxer named (no probe)": (None, False, NAMED),
+    "decode only, the same without FFmpeg's JPEG parser (one packet per file)": (None, False, ONE_PACKET),
     "decode only, as the loader decodes (also the Xvid IDCT on x86-64)": (None, False, LOADER),
     "new graph per image, resize in packed RGB": (_earlier_chain("rgb"), False, PROBED),
     "cached graphs, resize in packed RGB": (_earlier_chain("rgb"), True, PROBED),
@@ -75,6 +77,7 @@ ROWS: dict[str, tuple[Callable[[int, int], str] | None, bool, str]] = {
     "cached graphs, resize to planar RGB, pack the crop": (_earlier_chain("planar"), True, PROBED),
     "cached graphs, resize only the crop's region to planar RGB": (T.ffmpeg_filter, True, PROBED),
     "the same, JPEG demuxer named": (T.ffmpeg_filter, True, NAMED),
+    "the same, one packet per file": (T.ffmpeg_filter, True, ONE_PACKET),
     "the same, decoded as the loader decodes (current)": (T.ffmpeg_filter, True, LOADER),
 }
 
@@ -98,11 +101,15 @@ class _Graphs:
 
 
 def _decode(data: bytes, decoding: str = PROBED) -> spdl.io.ImageFrames:
-    """FFmpeg demux and decode: the format probed, the JPEG demuxer named, or as the loader does."""
+    """FFmpeg demux and decode, one of the ways in ``ROWS``."""
     if decoding == LOADER:
         return ic._decode_image(data)
-    packets = spdl.io.demux_image(data, demux_config=ic._jpeg_configs()[0] if decoding == NAMED else None)
-    return spdl.io.decode_packets(packets, filter_desc=None)
+    config = {
+        PROBED: None,
+        NAMED: spdl.io.demux_config(format="jpeg_pipe"),
+        ONE_PACKET: ic._jpeg_configs()[0],
+    }[decoding]
+    return spdl.io.decode_packets(spdl.io.demux_image(data, demux_config=config), filter_desc=None)
 
 
 def per_image_rate(datas: list[bytes], graphs: _Graphs | None, decoding: str = PROBED) -> float:

@@ -124,7 +124,7 @@ def test_decode_paths_script_compares_every_variant(tmp_path):
     assert proc.returncode == 0, proc.stderr
     results = json.loads((tmp_path / "decode_paths.json").read_text())
     rows = results["decode_paths"]
-    assert len(rows) == 10 and all(len(rates) == (9 if "yardstick" in name else 1) for name, rates in rows.items())
+    assert len(rows) == 12 and all(len(rates) == (11 if "yardstick" in name else 1) for name, rates in rows.items())
     assert set(results["vs_yardstick"]) == set(rows) - {next(name for name in rows if "yardstick" in name)}
     assert all(ratio > 0 for ratio in results["vs_yardstick"].values())
     assert set(results["loader"]) == {"aggregate stage, 1 thread(s)", "in source, 1 thread(s)"}
