@@ -612,9 +612,10 @@ def _decode_ffmpeg(path: str, graphs: FilterGraphCache, data: bytes | None = Non
     # it did not expect: either way this image, not the run.
     except (RuntimeError, ValueError, IndexError, AssertionError) as e:
         raise ImageDecodeError(path, f"FFmpeg cannot decode it: {_spdl_reason(e)}") from None
-    # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion.
+    # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion;
+    # so does an animated WebP, which FFmpeg's WebP decoder does not take.
     if frames.width <= 0:
-        raise ImageDecodeError(path, "FFmpeg cannot decode it: corrupt image data (no frame decoded)")
+        raise ImageDecodeError(path, "FFmpeg cannot decode it: no frame decoded (corrupt data, or an animated WebP)")
     try:
         return graphs.apply(frames)
     except (RuntimeError, ValueError) as e:  # e.g. a corrupt header declaring a 0 x 0 image

@@ -233,6 +233,18 @@ def test_animated_image_decodes_to_its_first_frame_as_pil_does(tmp_path, fmt):
     assert np.abs(images.float().mean(dim=(2, 3))[0].numpy() - first).max() < 3
 
 
+def test_image_that_decodes_to_no_frame_is_reported(tmp_path):
+    # FFmpeg's WebP decoder takes no animated WebP: no frame, and this image's error alone.
+    frames = [Image.new("RGB", (64, 48), (60 * i, 0, 0)) for i in range(3)]
+    path, good = tmp_path / "animated-webp.JPEG", tmp_path / "good.JPEG"
+    frames[0].save(path, format="WEBP", save_all=True, append_images=frames[1:])
+    frames[1].save(good)
+    tracker = DecodeTracker()
+    _, labels = get_decode_func("cpu", tracker=tracker)([(str(path), 0), (str(good), 1)])
+    assert labels.tolist() == [[1]] and tracker.failed == 1
+    assert "no frame decoded" in tracker.failures()[0].reason
+
+
 def test_grayscale_jpeg_decodes_to_rgb(tmp_path):
     path = tmp_path / "gray.JPEG"
     Image.fromarray(np.full((300, 400), 77, dtype=np.uint8), mode="L").save(path)
