@@ -78,7 +78,7 @@ def decode_only_rate(paths: list[str], threads: int = 1, as_loader: bool = False
     """Images/s of FFmpeg demux + decode, native pixel format, no resize, in ``threads`` threads
     at once (each its share of ``paths``), after a short untimed warm-up. FFmpeg's defaults (the
     format probed: the issue's yardstick), or ``as_loader``: decoded as the module's decode
-    function decodes (JPEG demuxer named, its IDCT)."""
+    function decodes (``_decode_image``: JPEG demuxer named, one packet per file, its IDCT)."""
 
     def decode(path: str) -> None:
         data = Path(path).read_bytes()
@@ -245,7 +245,7 @@ def main() -> None:
         "spdl_over_decode_only_at_max_threads": paired(top, "decode_only", top),
         # Stricter: against one thread's decode-only rate times the threads, as if decoding scaled perfectly.
         "spdl_over_decode_only_1thread_x_threads": paired(top, "decode_only", 1, top),
-        # Against decoding alone as the loader decodes (JPEG demuxer named, its IDCT).
+        # Against decoding alone as the loader decodes (JPEG demuxer named, one packet, its IDCT).
         "spdl_1thread_over_decode_as_loader": paired(1, "decode_only_as_loader", 1),
         "spdl_over_decode_as_loader_at_max_threads": paired(top, "decode_only_as_loader", top),
         "spdl_over_torch_at_max_threads": spdl_rate / torch_rate,
