@@ -4,8 +4,10 @@ Run by ``bench/gpu_check.sh`` on a machine with an NVIDIA GPU and no network, fr
 that ``bench/gpu_prepare.sh`` filled. For each decoder (FFmpeg + copy, nvJPEG, NVDEC) it runs
 the benchmark in a subprocess on a generated ImageNet-like JPEG set with ``torch.compile`` and
 bf16 on and ``--breakdown`` (which times the loader alone, the model alone and end-to-end),
-then classifies the real photos through each decoder with real weights and measures how often
-each decoder's top-1 agrees with FFmpeg's. One leg's failure is recorded and the others go on.
+then decodes unusual but valid images (greyscale, CMYK, progressive, 4:4:4, PNG data, huge and
+tiny, a second image appended, animated) with each decoder against FFmpeg on the CPU, and
+classifies the real photos through each decoder with real weights and measures how often each
+decoder's top-1 agrees with FFmpeg's. One leg's failure is recorded and the others go on.
 
 Everything fits in ``--time-budget``: the first leg gets twice ``--leg-timeout`` because it
 also fills torch.compile's on-disk caches, which the later legs (other processes) reuse; no
@@ -27,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "scripts")]
 
 DECODER_FLAGS = {"ffmpeg": [], "nvjpeg": ["--use-nvjpeg"], "nvdec": ["--use-nvdec"]}
 AGREEMENT_RESERVE_S = 60  # kept for the photos through every decoder, uncompiled
@@ -74,6 +76,40 @@ def top1_per_image(flist: Path, checkpoint: Path, device: str, decoder: str) -> 
             logits = model.model(model.preprocessing(images))
             predictions.update(zip((p for p, _ in batch), logits.argmax(dim=1).tolist(), strict=True))
     return predictions
+
+
+def unusual_images(folder: Path, device: str, decoders: list[str], log) -> dict:
+    """Each decoder on unusual but valid images (scripts/make_unusual_images.py) against FFmpeg
+    on the CPU: per image the mean absolute difference (0-255) or why it failed, and how many
+    images the decoder handed to FFmpeg. A wrong layout or a broken fallback shows as a failure
+    or a difference in the tens."""
+    import torch
+    from make_unusual_images import make_unusual_images
+
+    import imagenet_classification as ic
+
+    items = [(str(path), 0) for path in make_unusual_images(folder)]
+    reference = [image.float() for image in ic.get_decode_func("cpu")(items)[0]]
+    out: dict = {"images": len(items)}
+    for decoder in decoders:
+        tracker = ic.DecodeTracker()
+        try:
+            ic.check_gpu_decoder(decoder, torch.device(device))
+            decode = ic.get_decode_func(device, decoder=decoder, tracker=tracker)
+            mads = {}
+            for item, expected in zip(items, reference, strict=True):  # one by one: a failure names its image
+                images, _ = decode([item])
+                name = Path(item[0]).name
+                mads[name] = (images[0].cpu().float() - expected).abs().mean().item() if len(images) else None
+        except Exception as e:  # a decoder that cannot run here is reported, not fatal to the check
+            log.write(f"### unusual images {decoder}: {type(e).__name__}: {e}\n")
+            out[decoder] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            continue
+        failed = {Path(f.path).name: f.reason for f in tracker.failures()}
+        worst = max((m for m in mads.values() if m is not None), default=0.0)
+        out[decoder] = {"ok": not failed and worst < 10, "mad": mads, "failed": failed,
+                        "fallbacks": tracker.fallbacks, "max_mad": worst}  # fmt: skip
+    return out
 
 
 def agreement(photos: Path, checkpoint: Path, device: str, decoders: list[str], log) -> dict:
@@ -136,6 +172,13 @@ def main() -> None:
                 report["legs"][decoder] = run_leg(decoder, common, args.out, timeout, log)
             print(f"{decoder}: {summary(report['legs'][decoder])}", flush=True)
             write_report(report, args.out)
+        try:
+            report["unusual_images"] = unusual_images(args.out / "unusual", args.device, decoders, log)
+            verdicts = {k: v["ok"] for k, v in report["unusual_images"].items() if k != "images"}
+        except Exception as e:  # e.g. FFmpeg on the CPU failing one: recorded, the agreement still runs
+            report["unusual_images"] = verdicts = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        print(f"unusual images, each decoder against FFmpeg on the CPU: {verdicts}", flush=True)
+        write_report(report, args.out)
         report["agreement"] = agreement(photos, checkpoint, args.device, decoders, log)
         print(f"top-1 agreement with FFmpeg on {report['agreement']['photos']} photos: "
               f"{ {k: v for k, v in report['agreement'].items() if k != 'photos'} }", flush=True)  # fmt: skip

@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from make_unusual_images import make_unusual_images
 from PIL import Image
 
 from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli, write_jpeg
@@ -95,26 +95,17 @@ def test_pretrained_weights_unreachable(dataset):
 
 
 def test_unusual_but_valid_images_decode(dataset):
-    rgb = np.clip(np.random.default_rng(1).normal(128, 40, (375, 500, 3)), 0, 255).astype(np.uint8)
-    image = Image.fromarray(rgb)
     root = dataset.parent
-    image.convert("L").save(_add(dataset, "val/n01440764/gray.JPEG"))
-    image.convert("CMYK").save(_add(dataset, "val/n01440764/cmyk.JPEG"))
-    image.save(_add(dataset, "val/n01440764/progressive.JPEG"), progressive=True)
-    image.save(_add(dataset, "val/n01440764/png-data.JPEG"), format="PNG")
-    image.resize((8000, 6000)).save(_add(dataset, "val/n01440764/huge.JPEG"), quality=70)
-    image.resize((8, 8)).save(_add(dataset, "val/n01440764/tiny.JPEG"))
-    image.save(_add(dataset, "val/n01440764/animated-gif.JPEG"), format="GIF", save_all=True, append_images=[image])
-    # A second image after the first, as in an MPO file or a photo carrying an HDR gain map.
-    first, second = (root / dataset.read_text().splitlines()[0]).read_bytes(), (root / "val/n01440764/tiny.JPEG")
-    _add(dataset, "val/n01440764/two-images.JPEG").write_bytes(first + second.read_bytes())
+    for path in make_unusual_images(root / "val/n01440764"):
+        _add(dataset, str(path.relative_to(root)))
+    image = Image.new("RGB", (300, 200), (20, 140, 60))
     (root / "val/n01440764/with space").mkdir()
     image.save(_add(dataset, "val/n01440764/with space/naïve café 猫.JPEG"))
     out = dataset.parent / "r.json"
     proc = _run(dataset, "--results-file", out)
     assert proc.returncode == 0, proc.stderr
     result = read_json(out)
-    assert (result["listed"], result["classified"], result["failed"]) == (21, 21, 0)
+    assert (result["listed"], result["classified"], result["failed"]) == (22, 22, 0)
 
 
 # --- Images that cannot be used: strict stops, --skip-bad counts -----------------------------
