@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "scripts")]
 
 DECODER_FLAGS = {"ffmpeg": [], "nvjpeg": ["--use-nvjpeg"], "nvdec": ["--use-nvdec"]}
-AGREEMENT_RESERVE_S = 60  # kept for the photos through every decoder, uncompiled
+AGREEMENT_RESERVE_S = 60  # kept for the unusual images and the photos through every decoder, uncompiled
 
 
 def write_report(report: dict, out: Path) -> None:
