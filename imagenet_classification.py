@@ -523,9 +523,36 @@ def _read_image_file(path: str) -> bytes:
         raise ImageDecodeError(path, "empty file (0 bytes)")
     # FFmpeg decodes a truncated JPEG with only a log line and grey rows at the bottom, which
     # would count a damaged image in the accuracy. Report it instead, as PIL does.
-    if data[:2] == b"\xff\xd8" and b"\xff\xd9" not in data[-1024:]:
+    if data[:2] == b"\xff\xd8" and _jpeg_truncated(data):
         raise ImageDecodeError(path, "truncated JPEG (no end-of-image marker)")
     return data
+
+
+def _jpeg_header_markers(data: bytes) -> Iterator[tuple[int, int]]:
+    """``(marker, offset)`` of each segment of JPEG data after its start-of-image marker, up to
+    and including the first start-of-scan (0xDA). Walks the segments by their lengths, so the
+    markers of an EXIF thumbnail inside an APP1 segment are skipped. Stops early where the data
+    ends or is no longer a chain of segments."""
+    i = 2
+    while i + 4 <= len(data) and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        yield marker, i
+        if marker == 0xDA:
+            return
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+
+
+def _jpeg_truncated(data: bytes) -> bool:
+    """Whether JPEG data ends before its image does: it does not end with the end-of-image
+    marker, and none follows the start of the image's first scan. Data after the image's end (a
+    camera's trailer, a second image) is fine, as PIL has it."""
+    if data.endswith(b"\xff\xd9"):  # almost every file: no walk
+        return False
+    scan = next((offset for marker, offset in _jpeg_header_markers(data) if marker == 0xDA), 2)
+    return data.find(b"\xff\xd9", scan) == -1
 
 
 class FilterGraphCache:
@@ -747,17 +774,11 @@ def jpeg_frame_type(data: bytes) -> int | None:
     """The JPEG start-of-frame marker (0xC0 baseline, 0xC2 progressive, …), or None if not JPEG."""
     if data[:2] != b"\xff\xd8":
         return None
-    i = 2
-    while i + 4 <= len(data) and data[i] == 0xFF:
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-        elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn, not DHT/JPG/DAC
+    for marker, _ in _jpeg_header_markers(data):
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn, not DHT/JPG/DAC
             return marker
-        elif marker == 0xDA:  # start of scan before any frame header: corrupt
+        if marker == 0xDA:  # start of scan before any frame header: corrupt
             return None
-        else:
-            i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
     return None
 
 

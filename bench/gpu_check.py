@@ -5,7 +5,7 @@ that ``bench/gpu_prepare.sh`` filled. For each decoder (FFmpeg + copy, nvJPEG, N
 the benchmark in a subprocess on a generated ImageNet-like JPEG set with ``torch.compile`` and
 bf16 on and ``--breakdown`` (which times the loader alone, the model alone and end-to-end),
 then decodes unusual but valid images (greyscale, CMYK, progressive, 4:4:4, PNG data, huge and
-tiny, a second image appended, animated) with each decoder against FFmpeg on the CPU, and
+tiny, data after the end, animated) with each decoder against FFmpeg on the CPU, and
 classifies the real photos through each decoder with real weights and measures how often each
 decoder's top-1 agrees with FFmpeg's. One leg's failure is recorded and the others go on.
 

@@ -3,8 +3,8 @@
 Every decoder must decode each of them to what PIL gives (or fall back to FFmpeg for it):
 greyscale, CMYK, progressive and 4:4:4 JPEGs, PNG data, an 8000 x 6000 and an 8 x 8 image, a
 JPEG with a second image after its end (as in an MPO file or a phone photo carrying an HDR
-gain map) and an animated GIF (its first frame). Used by the bad-input tests and by the GPU
-check (``bench/gpu_check.py``).
+gain map), one with a camera's trailer after its end, and an animated GIF (its first frame).
+Used by the bad-input tests and by the GPU check (``bench/gpu_check.py``).
 
 Usage::
 
@@ -40,10 +40,16 @@ def make_unusual_images(folder: Path, seed: int = 1) -> list[Path]:
     for name, save in saves.items():
         save(folder / name)
         paths.append(folder / name)
-    primary, two = io.BytesIO(), folder / "two-images.JPEG"
+    primary = io.BytesIO()
     image.save(primary, format="JPEG")
-    two.write_bytes(primary.getvalue() + (folder / "tiny.JPEG").read_bytes())  # a second image after the end
-    return [*paths, two]
+    after_the_end = {
+        "two-images.JPEG": (folder / "tiny.JPEG").read_bytes(),  # a second image
+        "trailer.JPEG": b"SEFH" + bytes(4000),  # a camera's trailer, kilobytes without an end marker
+    }
+    for name, extra in after_the_end.items():
+        (folder / name).write_bytes(primary.getvalue() + extra)
+        paths.append(folder / name)
+    return paths
 
 
 def main() -> None:

@@ -245,6 +245,37 @@ def test_image_that_decodes_to_no_frame_is_reported(tmp_path):
     assert "no frame decoded" in tracker.failures()[0].reason
 
 
+def _jpeg_with_thumbnail(image: Image.Image) -> bytes:
+    """A JPEG whose APP1 segment holds a smaller JPEG, markers and all, as an EXIF thumbnail does."""
+    main, thumb = io.BytesIO(), io.BytesIO()
+    image.save(main, format="JPEG")
+    image.resize((80, 60)).save(thumb, format="JPEG")
+    payload = b"Exif\x00\x00" + thumb.getvalue()
+    app1 = b"\xff\xe1" + (len(payload) + 2).to_bytes(2, "big") + payload
+    return main.getvalue()[:2] + app1 + main.getvalue()[2:]
+
+
+def test_data_after_the_end_of_a_jpeg_is_not_truncation(tmp_path, demo_photos):
+    # Cameras append trailers (Samsung's runs to kilobytes) after the end-of-image marker.
+    path, _ = _items(demo_photos)[0]
+    trailer = tmp_path / "trailer.JPEG"
+    trailer.write_bytes(Path(path).read_bytes() + b"SEFH" + bytes(4000))
+    decode = get_decode_func("cpu")
+    images, _ = decode([(str(trailer), 0)])
+    assert torch.equal(images, decode([(path, 0)])[0])
+
+
+def test_truncated_jpeg_is_reported_even_with_a_thumbnails_end_marker_inside(tmp_path):
+    data = _jpeg_with_thumbnail(Image.new("RGB", (400, 300), (200, 30, 30)))
+    whole, cut = tmp_path / "whole.JPEG", tmp_path / "cut.JPEG"
+    whole.write_bytes(data)
+    cut.write_bytes(data[: len(data) - 100])  # ends inside the main image's scan
+    tracker = DecodeTracker()
+    _, labels = get_decode_func("cpu", tracker=tracker)([(str(whole), 0), (str(cut), 1)])
+    assert labels.tolist() == [[0]] and tracker.failed == 1
+    assert "truncated JPEG" in tracker.failures()[0].reason
+
+
 def test_grayscale_jpeg_decodes_to_rgb(tmp_path):
     path = tmp_path / "gray.JPEG"
     Image.fromarray(np.full((300, 400), 77, dtype=np.uint8), mode="L").save(path)

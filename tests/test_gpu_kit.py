@@ -36,8 +36,8 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
     assert report["agreement"]["photos"] == 40 and report["agreement"]["nvjpeg"]["ok"] is False
     # Unusual images through the bundle's FFmpeg 6.1: each decodes (FFmpeg against itself: identical).
     unusual = report["unusual_images"]
-    assert unusual["images"] == 9 and unusual["ffmpeg"]["ok"] and not unusual["ffmpeg"]["failed"]
-    assert len(unusual["ffmpeg"]["mad"]) == 9 and unusual["ffmpeg"]["max_mad"] == 0
+    assert unusual["images"] == 10 and unusual["ffmpeg"]["ok"] and not unusual["ffmpeg"]["failed"]
+    assert len(unusual["ffmpeg"]["mad"]) == 10 and unusual["ffmpeg"]["max_mad"] == 0
     assert not unusual["nvjpeg"]["ok"] and "--use-nvjpeg decodes on a CUDA GPU" in unusual["nvjpeg"]["error"]
     assert (tmp_path / "out" / "gpu_check.log").stat().st_size > 0
 
