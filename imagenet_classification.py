@@ -1,19 +1,18 @@
 """Benchmark loading ImageNet-style JPEGs from local disk and classifying them.
 
-An SPDL pipeline reads a file list, decodes, resizes and centre-crops the images in a pool
-of threads (FFmpeg on the CPU, or nvJPEG / NVDEC on the GPU) and moves each batch to the
-device, while the main thread runs a timm model on the batches one after another. The run
-reports steady-state throughput (images per second, after a warm-up) and top-1 / top-5
-accuracy, and accounts for every listed image: classified, failed, or not reached.
+An SPDL pipeline reads a list of images, decodes, resizes and centre-crops them in a pool of
+threads (FFmpeg on the CPU, or nvJPEG / NVDEC on the GPU) and moves each batch to the device,
+while the main thread runs a timm model on the batches one after another. The run reports
+steady-state throughput (images per second, after a warm-up) and top-1 / top-5 accuracy, and
+accounts for every listed image: classified, failed, or not reached.
 
-A file list holds one image path per line; the class comes from the WordNet ID
-(``nXXXXXXXX``) in the path, as in ImageNet's ``train/`` and sorted ``val/`` folders::
+The images come from a file list (one path per line; the class from the WordNet ID
+``nXXXXXXXX`` in the path, or from a label column), or from a folder (``--data-dir``, class
+folders as torchvision's ``ImageFolder`` reads them, or a flat folder with ``--labels``)::
 
     cd /data/imagenet && find val -name '*.JPEG' > ~/imagenet.val.flist
-
-Run the benchmark::
-
     python imagenet_classification.py --input-flist ~/imagenet.val.flist --prefix /data/imagenet/
+    python imagenet_classification.py --data-dir /data/imagenet/val
 
 On a machine without a GPU or without access to the model hub::
 
@@ -25,8 +24,8 @@ From a notebook, each stage can be used alone::
     from imagenet_classification import source, get_decode_func, get_pipeline, get_model, benchmark
 
 Exit status: 0 success; 1 the run stopped on a failure (bad image in strict mode, too many
-bad images, loader error); 2 bad arguments or input found before the run; 3 the loader
-stalled; 130 / 143 interrupted by SIGINT / SIGTERM.
+bad images, loader error, out of memory, results not written); 2 bad arguments or input found
+before the run; 3 the loader stalled; 130 / 143 interrupted by SIGINT / SIGTERM.
 """
 
 from __future__ import annotations
@@ -35,6 +34,8 @@ import argparse
 import contextlib
 import functools
 import gc
+import io
+import itertools
 import json
 import logging
 import math
@@ -43,13 +44,16 @@ import pickle
 import platform
 import re
 import signal
+import stat
 import sys
+import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import spdl.io
 import spdl.io.utils
@@ -67,7 +71,7 @@ from spdl.pipeline import (
 from torch import Tensor
 
 __all__ = [
-    # The seed's names, kept for notebooks.
+    # The design's names, which notebooks use.
     "entrypoint",
     "benchmark",
     "source",
@@ -79,35 +83,70 @@ __all__ = [
     "Preprocessing",
     "get_mappings",
     "parse_wnid",
-    # Source and decode.
+    # Errors.
+    "BenchmarkError",
+    "InputError",
+    "FileListError",
+    "ModelError",
+    "DeviceError",
+    "DecoderError",
+    "ImageDecodeError",
+    "RunStopped",
+    "BadImage",
+    "TooManyBadImages",
+    "LoaderStalled",
+    "LoaderIncomplete",
+    "LoaderFailed",
+    "OutOfMemory",
+    "ModelFailed",
+    "PeerStopped",
+    "RunInterrupted",
+    # Source.
+    "ImageList",
+    "read_file_list",
+    "read_labels",
+    "scan_folder",
     "count_list",
     "Shard",
+    # Decode.
     "EvalTransform",
     "resize_region",
+    "BadImagePolicy",
+    "read_image_bytes",
+    "JpegHeader",
+    "parse_jpeg_header",
+    "decode_frames",
     "FilterGraphCache",
-    "DecodeTracker",
-    "ImageDecodeError",
-    "FileListError",
-    "check_gpu_decoder",
-    "PipelineStats",
-    "jpeg_frame_type",
-    "nvdec_can_take",
-    "decode_ffmpeg_image",
-    # The DataLoader baseline.
+    "decode_cpu_image",
     "decode_pil",
+    "ffmpeg_jpeg_configs",
+    "Batch",
+    "nvdec_can_take",
+    "nv12_to_rgb",
+    "resize_crop_on_device",
+    "check_gpu_decoder",
+    "DecoderCheck",
+    "check_decoder",
+    # Pipeline and the DataLoader baseline.
+    "PipelineStats",
     "PILDataset",
     "collate_pil",
     "get_torch_loader",
     "torch_loader_batches",
-    # Model, loop, measurement, results.
+    # Model.
     "resolve_device",
+    "choose_dtype",
+    # Loop, measurement, results.
     "RunResult",
     "Progress",
     "Breakdown",
     "measure_loader",
     "measure_model",
+    "Parity",
+    "measure_parity",
     "init_distributed",
     "reduce_results",
+    # Reporting.
     "print_summary",
     "print_breakdown",
     "print_pipeline_stats",
@@ -119,17 +158,153 @@ _LG = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "mobilenetv3_large_100"
 CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")
+NUM_CLASSES = 1000
 TRACE_BATCHES = 60  # --trace keeps traces small: only this many batches are run.
+MAX_IMAGE_MB = 64  # the default cap on one image file's size (--max-image-mb)
 EXIT_FAILED, EXIT_USAGE, EXIT_STALLED = 1, 2, 3
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
 
-class UsageError(Exception):
-    """Bad arguments or input found before the run: printed as one line, exit status 2."""
+################################################################################
+# Errors: what a library call raises on purpose. The entry point alone turns them into exit
+# statuses and advice about flags.
+################################################################################
 
 
-class FileListError(UsageError):
-    """A file-list line that cannot be used; the message names the list file and line."""
+class BenchmarkError(Exception):
+    """Base of the errors this module raises on purpose; the message says what and where."""
+
+
+class InputError(BenchmarkError):
+    """Input that cannot be used, found before the run."""
+
+
+class FileListError(InputError):
+    """A file list, label file or image folder that cannot be used; the message names the file
+    and line (or folder)."""
+
+
+class ModelError(InputError):
+    """The model cannot be built: an unknown name, weights out of reach, a bad checkpoint.
+
+    Attributes:
+        kind: ``name``, ``weights`` or ``checkpoint``: which input is at fault.
+    """
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class DeviceError(InputError):
+    """A device that does not exist or cannot be used here."""
+
+
+class DecoderError(InputError):
+    """A GPU decoder that cannot run here, or that failed its check against FFmpeg.
+
+    Attributes:
+        decoder: ``nvjpeg`` or ``nvdec`` (or ``ffmpeg`` for a failed check).
+    """
+
+    def __init__(self, message: str, decoder: str) -> None:
+        super().__init__(message)
+        self.decoder = decoder
+
+
+class ImageDecodeError(BenchmarkError):
+    """An image that could not be read or decoded.
+
+    Attributes:
+        path: The image's path as listed (with the prefix).
+        reason: Why, in words (the OS error or the decoder's message).
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+class RunStopped(BenchmarkError):
+    """A run that ended before every listed image was classified or failed.
+
+    Attributes:
+        result: The partial :py:class:`RunResult`, set by :py:func:`benchmark` (None when
+            raised outside it).
+    """
+
+    result: RunResult | None = None
+
+
+class BadImage(RunStopped):
+    """An image could not be decoded and the policy is strict (see :py:class:`BadImagePolicy`)."""
+
+    def __init__(self, error: ImageDecodeError) -> None:
+        super().__init__(f"cannot decode {error.path}: {error.reason}")
+        self.path, self.reason = error.path, error.reason
+
+
+class TooManyBadImages(RunStopped):
+    """More images failed to decode than the policy allows."""
+
+    def __init__(self, failed: int, limit: int) -> None:
+        super().__init__(f"{failed} images failed to decode, more than the {limit} allowed")
+        self.failed, self.limit = failed, limit
+
+
+class LoaderStalled(RunStopped):
+    """No batch arrived within the loader's time-out.
+
+    Attributes:
+        stuck_on: ``(path, seconds)`` of the image a decode thread has been on the longest, or
+            None if no decode was in progress (the source was not delivering).
+    """
+
+    def __init__(self, stuck_on: tuple[str, float] | None) -> None:
+        if stuck_on is None:
+            where = "the decode stage is idle, waiting for the list source"
+        else:
+            where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.0f} s"
+        super().__init__(f"no batch within the loader's time-out: {where}")
+        self.stuck_on, self.where = stuck_on, where
+
+
+class LoaderIncomplete(RunStopped):
+    """The loader ended without delivering every listed image."""
+
+
+class LoaderFailed(RunStopped):
+    """The loader failed for a reason other than a bad image (see the log for SPDL's details)."""
+
+
+class OutOfMemory(RunStopped):
+    """The model ran out of memory on a batch."""
+
+    def __init__(self, device: torch.device, batch_size: int) -> None:
+        super().__init__(f"out of memory on {device} with a batch of {batch_size} images")
+        self.device, self.batch_size = device, batch_size
+
+
+class ModelFailed(RunStopped):
+    """The model failed on a batch (a compile error, a kernel error)."""
+
+
+class PeerStopped(RunStopped):
+    """Another rank of a torchrun job stopped or died."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM during a run: a KeyboardInterrupt, so that no library swallows it.
+
+    Attributes:
+        signum: The signal.
+        result: The partial :py:class:`RunResult` once :py:func:`benchmark` has attached it.
+    """
+
+    def __init__(self, signum: int = signal.SIGINT, result: RunResult | None = None) -> None:
+        self.signum, self.result = signum, result
+        self.reason = f"interrupted by {signal.Signals(signum).name}"
+        super().__init__(self.reason)
 
 
 ################################################################################
@@ -137,80 +312,126 @@ class FileListError(UsageError):
 ################################################################################
 
 
+def _number(kind: type, low: float, what: str) -> Callable[[str], Any]:
+    """An argparse type: a finite ``kind`` (int or float) of at least ``low``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value) or value < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+_count = _number(int, 1, "a whole number of at least 1")
+_count0 = _number(int, 0, "a whole number of at least 0")
+_seconds = _number(float, 1e-3, "a number of seconds above 0")
+
+
+def _max_bad(text: str) -> tuple[float, bool]:
+    """Parse ``N`` or ``P%`` into ``(value, is_percent)``."""
+    is_percent = text.endswith("%")
+    value = _number(float if is_percent else int, 0, "N or P% (0-100)")(text[:-1] if is_percent else text)
+    if is_percent and value > 100:
+        raise argparse.ArgumentTypeError(f"expected N or P% (0-100), got {text!r}")
+    return value, is_percent
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="See README.md for every flag, the output and the results file.",
+        epilog="README.md describes every flag, the output, the results file and the exit statuses.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     data = parser.add_argument_group("data")
-    data.add_argument("--input-flist", type=Path, required=True, help="file with one image path per line")
-    data.add_argument("--prefix", default="", help="prepended to every path in the list")
-    data.add_argument("--max-samples", type=int, default=math.inf, help="use only the first N listed images")
+    where = data.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--input-flist", type=Path, help="file list: one image path per line, optionally a label; - for stdin"
+    )
+    where.add_argument(
+        "--data-dir", type=Path, help="folder of class folders (nXXXXXXXX/...), or a flat folder with --labels"
+    )
+    data.add_argument("--prefix", default="", help="prepended to every path in the file list")
+    data.add_argument(
+        "--labels", type=Path, help="labels by file name: Kaggle's LOC_val_solution.csv or 'name label' lines"
+    )
+    data.add_argument("--max-samples", type=_count, help="use only the first N listed images (default: all)")
+    data.add_argument(
+        "--max-image-mb", type=_count, default=MAX_IMAGE_MB, help="larger image files are counted as failed"
+    )
 
     loader = parser.add_argument_group("loader")
-    loader.add_argument("--batch-size", type=int, default=32)
-    loader.add_argument("--num-threads", type=int, default=16, help="decode threads")
-    loader.add_argument("--queue-size", type=int, default=16, help="decoded batches buffered ahead of the model")
-    loader.add_argument(
-        "--loader", choices=("spdl", "torch"), default="spdl",
-        help="spdl: the SPDL pipeline; torch: PyTorch DataLoader + PIL in --num-threads worker processes (baseline)",
-    )  # fmt: skip
+    loader.add_argument("--batch-size", type=_count, default=32, help="images per batch")
+    loader.add_argument("--num-threads", type=_count, default=16,
+                        help="decode threads (SPDL), or worker processes (--loader torch)")  # fmt: skip
+    loader.add_argument("--queue-size", type=_count, default=16, help="decoded batches buffered ahead of the model")
+    loader.add_argument("--loader", choices=("spdl", "torch"), default="spdl",
+                        help="torch: the baseline, a PyTorch DataLoader decoding with PIL")  # fmt: skip
     decoder = loader.add_mutually_exclusive_group()
     decoder.add_argument("--use-nvjpeg", action="store_true", help="decode on the GPU with nvJPEG")
     decoder.add_argument("--use-nvdec", action="store_true", help="decode on the GPU with NVDEC")
+    loader.add_argument("--check-decoder", type=_count0, default=8, metavar="N",
+                        help="compare the decoder with FFmpeg on the CPU on N images first (0: off)")  # fmt: skip
 
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=DEFAULT_MODEL, help="any timm model name")
     model.add_argument("--checkpoint", type=Path, help="local state dict to load (no model hub access)")
     model.add_argument("--no-pretrained", action="store_false", dest="pretrained", help="random weights")
-    model.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
+    model.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     model.add_argument("--no-compile", action="store_false", dest="compile", help="skip torch.compile")
-    model.add_argument("--no-bf16", action="store_false", dest="use_bf16", help="run the model in float32")
+    model.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
+                       help="the model's precision; auto: bfloat16 where the hardware has it (README)")  # fmt: skip
+    model.add_argument("--no-bf16", action="store_const", const="float32", dest="dtype", help="same as --dtype float32")
 
     run = parser.add_argument_group("run")
-    run.add_argument("--warmup-batches", type=int, default=20, help="batches left out of the FPS window")
-    run.add_argument("--skip-bad", action="store_true", help="skip and count undecodable images")
-    run.add_argument("--max-bad", type=_parse_max_bad, help="with --skip-bad: stop after N or P%% bad images")
-    run.add_argument("--timeout", type=float, default=120.0, help="seconds without a batch before giving up")
+    run.add_argument("--warmup-batches", type=_count0, default=20, help="batches left out of the FPS window")
+    run.add_argument("--skip-bad", action="store_true", help="skip and count undecodable images instead of stopping")
+    run.add_argument(
+        "--max-bad", type=_max_bad, help="with --skip-bad: stop once more than N or P%% of the images failed"
+    )
+    run.add_argument("--timeout", type=_seconds, default=120.0, help="seconds without a batch before giving up")
     run.add_argument("--breakdown", action="store_true", help="also time the loader alone and the model alone")
-    run.add_argument("--stats-interval", type=float, default=-1,
-                     help="log SPDL's own stage statistics every S seconds and when the pipeline ends")  # fmt: skip
+    run.add_argument("--parity", type=_count0, default=0, metavar="N",
+                     help="compare the loader with timm's reference transform on the first N images")  # fmt: skip
+    run.add_argument("--stats-interval", type=_seconds,
+                     help="log SPDL's own stage statistics every S seconds (default: only the summary)")  # fmt: skip
     run.add_argument("--results-file", type=Path, help="write the result as JSON here")
+    run.add_argument("--predictions-file", type=Path, help="write one row per image here (.csv or .jsonl)")
     run.add_argument("--trace", type=Path, help=f"write PATH.json and PATH.pftrace ({TRACE_BATCHES} batches)")
-    run.add_argument("--debug", action="store_true")
+    run.add_argument("--debug", action="store_true", help="debug logging")
 
     args = parser.parse_args(argv)
-    for name in ("batch_size", "num_threads", "queue_size"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.max_samples < 1:
-        parser.error("--max-samples must be at least 1")
-    if args.warmup_batches < 0 or args.timeout <= 0:
-        parser.error("--warmup-batches must be >= 0 and --timeout > 0")
     if args.max_bad is not None and not args.skip_bad:
         parser.error("--max-bad only applies with --skip-bad")
     if args.loader == "torch" and (args.use_nvjpeg or args.use_nvdec):
         parser.error("--loader torch decodes with PIL on the CPU; it does not take --use-nvjpeg / --use-nvdec")
-    if args.checkpoint is not None:
-        args.pretrained = False
+    if args.labels is not None and args.input_flist is None and args.data_dir is None:
+        parser.error("--labels needs --input-flist or --data-dir")
+    if args.data_dir is not None and args.prefix:
+        parser.error("--prefix applies to --input-flist, not to --data-dir")
     return args
 
 
-def _parse_max_bad(text: str) -> tuple[float, bool]:
-    """Parse ``N`` or ``P%`` into ``(value, is_percent)``."""
-    is_percent = text.endswith("%")
-    try:
-        value = float(text[:-1]) if is_percent else int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or P%, got {text!r}") from None
-    if value < 0 or (is_percent and value > 100):
-        raise argparse.ArgumentTypeError(f"out of range: {text!r}")
-    return value, is_percent
+################################################################################
+# Source: the list of images, read once -> (path, class index)
+################################################################################
+
+# What torchvision's ImageFolder takes as images, matched case-insensitively.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+_MAX_LINE_BYTES = 8192  # a longer line is no path: the file is not a file list (e.g. /dev/zero)
+_WNID = re.compile(r"n\d{8}")
 
 
-################################################################################
-# Source: file list -> (path, class index)
-################################################################################
+@functools.cache
+def _class_index() -> dict[str, int]:
+    """WordNet ID -> class index, read once; never handed out (see get_mappings)."""
+    with open(CLASS_TSV, encoding="utf-8") as f:
+        rows = (line.split("\t")[:2] for line in f if line.strip())
+        return {wnid: int(index) for index, wnid in rows}
 
 
 def get_mappings() -> dict[str, int]:
@@ -222,86 +443,314 @@ def get_mappings() -> dict[str, int]:
         >>> get_mappings()["n03709823"]
         636
     """
-    mapping = {}
-    with open(CLASS_TSV, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                index, wnid = line.split("\t")[:2]
-                mapping[wnid] = int(index)
-    return mapping
+    return dict(_class_index())
 
 
 def parse_wnid(s: str) -> str:
     """Return the first WordNet ID (``n`` and 8 digits) in ``s``; ValueError if there is none."""
-    if match := re.search(r"n\d{8}", s):
+    if match := _WNID.search(s):
         return match.group(0)
     raise ValueError(f"no WordNet ID (nXXXXXXXX) in {s!r}")
 
 
-def _labelled_lines(path: Path, mapping: dict[str, int]) -> Iterator[tuple[str, int]]:
-    """Yield ``(line text, class index)`` for each non-blank line; FileListError on a bad one."""
-    with open(path, encoding="utf-8", newline=None) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not (text := line.strip()):
-                continue
+@dataclass(frozen=True)
+class ImageList:
+    """The images of a run, read once: paths (prefix included) and class indices, in order.
+
+    Every stage (pre-flight, count, shards, loader, breakdown, parity) works from this one
+    snapshot, so a list that changes on disk during the run changes nothing.
+
+    Attributes:
+        paths: Image paths.
+        labels: Class indices (0-999), one per path.
+        origin: What the list was read from, for messages.
+    """
+
+    paths: tuple[str, ...]
+    labels: tuple[int, ...]
+    origin: str = "<list>"
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return zip(self.paths, self.labels, strict=True)
+
+    def head(self, count: int) -> ImageList:
+        """The first ``count`` images."""
+        return replace(self, paths=self.paths[:count], labels=self.labels[:count])
+
+    def shard(self, rank: int, world_size: int) -> ImageList:
+        """Images ``rank, rank + world_size, …``: each image to exactly one rank; shards differ
+        in length by at most one."""
+        return replace(self, paths=self.paths[rank::world_size], labels=self.labels[rank::world_size])
+
+
+class Labels(dict):
+    """Class index by image name (file name without its extension), and the file it came from."""
+
+    def __init__(self, origin: str, by_name: dict[str, int]) -> None:
+        super().__init__(by_name)
+        self.origin = origin
+
+
+def _image_name(path: str) -> str:
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def _parse_label(text: str, where: str) -> int | None:
+    """A label field: a WordNet ID or a class index (0-999); None if ``text`` is neither."""
+    if _WNID.fullmatch(text):
+        if (index := _class_index().get(text)) is None:
+            raise FileListError(f"{where}: {text} is not one of the {NUM_CLASSES} ImageNet classes")
+        return index
+    if re.fullmatch(r"[+-]?\d+", text):
+        if not 0 <= int(text) < NUM_CLASSES:
+            raise FileListError(f"{where}: class index {text} is out of range (0-{NUM_CLASSES - 1})")
+        return int(text)
+    return None
+
+
+def _text_lines(path: Path | str) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each line of a text file (``-``: standard input), read once.
+
+    Raises:
+        FileListError: the file is missing, a folder, unreadable, not UTF-8 text, or not a list
+            of lines at all (a line longer than any path, as ``/dev/zero`` gives).
+    """
+    name = "<stdin>" if str(path) == "-" else str(path)
+    try:
+        f = sys.stdin.buffer if name == "<stdin>" else open(path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        raise FileListError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise FileListError(f"{name}: is a folder, not a file") from None
+    except OSError as e:
+        raise FileListError(f"{name}: cannot read it ({e.strerror or e})") from None
+    try:
+        for lineno in itertools.count(1):
             try:
-                wnid = parse_wnid(text)
-            except ValueError:
-                raise FileListError(f"{path}:{lineno}: no WordNet ID (nXXXXXXXX) in {text!r}") from None
-            if wnid not in mapping:
-                raise FileListError(f"{path}:{lineno}: {wnid} is not one of the 1000 ImageNet classes")
-            yield text, mapping[wnid]
+                raw = f.readline(_MAX_LINE_BYTES)
+            except OSError as e:
+                raise FileListError(f"{name}: cannot read it ({e.strerror or e})") from None
+            if not raw:
+                return
+            if len(raw) == _MAX_LINE_BYTES and not raw.endswith(b"\n") or b"\0" in raw:
+                raise FileListError(
+                    f"{name}:{lineno}: binary data or a line over {_MAX_LINE_BYTES} bytes: not a text list"
+                )
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise FileListError(f"{name}:{lineno}: not UTF-8 text") from None
+            yield lineno, text.removeprefix("\ufeff") if lineno == 1 else text
+    finally:
+        if f is not sys.stdin.buffer:
+            f.close()
+
+
+def read_labels(path: Path | str) -> Labels:
+    """Read labels for a flat folder of images, by image name.
+
+    Two formats: Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``; the first
+    WordNet ID of the prediction string is the class) and lines of ``name label``, where the
+    label is a WordNet ID or a class index. Names are matched without their extension.
+
+    Raises:
+        FileListError: an unreadable file or a bad line, named with its line number.
+    """
+    by_name: dict[str, int] = {}
+    for lineno, line in _text_lines(path):
+        if not (text := line.strip()):
+            continue
+        where = f"{path}:{lineno}"
+        if "," in text:  # Kaggle: ImageId,PredictionString ("n01751748 0 0 100 100 …")
+            name, _, rest = text.partition(",")
+            if not by_name and name.strip().lower() == "imageid":
+                continue  # the header
+            fields = rest.split()
+        else:
+            name, _, last = _split_last(text)
+            fields = [last] if last else []
+        label = _parse_label(fields[0], where) if fields else None
+        if label is None:
+            raise FileListError(f"{where}: expected 'name label' or 'ImageId,WNID …', got {text!r}")
+        by_name[_image_name(name.strip())] = label
+    if not by_name:
+        raise FileListError(f"{path}: no labels in it")
+    return Labels(str(path), by_name)
+
+
+def _split_last(text: str) -> tuple[str, str, str]:
+    """``text`` cut before its last whitespace-separated field: ``(before, " ", last)``."""
+    parts = text.rsplit(None, 1)
+    return (parts[0], " ", parts[1]) if len(parts) == 2 else (text, "", "")
+
+
+def read_file_list(
+    path: Path | str, prefix: str = "", max_samples: int | None = None, *, labels: Labels | None = None
+) -> ImageList:
+    """Read a file list once, checking every line.
+
+    Each non-blank line is an image path (surrounding whitespace and CRLF stripped), in one of
+    three forms, the same for every line of a list:
+
+    - ``path``: the class is the first WordNet ID in the path (``…/n01440764/…``);
+    - ``path label``: the label is a WordNet ID or a class index (0-999, sorted-WordNet-ID
+      order, as Caffe-style ``val.txt`` lists have); the path is everything before the last
+      whitespace-separated field, so it may hold spaces;
+    - ``path`` with ``labels``: the class is looked up by the file's name without extension.
+
+    Args:
+        path: The list; ``-`` reads standard input.
+        prefix: Prepended to each path.
+        max_samples: Read only the first this many images.
+        labels: From :py:func:`read_labels`, for a list of a flat folder's files.
+
+    Raises:
+        FileListError: the list is unreadable or empty, or a line is bad (named with its number).
+    """
+    name = "<stdin>" if str(path) == "-" else str(path)
+    paths: list[str] = []
+    classes: list[int] = []
+    first_with_column: bool | None = None
+    for lineno, line in _text_lines(path):
+        if max_samples is not None and len(paths) >= max_samples:
+            break
+        if not (text := line.strip()):
+            continue
+        where = f"{name}:{lineno}"
+        before, _, last = _split_last(text)
+        label = _parse_label(last, where) if before is not text else None
+        if first_with_column is None:
+            first_with_column = label is not None
+        if (label is not None) != first_with_column:
+            has = "has no label column" if label is None else "has a label column"
+            raise FileListError(f"{where}: {has}, unlike the list's first line (a list mixes nothing)")
+        if label is None:
+            label = _label_from_path(text, where, labels)
+        elif labels is not None:
+            raise FileListError(f"{where}: has a label column; labels by file name are for lists without one")
+        paths.append(prefix + (before if first_with_column else text))
+        classes.append(label)
+    if not paths:
+        raise FileListError(f"{name}: the file list has no image paths")
+    return ImageList(tuple(paths), tuple(classes), name)
+
+
+def _label_from_path(text: str, where: str, labels: Labels | None) -> int:
+    if labels is not None:
+        if (label := labels.get(_image_name(text))) is None:
+            raise FileListError(f"{where}: {labels.origin} has no label for {_image_name(text)!r}")
+        return label
+    try:
+        wnid = parse_wnid(text)
+    except ValueError:
+        raise FileListError(f"{where}: no WordNet ID (nXXXXXXXX) in {text!r}, and no label column") from None
+    label = _parse_label(wnid, where)
+    assert label is not None  # a WordNet ID is a label or an error
+    return label
+
+
+def _image_files(folder: str) -> Iterator[str]:
+    """Image files under ``folder``, sorted by name at each level, hidden files and folders left
+    out; the entry's type comes from the directory listing, without a stat where it can."""
+    with os.scandir(folder) as it:
+        entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+    for entry in entries:
+        if entry.is_dir():
+            yield from _image_files(entry.path)
+        elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
+            yield entry.path
+
+
+def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: Labels | None = None) -> ImageList:
+    """List a folder's images as torchvision's ``ImageFolder`` and timm's folder dataset do.
+
+    Without ``labels``, ``root`` holds one folder per class, named by its WordNet ID (ImageNet's
+    ``train/`` and a sorted ``val/``); with ``labels`` (a flat ``val/`` as the archive gives it),
+    the class of each image is looked up by its file name. Files are sorted, extensions
+    (:py:data:`IMAGE_EXTENSIONS`) matched case-insensitively, hidden files skipped.
+
+    Raises:
+        FileListError: no such folder, a class folder that is not an ImageNet WordNet ID, an
+            image without a label, or no images at all.
+    """
+    root = str(root)
+    if not os.path.isdir(root):
+        raise FileListError(f"{root}: no such folder")
+    try:
+        with os.scandir(root) as it:
+            top = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError as e:
+        raise FileListError(f"{root}: cannot list it ({e.strerror or e})") from None
+    files = (path for path in _image_files(root))
+    if labels is None:
+        loose = next((e.name for e in top if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS)), None)
+        if loose is not None:
+            raise FileListError(
+                f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels"
+            )
+        mapping = _class_index()
+        for entry in top:
+            if entry.is_dir() and entry.name not in mapping:
+                raise FileListError(
+                    f"{entry.path}: the folder name is not one of the {NUM_CLASSES} ImageNet WordNet IDs"
+                )
+    paths: list[str] = []
+    classes: list[int] = []
+    try:
+        for path in files:
+            if max_samples is not None and len(paths) >= max_samples:
+                break
+            rel = os.path.relpath(path, root)
+            if labels is None:
+                classes.append(_class_index()[rel.split(os.sep, 1)[0]])
+            else:
+                classes.append(_label_from_path(path, path, labels))
+            paths.append(path)
+    except OSError as e:
+        raise FileListError(f"{root}: cannot list it ({e.strerror or e})") from None
+    if not paths:
+        raise FileListError(f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) in it")
+    return ImageList(tuple(paths), tuple(classes), root)
+
+
+def _limit(max_samples: float | None) -> int | None:
+    return None if max_samples is None or math.isinf(max_samples) else int(max_samples)
 
 
 def source(
     path: Path | str,
     prefix: str = "",
-    max_samples: float = float("inf"),
+    max_samples: float | None = None,
     *,
     rank: int = 0,
     world_size: int = 1,
 ) -> Iterator[tuple[str, int]]:
-    """Iterate a file list, yielding ``(prefix + line, class index)`` for each non-blank line.
+    """Iterate a file list, yielding ``(prefix + path, class index)`` for each image.
 
-    Lines are stripped of surrounding whitespace (CRLF included). The list is read lazily, so
-    memory does not grow with its length.
+    The list is read and checked whole first (see :py:func:`read_file_list` for its forms).
 
     Args:
         path: The file list.
-        prefix: Prepended to each line.
+        prefix: Prepended to each path.
         max_samples: Use only the first this many images of the list (before sharding).
         rank, world_size: Yield only this rank's shard: images ``rank, rank + world_size, …``.
-            Every image goes to exactly one rank; shards differ in length by at most one.
 
     Raises:
-        FileListError: a line has no WordNet ID, or one outside the 1000 classes; the message
-            names the list file and line number.
+        FileListError: a bad line; the message names the list file and line number.
     """
-    mapping = get_mappings()
-    for i, (text, label) in enumerate(_labelled_lines(Path(path), mapping)):
-        if i >= max_samples:
-            return
-        if i % world_size == rank:
-            yield prefix + text, label
+    yield from read_file_list(path, prefix, _limit(max_samples)).shard(rank, world_size)
 
 
-def count_list(path: Path | str, max_samples: float = float("inf")) -> int:
-    """Check a whole file list and return how many images it lists (at most ``max_samples``).
+def count_list(path: Path | str, max_samples: float | None = None) -> int:
+    """How many images a file list holds (at most ``max_samples``), checking every line.
 
     Raises:
-        UsageError: the list is missing, unreadable or empty.
-        FileListError: a line is bad (see :py:func:`source`).
+        FileListError: the list is missing, unreadable or empty, or a line is bad.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: file list not found" if not path.exists() else f"{path}: not a file")
-    try:
-        listed = sum(1 for _ in source(path, max_samples=max_samples))
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: cannot read file list ({e})") from None
-    if listed == 0:
-        raise UsageError(f"{path}: the file list has no image paths")
-    return listed
+    return len(read_file_list(path, max_samples=_limit(max_samples)))
 
 
 @dataclass(frozen=True)
@@ -352,7 +801,30 @@ class EvalTransform:
         """Read size, crop_pct, interpolation, mean and std from a timm model's pretrained config."""
         import timm.data
 
-        cfg = timm.data.resolve_data_config({}, model=model)
+        return cls._from_data_config(timm.data.resolve_data_config({}, model=model))
+
+    @classmethod
+    def from_model_name(cls, model_name: str) -> EvalTransform:
+        """The same, from timm's pretrained config for a model name, without building the model.
+
+        Raises:
+            ModelError: not a timm model.
+        """
+        import timm
+        import timm.data
+
+        if not model_name or not timm.is_model(model_name):
+            raise ModelError(f"{model_name!r} is not a timm model", "name")
+        pretrained_cfg = timm.models.get_pretrained_cfg(model_name)
+        cfg = timm.data.resolve_data_config({}, pretrained_cfg=pretrained_cfg.to_dict() if pretrained_cfg else {})
+        return cls._from_data_config(cfg)
+
+    @classmethod
+    def _from_data_config(cls, cfg: dict) -> EvalTransform:
+        if cfg["interpolation"] not in _FFMPEG_SCALE_FLAGS:
+            raise ModelError(
+                f"its interpolation {cfg['interpolation']!r} is not one of {sorted(_FFMPEG_SCALE_FLAGS)}", "name"
+            )
         return cls(
             size=int(cfg["input_size"][-1]),
             crop_pct=float(cfg["crop_pct"]),
@@ -388,8 +860,7 @@ class EvalTransform:
         Only the part of the frame that the crop needs is resized (see :py:func:`resize_region`),
         in one swscale pass that also converts to planar RGB (chroma upsampled and colour
         converted in the same pass); then the crop is packed to RGB24. For any decoded pixel
-        format (YUV, grey, RGB). ``bench/decode_paths.py`` compares it with the chains it replaced
-        for speed and agreement with PIL; tests/test_decode.py bounds the latter.
+        format (YUV, grey, RGB). ``bench/decode_paths.py`` compares it with other chains.
         """
         new_w, new_h, left, top = self.geometry(width, height)
         x0, src_w, out_w, pad_x = resize_region(width, new_w, left, self.size)
@@ -440,55 +911,72 @@ def resize_region(length: int, resized: int, offset: int, crop: int) -> tuple[in
     return best
 
 
-class ImageDecodeError(RuntimeError):
-    """An image that could not be read or decoded.
+class BadImagePolicy:
+    """What a run does with images that cannot be decoded, and the record of those it met.
 
-    Attributes:
-        path: The image's path as listed (with the prefix).
-        reason: Why, in words (the OS error or FFmpeg's message).
+    Strict (the default): the run stops at the first bad image (:py:class:`BadImage`). With
+    ``skip=True``, each bad image is left out of its batch alone (its batch-mates are kept,
+    labels stay aligned) and counted; ``max_bad`` (a count) or ``max_bad_percent`` (of the images
+    listed, rounded down) then stop the run (:py:class:`TooManyBadImages`) once more failed.
+
+    Decode functions record here, from their threads, each failure, each image a GPU decoder
+    handed to FFmpeg, and the image each thread is on (which says where a stalled run is stuck);
+    :py:func:`benchmark` enforces the policy after each batch. Give both the same object.
     """
 
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path, self.reason = path, reason
-
-
-class DecodeTracker:
-    """Thread-safe record of a decode function's work: failed images, and images in progress.
-
-    Give one to :py:func:`get_decode_func` to skip bad images one by one (their batch-mates
-    are kept, labels stay aligned) instead of raising :py:class:`ImageDecodeError`. What is in
-    progress tells which file a stalled run is stuck on.
-    """
-
-    def __init__(self) -> None:
+    def __init__(self, skip: bool = False, max_bad: int | None = None, max_bad_percent: float | None = None) -> None:
+        if not skip and (max_bad is not None or max_bad_percent is not None):
+            raise ValueError("a limit on bad images applies only when they are skipped (skip=True)")
+        if max_bad is not None and max_bad_percent is not None:
+            raise ValueError("give max_bad or max_bad_percent, not both")
+        self.skip, self.max_bad, self.max_bad_percent = skip, max_bad, max_bad_percent
         self._lock = threading.Lock()
         self._failures: list[ImageDecodeError] = []
         self._in_progress: dict[int, tuple[str, float]] = {}
         self._fallbacks = 0
 
-    def add_fallback(self) -> None:
-        """Count an image that a GPU decoder could not take, decoded by FFmpeg instead."""
-        with self._lock:
-            self._fallbacks += 1
+    def limit(self, listed: int | None) -> int | None:
+        """How many bad images the run may meet, for ``listed`` images; None for no limit."""
+        if self.max_bad_percent is None or listed is None:
+            return self.max_bad
+        # Exact decimal arithmetic: 10% of 30 is 3, never 2.9999.
+        from fractions import Fraction
 
-    @property
-    def fallbacks(self) -> int:
-        with self._lock:
-            return self._fallbacks
+        return math.floor(Fraction(str(self.max_bad_percent)) * listed / 100)
 
-    def add_failure(self, error: ImageDecodeError) -> None:
+    def record_failure(self, error: ImageDecodeError) -> None:
         with self._lock:
             self._failures.append(error)
+
+    def record_fallback(self) -> None:
+        """Count an image that a GPU decoder could not take, decoded on the CPU instead."""
+        with self._lock:
+            self._fallbacks += 1
 
     @property
     def failed(self) -> int:
         with self._lock:
             return len(self._failures)
 
+    @property
+    def fallbacks(self) -> int:
+        with self._lock:
+            return self._fallbacks
+
     def failures(self) -> list[ImageDecodeError]:
         with self._lock:
             return list(self._failures)
+
+    def check(self, listed: int | None = None) -> None:
+        """Raise :py:class:`BadImage` or :py:class:`TooManyBadImages` if the run must stop."""
+        with self._lock:
+            failed, first = len(self._failures), self._failures[0] if self._failures else None
+        if first is None:
+            return
+        if not self.skip:
+            raise BadImage(first)
+        if (limit := self.limit(listed)) is not None and failed > limit:
+            raise TooManyBadImages(failed, limit)
 
     @contextlib.contextmanager
     def working_on(self, path: str) -> Iterator[None]:
@@ -511,28 +999,103 @@ class DecodeTracker:
         return path, time.monotonic() - started
 
 
-def _read_image_file(path: str) -> bytes:
-    """Read an image file whole, turning every way it can be unusable into ImageDecodeError."""
+# What decoders raise for data they cannot take: SPDL (FFmpeg's errors, and its InternalError,
+# an AssertionError, for data it did not expect), torchvision's nvJPEG, and PIL (which raises
+# most of these for corrupt files).
+_DECODER_ERRORS = (RuntimeError, ValueError, IndexError, AssertionError, OSError, EOFError, SyntaxError)
+
+
+def _spdl_reason(error: BaseException) -> str:
+    return str(error).split(" (/", 1)[0].strip() or type(error).__name__  # drop SPDL's C++ source location
+
+
+@contextlib.contextmanager
+def _decoder_errors(path: str, decoder: str, also: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Turn what a decoder raises for one image's data into that image's ImageDecodeError."""
     try:
-        data = Path(path).read_bytes()
+        yield
+    except (*_DECODER_ERRORS, *also) as e:
+        raise ImageDecodeError(path, f"{decoder} cannot decode it: {_spdl_reason(e)}") from None
+
+
+def read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
+    """Read one image file whole, after checking that it is one.
+
+    Only a regular file is read (a folder, a FIFO or a device such as ``/dev/zero`` is refused
+    before any read), at most ``max_bytes`` of it. A JPEG without its end is refused too:
+    FFmpeg would decode its top and fill the rest with grey, with only a log line, which would
+    count a damaged image in the accuracy; PIL refuses it as well.
+
+    Raises:
+        ImageDecodeError: what makes the file unusable, in words.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except IsADirectoryError:
         raise ImageDecodeError(path, "is a directory, not an image file") from None
     except OSError as e:
         raise ImageDecodeError(path, e.strerror or str(e)) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            mode = info.st_mode
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
+            raise ImageDecodeError(path, f"is {kind}, not an image file")
+        if info.st_size > max_bytes:
+            mib = info.st_size / 2**20
+            raise ImageDecodeError(path, f"file of {mib:.1f} MiB, over the {max_bytes / 2**20:g} MiB limit")
+        with open(fd, "rb", buffering=0, closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise ImageDecodeError(path, e.strerror or str(e)) from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # it grew while being read
+        raise ImageDecodeError(path, f"file over the {max_bytes / 2**20:g} MiB limit")
     if not data:
         raise ImageDecodeError(path, "empty file (0 bytes)")
-    # FFmpeg decodes a truncated JPEG with only a log line and grey rows at the bottom, which
-    # would count a damaged image in the accuracy. Report it instead, as PIL does.
     if data[:2] == b"\xff\xd8" and _jpeg_truncated(data):
         raise ImageDecodeError(path, "truncated JPEG (no end-of-image marker)")
     return data
 
 
-def _jpeg_header_markers(data: bytes) -> Iterator[tuple[int, int]]:
+################################################################################
+# JPEG headers: what each decoder needs to know before it decodes
+################################################################################
+
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start of frame; not DHT, JPG, DAC
+_SOS = 0xDA  # start of scan
+
+
+@dataclass(frozen=True)
+class JpegHeader:
+    """What a JPEG's frame header says.
+
+    Attributes:
+        frame_type: The start-of-frame marker: 0xC0 baseline, 0xC1 extended sequential,
+            0xC2 progressive, 0xC3 lossless, …
+        width, height: Pixels.
+        components: 1 (greyscale), 3 (YCbCr) or 4 (CMYK / YCCK).
+        sampling: ``(horizontal, vertical)`` sampling factors of each component.
+    """
+
+    frame_type: int
+    width: int
+    height: int
+    components: int
+    sampling: tuple[tuple[int, int], ...]
+
+    @property
+    def chroma_420(self) -> bool:
+        """Three components, chroma at half the resolution both ways (4:2:0)."""
+        return self.components == 3 and self.sampling == ((2, 2), (1, 1), (1, 1))
+
+
+def _jpeg_segments(data: bytes) -> Iterator[tuple[int, int]]:
     """``(marker, offset)`` of each segment of JPEG data after its start-of-image marker, up to
-    and including the first start-of-scan (0xDA). Walks the segments by their lengths, so the
-    markers of an EXIF thumbnail inside an APP1 segment are skipped. Stops early where the data
-    ends or is no longer a chain of segments."""
+    and including the first start of scan. Walks the segments by their lengths, so the markers
+    of an EXIF thumbnail inside an APP1 segment are skipped. Stops early where the data ends or
+    is no longer a chain of segments."""
     i = 2
     while i + 4 <= len(data) and data[i] == 0xFF:
         marker = data[i + 1]
@@ -540,9 +1103,28 @@ def _jpeg_header_markers(data: bytes) -> Iterator[tuple[int, int]]:
             i += 1
             continue
         yield marker, i
-        if marker == 0xDA:
+        if marker == _SOS:
             return
         i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+
+
+def parse_jpeg_header(data: bytes) -> JpegHeader | None:
+    """The frame header of JPEG data, or None if the data is not JPEG or has no frame header
+    before its first scan (corrupt)."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    for marker, offset in _jpeg_segments(data):
+        if marker == _SOS:
+            return None
+        if marker in _SOF_MARKERS:
+            sof = data[offset + 4 : offset + 4 + 6]
+            if len(sof) < 6:
+                return None
+            height, width, components = int.from_bytes(sof[1:3], "big"), int.from_bytes(sof[3:5], "big"), sof[5]
+            table = data[offset + 10 : offset + 10 + 3 * components]
+            sampling = tuple((table[i + 1] >> 4, table[i + 1] & 15) for i in range(0, len(table) - 2, 3))
+            return JpegHeader(marker, width, height, components, sampling)
+    return None
 
 
 def _jpeg_truncated(data: bytes) -> bool:
@@ -551,17 +1133,25 @@ def _jpeg_truncated(data: bytes) -> bool:
     camera's trailer, a second image) is fine, as PIL has it."""
     if data.endswith(b"\xff\xd9"):  # almost every file: no walk
         return False
-    scan = next((offset for marker, offset in _jpeg_header_markers(data) if marker == 0xDA), 2)
+    scan = next((offset for marker, offset in _jpeg_segments(data) if marker == _SOS), 2)
     return data.find(b"\xff\xd9", scan) == -1
+
+
+################################################################################
+# Decode on the CPU: FFmpeg for JPEG and PNG data, PIL for any other container
+################################################################################
+
+_JPEG_START = b"\xff\xd8\xff"  # start-of-image marker, then the next marker
+_PNG_START = b"\x89PNG\r\n\x1a\n"
 
 
 class FilterGraphCache:
     """Per-thread FFmpeg filter graphs for one transform, one per input size and pixel format.
 
-    Setting up a filter graph costs more than decoding a 500 x 375 JPEG, and ImageNet's images
-    come in few sizes, so each thread keeps the graphs it built and feeds them frame after frame
-    (output identical to a new graph per image). The least recently used graph beyond
-    ``capacity`` per thread is dropped, so memory does not grow with the list.
+    Setting up a filter graph costs more than decoding a typical ImageNet JPEG, and ImageNet's
+    images come in few sizes, so each thread keeps the graphs it built and feeds them frame
+    after frame (output identical to a new graph per image). The least recently used graph
+    beyond ``capacity`` per thread is dropped, so memory does not grow with the list.
     """
 
     def __init__(self, transform: EvalTransform, capacity: int = 32) -> None:
@@ -586,43 +1176,18 @@ class FilterGraphCache:
         return output
 
 
-def _spdl_reason(error: Exception) -> str:
-    return str(error).split(" (/", 1)[0]  # drop SPDL's C++ source location
-
-
-_JPEG_START = b"\xff\xd8\xff"  # start-of-image marker, then the next marker
-
-
-def _decode_image(data: bytes) -> spdl.io.ImageFrames:
-    """Demux and decode one image's bytes with FFmpeg, in the image's own pixel format.
-
-    JPEG data (data starting with JPEG's start-of-image marker) goes straight to FFmpeg's JPEG
-    demuxer, as one packet, and is decoded with the IDCT in :py:func:`_jpeg_configs`; any other
-    data (a PNG saved as .JPEG, for example) is probed and decoded with FFmpeg's defaults. A
-    file holding several frames gives its first. ``bench/decode_paths.py`` measures each choice."""
-    if not data.startswith(_JPEG_START):
-        # num_frames=1: the first frame of an animated GIF or PNG, as PIL gives; SPDL would
-        # fail on "multiple frames" otherwise.
-        return spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None, num_frames=1)
-    demux_config, decode_config = _jpeg_configs()
-    packets = spdl.io.demux_image(data, demux_config=demux_config)
-    return spdl.io.decode_packets(packets, filter_desc=None, decode_config=decode_config, num_frames=1)
-
-
 @functools.cache
-def _jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig | None]:
+def ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig | None]:
     """How JPEG data is demuxed and decoded. Made on first use, not at import: making a config
     loads SPDL's native library.
 
-    - FFmpeg's JPEG demuxer named: no format probe (about 0.06 ms per image).
+    - FFmpeg's JPEG demuxer is named: no format probe.
     - Without FFmpeg's JPEG parser (``fflags=noparse``), the whole file is one packet, as PIL
-      reads it: the decoder stops at the first image's end, so a file with a second image
-      after it (an MPO, or a phone photo's HDR gain map) decodes to its primary image, where
-      the parser splits it in two and SPDL fails on "multiple frames". It also skips the
-      parser's pass over the bytes (about 0.04 ms per image).
-    - On x86-64, FFmpeg's Xvid IDCT (SSE2): decoding 1.05x faster than with the default IDCT
-      and slightly closer to PIL's (libjpeg's accurate integer IDCT). Elsewhere (ARM has no
-      SIMD Xvid IDCT) FFmpeg picks.
+      reads it: the decoder stops at the first image's end, so a file with a second image after
+      it (an MPO, or a phone photo's HDR gain map) decodes to its primary image, where the
+      parser splits it in two and SPDL fails on "multiple frames".
+    - On x86-64, FFmpeg's Xvid IDCT (SSE2), faster than the default and closer to PIL's
+      (libjpeg's accurate integer IDCT); elsewhere (ARM has no SIMD Xvid IDCT) FFmpeg picks.
     """
     demux_config = spdl.io.demux_config(format="jpeg_pipe", format_options={"fflags": "noparse"})
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -630,86 +1195,233 @@ def _jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig | None]:
     return demux_config, spdl.io.decode_config(decoder_options={"idct": "xvid"})
 
 
-def _decode_ffmpeg(path: str, graphs: FilterGraphCache, data: bytes | None = None) -> spdl.io.VideoFrames:
-    """Decode one image (its file's bytes, if already read) with FFmpeg into a ``size x size`` RGB frame."""
-    data = _read_image_file(path) if data is None else data
-    try:
-        frames = _decode_image(data)
-    # What SPDL raises for FFmpeg's errors, and its InternalError (an AssertionError) for data
-    # it did not expect: either way this image, not the run.
-    except (RuntimeError, ValueError, IndexError, AssertionError) as e:
-        raise ImageDecodeError(path, f"FFmpeg cannot decode it: {_spdl_reason(e)}") from None
-    # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion;
-    # so does an animated WebP, which FFmpeg's WebP decoder does not take.
-    if frames.width <= 0:
-        raise ImageDecodeError(path, "FFmpeg cannot decode it: no frame decoded (corrupt data, or an animated WebP)")
-    try:
-        return graphs.apply(frames)
-    except (RuntimeError, ValueError) as e:  # e.g. a corrupt header declaring a 0 x 0 image
-        raise ImageDecodeError(path, f"FFmpeg cannot decode it: {_spdl_reason(e)}") from None
+def decode_frames(data: bytes) -> spdl.io.ImageFrames:
+    """Demux and decode one image's JPEG or PNG data with FFmpeg, in the image's own pixel format.
+
+    JPEG data goes straight to FFmpeg's JPEG demuxer as one packet and is decoded as
+    :py:func:`ffmpeg_jpeg_configs` says; other data is probed. A file of several frames (an
+    animated PNG) gives its first, as PIL does.
+
+    Raises:
+        RuntimeError, ValueError, IndexError, AssertionError: what SPDL raises for bad data.
+    """
+    if not data.startswith(_JPEG_START):
+        return spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None, num_frames=1)
+    demux_config, decode_config = ffmpeg_jpeg_configs()
+    packets = spdl.io.demux_image(data, demux_config=demux_config)
+    return spdl.io.decode_packets(packets, filter_desc=None, decode_config=decode_config, num_frames=1)
 
 
-def _decode_items(
-    items: list[tuple[str, int]],
-    decode_one: Callable[[str], object],
-    tracker: DecodeTracker | None,
-) -> tuple[list[object], list[int]]:
-    """Decode each item; a failure raises, or is recorded and skipped if ``tracker`` is given."""
-    decoded, labels = [], []
-    for path, label in items:
+_PIL_RESAMPLE = {"bilinear": 2, "bicubic": 3, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
+
+
+def decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) -> Any:
+    """Decode one image with PIL, resize and crop it as ``transform`` says: uint8 ``size x size x 3``
+    (a numpy array). This is what timm's validation does; it is also the decoder for the
+    containers FFmpeg is not used for, and the DataLoader baseline's.
+
+    Raises:
+        ImageDecodeError: the file is unusable, or PIL cannot decode it.
+    """
+    import numpy as np
+    from PIL import Image
+
+    data = read_image_bytes(path) if data is None else data
+    with _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
         try:
-            with tracker.working_on(path) if tracker else contextlib.nullcontext():
-                decoded.append(decode_one(path))
-        except ImageDecodeError as e:
-            if tracker is None:
-                raise
-            tracker.add_failure(e)
-            continue
-        labels.append(label)
-    return decoded, labels
+            opened = Image.open(io.BytesIO(data))
+        except Image.UnidentifiedImageError:
+            raise ImageDecodeError(path, "not an image: its data is no format PIL or FFmpeg is used for") from None
+        with opened as image:
+            rgb = image.convert("RGB")
+        new_w, new_h, left, top = transform.geometry(*rgb.size)
+        resized = rgb.resize((new_w, new_h), _PIL_RESAMPLE[transform.interpolation])
+    return np.asarray(resized.crop((left, top, left + transform.size, top + transform.size)))
 
 
-def _cuda_config(device: torch.device) -> spdl.io.CUDAConfig:
-    """SPDL's CUDA config that allocates through torch's caching allocator."""
-    return spdl.io.cuda_config(
-        device_index=device.index or 0,
-        allocator=(torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete),
-    )
+def _crop_on_cpu(path: str, data: bytes, graphs: FilterGraphCache) -> spdl.io.VideoFrames | Any:
+    """One image decoded, resized and cropped on the CPU: FFmpeg for JPEG and PNG data (an RGB
+    frame), PIL for any other container (a numpy array), since FFmpeg decodes some of them to a
+    frame that is not the image (a JPEG-compressed TIFF comes out black)."""
+    if not (data.startswith(_JPEG_START) or data.startswith(_PNG_START)):
+        return decode_pil(path, graphs.transform, data)
+    with _decoder_errors(path, "FFmpeg"):
+        frames = decode_frames(data)
+        # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion.
+        if frames.width <= 0:
+            raise ValueError("no frame decoded (corrupt data)")
+        return graphs.apply(frames)
+
+
+def _to_hwc(images: list[spdl.io.VideoFrames | Any]) -> Tensor:
+    """Stack cropped images into one uint8 ``N x S x S x 3`` CPU tensor: one FFmpeg conversion
+    for a batch of frames, or one at a time when PIL decoded some of them."""
+    if all(isinstance(image, spdl.io.VideoFrames) for image in images):
+        return spdl.io.to_torch(spdl.io.convert_frames(images)).squeeze(1)
+    return torch.stack([_image_tensor(image) for image in images])
+
+
+def _image_tensor(image: spdl.io.VideoFrames | Any) -> Tensor:
+    if isinstance(image, spdl.io.VideoFrames):
+        return spdl.io.to_torch(spdl.io.convert_frames([image]))[0, 0]
+    return torch.from_numpy(image.copy())
+
+
+def decode_cpu_image(path: str, graphs: FilterGraphCache, device: torch.device, data: bytes | None = None) -> Tensor:
+    """One image decoded on the CPU (as the FFmpeg loader decodes it) as uint8 ``3 x size x size``
+    on ``device``: a GPU decoder's fallback for images it cannot take.
+
+    Raises:
+        ImageDecodeError: the image cannot be read or decoded.
+    """
+    data = read_image_bytes(path) if data is None else data
+    return _image_tensor(_crop_on_cpu(path, data, graphs)).permute(2, 0, 1).to(device)
+
+
+################################################################################
+# Batches: items -> (images, labels) on the device, bad images per the policy
+################################################################################
+
+
+class Batch(tuple):
+    """A decoded batch, unpacked as ``images, labels = batch``: images uint8 ``N x 3 x S x S``
+    (RGB, channels-last in memory), labels int64 ``N x 1``, both on the device. ``paths`` names
+    the image of each row."""
+
+    paths: tuple[str, ...]
+
+    def __new__(cls, images: Tensor, labels: Tensor, paths: Sequence[str] = ()) -> Batch:
+        batch = super().__new__(cls, (images, labels))
+        batch.paths = tuple(paths)
+        return batch
 
 
 def _label_tensor(labels: list[int], device: torch.device) -> Tensor:
     return torch.tensor(labels, dtype=torch.int64).view(-1, 1).to(device, non_blocking=True)
 
 
-def _empty_batch(transform: EvalTransform, device: torch.device) -> tuple[Tensor, Tensor]:
-    images = torch.empty((0, 3, transform.size, transform.size), dtype=torch.uint8, device=device)
-    return images, _label_tensor([], device)
+def _empty_batch(transform: EvalTransform, device: torch.device) -> Batch:
+    images = torch.empty((0, transform.size, transform.size, 3), dtype=torch.uint8, device=device)
+    return Batch(images.permute(0, 3, 1, 2), _label_tensor([], device))
+
+
+def _decode_items(
+    items: Sequence[tuple[str, int]], decode_one: Callable[[str], Any], policy: BadImagePolicy | None
+) -> tuple[list[Any], list[int], list[str]]:
+    """Decode each item: ``(decoded images, their labels, their paths)``. A bad image is recorded
+    in ``policy`` and left out, or raises ImageDecodeError without a policy."""
+    decoded, labels, paths = [], [], []
+    for path, label in items:
+        try:
+            with policy.working_on(path) if policy else contextlib.nullcontext():
+                decoded.append(decode_one(path))
+        except ImageDecodeError as e:
+            if policy is None:
+                raise
+            policy.record_failure(e)
+            continue
+        labels.append(label)
+        paths.append(path)
+    return decoded, labels, paths
 
 
 def _ffmpeg_decode_func(
-    transform: EvalTransform, device: torch.device, tracker: DecodeTracker | None
-) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
+    transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int
+) -> Callable[[Sequence[tuple[str, int]]], Batch]:
     cuda_config = _cuda_config(device) if device.type == "cuda" else None
     graphs = FilterGraphCache(transform)
 
-    def decode_batch_ffmpeg(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
-        frames, labels = _decode_items(items, lambda p: _decode_ffmpeg(p, graphs), tracker)
-        if not frames:
+    def decode_one(path: str) -> Any:
+        return _crop_on_cpu(path, read_image_bytes(path, max_bytes), graphs)
+
+    def decode_batch_ffmpeg(items: Sequence[tuple[str, int]]) -> Batch:
+        crops, labels, paths = _decode_items(items, decode_one, policy)
+        if not crops:
             return _empty_batch(transform, device)
-        buffer = spdl.io.convert_frames(frames)  # one N x 1 x H x W x 3 uint8 host buffer
-        if cuda_config is not None:
-            buffer = spdl.io.transfer_buffer(buffer, device_config=cuda_config)
+        if cuda_config is not None and all(isinstance(c, spdl.io.VideoFrames) for c in crops):
+            buffer = spdl.io.transfer_buffer(spdl.io.convert_frames(crops), device_config=cuda_config)
+            images = spdl.io.to_torch(buffer).squeeze(1)
+        else:
+            images = _to_hwc(crops).to(device)
         # NHWC memory seen as NCHW: the channels-last layout convolutions prefer.
-        return spdl.io.to_torch(buffer).squeeze(1).permute(0, 3, 1, 2), _label_tensor(labels, device)
+        return Batch(images.permute(0, 3, 1, 2), _label_tensor(labels, device), paths)
 
     return decode_batch_ffmpeg
 
 
-def _resize_crop_on_device(image: Tensor, transform: EvalTransform) -> Tensor:
-    """Resize a 3 x H x W uint8 image on its device and centre-crop it, like the FFmpeg path."""
-    height, width = image.shape[-2:]
+################################################################################
+# Decode on the GPU: nvJPEG (torchvision's batched decode) and NVDEC (SPDL)
+################################################################################
+
+NVDEC_CONCURRENCY = 4  # batches decoded at once with NVDEC: one hardware decoder per thread
+NVDEC_MIN_SIDE, NVDEC_MAX_SIZE = 64, (32768, 16384)  # JPEG on A100 / H100 (SPDL's capability table)
+DECODER_TOLERANCE = 3.0  # mean absolute difference (0-255) a GPU decoder may show against FFmpeg, per image
+
+
+def _spdl_cuda_error() -> str | None:
+    """Why SPDL's CUDA extension cannot load here (e.g. a missing ``libnvcuvid.so``), or None.
+    SPDL's ``built_with_*`` functions say only False in that case."""
+    import spdl.io.lib
+
+    try:
+        spdl.io.lib._import_libspdl_cuda()
+    except (RuntimeError, ImportError, OSError) as e:
+        # One "module: reason" per build SPDL tried (one per FFmpeg version): the distinct reasons.
+        reasons = dict.fromkeys(re.findall(r'"[\w.]+: ([^"]+)"', str(e))) or [str(e)]
+        text = "; ".join(reasons)
+        if "libnvcuvid" in text:
+            text += (" (link libnvcuvid.so to the driver's libnvcuvid.so.1; in a container, "
+                     "NVIDIA_DRIVER_CAPABILITIES must include video)")  # fmt: skip
+        return text
+    return None
+
+
+def _cuda_config(device: torch.device, stream: torch.cuda.Stream | None = None) -> spdl.io.CUDAConfig:
+    """SPDL's CUDA config: allocations through torch's caching allocator, work on ``stream``
+    (default: SPDL's per-thread default stream)."""
+    kwargs = {} if stream is None else {"stream": stream.cuda_stream}
+    return spdl.io.cuda_config(
+        device_index=device.index or 0,
+        allocator=(torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete),
+        **kwargs,
+    )
+
+
+class _ThreadStreams:
+    """A CUDA stream and SPDL config per decode thread. SPDL's copies and allocations and torch's
+    work on a batch go in order on the thread's stream, and the thread waits for it once per
+    batch, before handing the batch to the model on another stream. On the CPU (where the
+    nvJPEG path runs torchvision's CPU decoder, for tests), nothing."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._local = threading.local()
+
+    def get(self) -> tuple[torch.cuda.Stream | None, spdl.io.CUDAConfig | None]:
+        if self.device.type != "cuda":
+            return None, None
+        if not hasattr(self._local, "stream"):
+            self._local.stream = torch.cuda.Stream(self.device)
+            self._local.config = _cuda_config(self.device, self._local.stream)
+        return self._local.stream, self._local.config
+
+    @contextlib.contextmanager
+    def on(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
+        """Run the block on ``stream`` (and its device); then wait for the stream's work."""
+        if stream is None:
+            yield
+            return
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            yield
+        stream.synchronize()
+
+
+def resize_crop_on_device(image: Tensor, transform: EvalTransform, size: tuple[int, int] | None = None) -> Tensor:
+    """Resize a ``3 x H x W`` image on its device and centre-crop it, as the CPU path does:
+    antialiased, with the geometry of an image of ``size`` (width, height; default: its own).
+    torch's antialiased bicubic is PIL's; torch has no lanczos, so bicubic stands in for it."""
+    width, height = size or (image.shape[-1], image.shape[-2])
     new_w, new_h, left, top = transform.geometry(width, height)
-    # torch has no lanczos; bicubic is the closest antialiased kernel.
     mode = "bicubic" if transform.interpolation == "lanczos" else transform.interpolation
     resized = torch.nn.functional.interpolate(
         image[None].float(), size=(new_h, new_w), mode=mode, antialias=mode != "nearest"
@@ -718,167 +1430,315 @@ def _resize_crop_on_device(image: Tensor, transform: EvalTransform) -> Tensor:
     return crop.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def decode_ffmpeg_image(path: str, graphs: FilterGraphCache, device: torch.device, data: bytes) -> Tensor:
-    """One image decoded by FFmpeg as uint8 ``3 x size x size`` on ``device``: a GPU decoder's fallback."""
-    size = graphs.transform.size
-    image = spdl.io.to_torch(spdl.io.convert_frames([_decode_ffmpeg(path, graphs, data)])).view(size, size, 3)
-    return image.permute(2, 0, 1).to(device)
+def nv12_to_rgb(nv12: Tensor) -> Tensor:
+    """Full-range BT.601 (JFIF) NV12 to RGB: a JPEG's colours, as libjpeg and FFmpeg give them.
+
+    Args:
+        nv12: uint8 ``1.5H x W`` (H and W even): the luma plane, then the chroma plane with U
+            and V interleaved, as NVDEC returns it.
+
+    Returns:
+        float32 ``3 x H x W`` on the same device, 0-255 (not rounded). Chroma is upsampled
+        bilinearly, sited between the luma samples as JPEG places it.
+    """
+    height, width = nv12.shape[0] * 2 // 3, nv12.shape[1]
+    y = nv12[:height].float()
+    uv = nv12[height:].view(height // 2, width // 2, 2).permute(2, 0, 1).float() - 128.0
+    u, v = torch.nn.functional.interpolate(uv[None], size=(height, width), mode="bilinear", align_corners=False)[0]
+    return torch.stack([y + 1.402 * v, y - 0.344136 * u - 0.714136 * v, y + 1.772 * u]).clamp_(0, 255)
 
 
-def _gpu_batch_func(
-    decode_one: Callable[[str], Tensor], transform: EvalTransform, device: torch.device, tracker: DecodeTracker | None
-) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
-    """Batch a per-image GPU decoder: images stacked on ``device``, failures as for FFmpeg."""
+def nvdec_can_take(header: JpegHeader | None) -> bool:
+    """NVDEC decodes sequential (baseline or extended) 8-bit 4:2:0 JPEGs within its size range."""
+    return (
+        header is not None
+        and header.frame_type in (0xC0, 0xC1)
+        and header.chroma_420
+        and NVDEC_MIN_SIDE <= header.width <= NVDEC_MAX_SIZE[0]
+        and NVDEC_MIN_SIDE <= header.height <= NVDEC_MAX_SIZE[1]
+    )
 
-    def decode_batch_gpu(items: list[tuple[str, int]]) -> tuple[Tensor, Tensor]:
-        with torch.cuda.device(device):
-            images, labels = _decode_items(items, decode_one, tracker)
+
+def _nvjpeg_can_take(header: JpegHeader | None) -> bool:
+    """nvJPEG takes baseline, extended and progressive JPEGs of 1 or 3 components; CMYK decodes
+    to wrong colours without an error, so it goes to FFmpeg."""
+    return header is not None and header.frame_type in (0xC0, 0xC1, 0xC2) and header.components in (1, 3)
+
+
+def _first_image(data: bytes) -> bytes:
+    """JPEG data cut after its first image's end: NVDEC gets neither a second image (an MPO, a
+    gain map) nor a trailer, as FFmpeg decodes only the first."""
+    scan = next((offset for marker, offset in _jpeg_segments(data) if marker == _SOS), 2)
+    end = data.find(b"\xff\xd9", scan)
+    return data if end == -1 else data[: end + 2]
+
+
+def _decode_nvjpeg(datas: list[bytes], transform: EvalTransform, device: torch.device) -> list[Tensor | None]:
+    """Decode the JPEGs nvJPEG takes in one batched call to torchvision (which serialises calls
+    behind a lock); None for each image left to the CPU. A batch that fails is retried image by
+    image, so one bad image does not send the others to the CPU."""
+    import torchvision.io
+
+    out: list[Tensor | None] = [None] * len(datas)
+    takes = [i for i, data in enumerate(datas) if _nvjpeg_can_take(parse_jpeg_header(data))]
+    if not takes:
+        return out
+    encoded = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in takes]
+    mode = torchvision.io.ImageReadMode.RGB
+    try:
+        decoded: list[Tensor | None] = list(torchvision.io.decode_jpeg(encoded, mode=mode, device=device))
+    except RuntimeError:
+        decoded = []
+        for tensor in encoded:
+            try:
+                decoded.append(torchvision.io.decode_jpeg(tensor, mode=mode, device=device))
+            except RuntimeError:
+                decoded.append(None)
+    for i, image in zip(takes, decoded, strict=True):
+        out[i] = None if image is None else resize_crop_on_device(image, transform)
+    return out
+
+
+def _decode_nvdec_one(data: bytes, transform: EvalTransform, config: spdl.io.CUDAConfig) -> Tensor | None:
+    """One JPEG through NVDEC, or None if NVDEC cannot take it or fails on it.
+
+    NVDEC returns NV12 at the image's size made even (SPDL refuses odd sizes; a 1-pixel
+    stretch), converted here with JPEG's colour matrix, then resized and cropped with the
+    geometry of the original size, antialiased, as the CPU path does (NVDEC's own scaler has no
+    antialiasing)."""
+    if not nvdec_can_take(parse_jpeg_header(data)):
+        return None
+    try:
+        packets = spdl.io.demux_video(_first_image(data))
+        width, height = packets.width, packets.height
+        even_w, even_h = width + width % 2, height + height % 2
+        decoder = spdl.io.nvdec_decoder(
+            config, packets.codec,
+            scale_width=even_w if even_w != width else -1, scale_height=even_h if even_h != height else -1,
+        )  # fmt: skip
+        nv12 = spdl.io.to_torch(decoder.decode_packets(packets))
+    except _DECODER_ERRORS as e:
+        _LG.debug("NVDEC left an image to the CPU: %s", _spdl_reason(e))
+        return None
+    return resize_crop_on_device(nv12_to_rgb(nv12[0]), transform, (width, height))
+
+
+def _fall_back(
+    path: str, data: bytes, graphs: FilterGraphCache, device: torch.device, policy: BadImagePolicy | None
+) -> Tensor | None:
+    """An image a GPU decoder left, decoded on the CPU and counted; None if it is a bad image."""
+    try:
+        with policy.working_on(path) if policy else contextlib.nullcontext():
+            image = decode_cpu_image(path, graphs, device, data)
+    except ImageDecodeError as e:
+        if policy is None:
+            raise
+        policy.record_failure(e)
+        return None
+    if policy is not None:
+        policy.record_fallback()
+    return image
+
+
+def _gpu_decode_func(
+    decode_on_gpu: Callable[[list[bytes], spdl.io.CUDAConfig | None], list[Tensor | None]],
+    transform: EvalTransform,
+    device: torch.device,
+    policy: BadImagePolicy | None,
+    max_bytes: int,
+) -> Callable[[Sequence[tuple[str, int]]], Batch]:
+    """The batch function of a GPU decoder: read the files, let ``decode_on_gpu`` decode those it
+    takes, decode the rest on the CPU one by one (counted in the policy as fallbacks); a bad
+    image as the policy says."""
+    graphs = FilterGraphCache(transform)
+    streams = _ThreadStreams(device)
+
+    def decode_batch_gpu(items: Sequence[tuple[str, int]]) -> Batch:
+        stream, config = streams.get()
+        with streams.on(stream):
+            datas, labels, paths = _decode_items(items, lambda path: read_image_bytes(path, max_bytes), policy)
+            with policy.working_on(paths[0]) if policy and paths else contextlib.nullcontext():
+                on_gpu = decode_on_gpu(datas, config)
+            images, kept = [], []
+            for i, image in enumerate(on_gpu):
+                if image is None:
+                    image = _fall_back(paths[i], datas[i], graphs, device, policy)
+                    if image is None:
+                        continue
+                images.append(image)
+                kept.append(i)
             if not images:
                 return _empty_batch(transform, device)
-            return torch.stack(images), _label_tensor(labels, device)
+            # One memory layout for every batch, as the FFmpeg path delivers: a compiled model
+            # would recompile for another.
+            batch = torch.stack(images).contiguous(memory_format=torch.channels_last)
+            batch_labels = _label_tensor([labels[i] for i in kept], device)
+        return Batch(batch, batch_labels, [paths[i] for i in kept])
 
     return decode_batch_gpu
 
 
 def _nvjpeg_decode_func(
-    transform: EvalTransform, device: torch.device, tracker: DecodeTracker | None
-) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
-    if spdl.io.utils.built_with_nvjpeg():
-        cuda_config = _cuda_config(device)
-
-        def decode_gpu(data: bytes) -> Tensor:
-            return spdl.io.to_torch(spdl.io.decode_image_nvjpeg(data, device_config=cuda_config, pix_fmt="rgb"))
-    else:
-        import torchvision.io
-
-        def decode_gpu(data: bytes) -> Tensor:
-            encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            return torchvision.io.decode_jpeg(encoded, mode=torchvision.io.ImageReadMode.RGB, device=device)
-
-    graphs = FilterGraphCache(transform)
-
-    def decode_one(path: str) -> Tensor:
-        data = _read_image_file(path)
-        try:
-            image = decode_gpu(data)
-        except RuntimeError:  # not a JPEG nvJPEG takes (PNG data, CMYK, corrupt): FFmpeg decides
-            if tracker is not None:
-                tracker.add_fallback()
-            return decode_ffmpeg_image(path, graphs, device, data)
-        return _resize_crop_on_device(image, transform)
-
-    return _gpu_batch_func(decode_one, transform, device, tracker)
-
-
-def jpeg_frame_type(data: bytes) -> int | None:
-    """The JPEG start-of-frame marker (0xC0 baseline, 0xC2 progressive, …), or None if not JPEG."""
-    if data[:2] != b"\xff\xd8":
-        return None
-    for marker, _ in _jpeg_header_markers(data):
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn, not DHT/JPG/DAC
-            return marker
-        if marker == 0xDA:  # start of scan before any frame header: corrupt
-            return None
-    return None
-
-
-def nvdec_can_take(data: bytes, codec_name: str, pix_fmt: str) -> bool:
-    """NVDEC decodes sequential (baseline or extended) JPEGs with 4:2:0 chroma, nothing else."""
-    return codec_name == "mjpeg" and pix_fmt in ("yuvj420p", "yuv420p") and jpeg_frame_type(data) in (0xC0, 0xC1)
+    transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int
+) -> Callable[[Sequence[tuple[str, int]]], Batch]:
+    return _gpu_decode_func(
+        lambda datas, _: _decode_nvjpeg(datas, transform, device), transform, device, policy, max_bytes
+    )
 
 
 def _nvdec_decode_func(
-    transform: EvalTransform, device: torch.device, tracker: DecodeTracker | None
-) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
-    cuda_config = _cuda_config(device)
-    graphs = FilterGraphCache(transform)
+    transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int
+) -> Callable[[Sequence[tuple[str, int]]], Batch]:
+    if device.type != "cuda":
+        raise ValueError(f"nvdec decodes on a CUDA GPU, not on {device}")
+    def decode_on_gpu(datas: list[bytes], config: spdl.io.CUDAConfig | None) -> list[Tensor | None]:
+        return [_decode_nvdec_one(data, transform, config) for data in datas]
 
-    def decode_one(path: str) -> Tensor:
-        data = _read_image_file(path)
-        try:
-            packets = spdl.io.demux_video(data)
-        except (RuntimeError, ValueError, IndexError) as e:
-            raise ImageDecodeError(path, f"FFmpeg cannot read it: {_spdl_reason(e)}") from None
-        if not nvdec_can_take(data, packets.codec.name, packets.codec.pix_fmt):
-            if tracker is not None:
-                tracker.add_fallback()
-            return decode_ffmpeg_image(path, graphs, device, data)
-        try:
-            new_w, new_h, left, top = transform.geometry(packets.width, packets.height)
-            buffer = spdl.io.decode_packets_nvdec(
-                packets, device_config=cuda_config, pix_fmt="rgb", scale_width=new_w, scale_height=new_h
-            )
-        except (RuntimeError, ValueError) as e:
-            raise ImageDecodeError(path, f"NVDEC cannot decode it: {_spdl_reason(e)}") from None
-        frame = spdl.io.to_torch(buffer)[0]  # 3 x H x W
-        return frame[:, top : top + transform.size, left : left + transform.size]
-
-    return _gpu_batch_func(decode_one, transform, device, tracker)
+    return _gpu_decode_func(decode_on_gpu, transform, device, policy, max_bytes)
 
 
-def _probe_nvdec(device: torch.device) -> None:
-    """Decode a small 4:2:0 JPEG with NVDEC; UsageError if this GPU or driver cannot."""
-    import io
-
-    from PIL import Image
-
-    encoded = io.BytesIO()
-    Image.new("RGB", (64, 48), (200, 80, 40)).save(encoded, format="JPEG", subsampling=2)
-    try:
-        packets = spdl.io.demux_video(encoded.getvalue())
-        spdl.io.decode_packets_nvdec(packets, device_config=_cuda_config(device), pix_fmt="rgb")
-    except (RuntimeError, ValueError) as e:
-        raise UsageError(
-            f"--use-nvdec: NVDEC cannot decode a JPEG on {torch.cuda.get_device_name(device)} "
-            f"({_spdl_reason(e)}); drop the flag to decode with FFmpeg"
-        ) from None
+_DECODERS = {"ffmpeg": _ffmpeg_decode_func, "nvjpeg": _nvjpeg_decode_func, "nvdec": _nvdec_decode_func}
 
 
 def get_decode_func(
     device: torch.device | str = "cpu",
     transform: EvalTransform | None = None,
     decoder: str = "ffmpeg",
-    tracker: DecodeTracker | None = None,
-) -> Callable[[list[tuple[str, int]]], tuple[Tensor, Tensor]]:
-    """Return a function that decodes a batch of ``(path, label)`` items.
+    policy: BadImagePolicy | None = None,
+    *,
+    max_image_bytes: int = MAX_IMAGE_MB << 20,
+) -> Callable[[Sequence[tuple[str, int]]], Batch]:
+    """Return a function that decodes a batch of ``(path, label)`` items into a :py:class:`Batch`.
 
-    The function returns ``(images, labels)``: images uint8 of shape ``N x 3 x size x size``
-    (RGB, channels-last in memory) and labels int64 of shape ``N x 1``, both on ``device``.
-    With FFmpeg on CUDA, the decoded batch is copied through SPDL's CUDA transfer using
-    torch's caching allocator; on the CPU there is no copy.
+    ``images, labels = decode(items)``: images uint8 ``N x 3 x size x size`` (RGB,
+    channels-last in memory), labels int64 ``N x 1``, both on ``device``; ``.paths`` names each
+    row's image. With FFmpeg on CUDA the decoded batch is copied through SPDL's CUDA transfer,
+    into memory from torch's caching allocator; on the CPU there is no copy.
 
     Args:
         device: Where the batch is delivered.
         transform: Resize and crop to apply (default: 224 crop of 256, bicubic).
         decoder: ``ffmpeg`` (CPU), ``nvjpeg`` or ``nvdec`` (GPU; call
-            :py:func:`check_gpu_decoder` first for a clear message if unavailable).
-        tracker: If given, undecodable images are recorded there and left out of the batch,
-            the rest kept with their labels. If None, the first one raises ImageDecodeError.
+            :py:func:`check_gpu_decoder` first for a clear message if unavailable). A GPU
+            decoder hands the images it cannot take to the CPU, one by one. On the CPU,
+            ``nvjpeg`` runs the same path with torchvision's CPU decoder (for tests).
+        policy: Where bad images are recorded and left out of the batch (labels stay aligned),
+            and GPU fallbacks counted; give the same one to :py:func:`benchmark`. Without one,
+            the first bad image raises ImageDecodeError.
+        max_image_bytes: A larger image file is a bad image.
     """
     device = torch.device(device)
-    transform = transform or EvalTransform()
-    factories = {"ffmpeg": _ffmpeg_decode_func, "nvjpeg": _nvjpeg_decode_func, "nvdec": _nvdec_decode_func}
-    if decoder not in factories:
-        raise ValueError(f"unknown decoder {decoder!r}; expected one of {sorted(factories)}")
-    return factories[decoder](transform, device, tracker)
+    if decoder not in _DECODERS:
+        raise ValueError(f"unknown decoder {decoder!r}; expected one of {sorted(_DECODERS)}")
+    return _DECODERS[decoder](transform or EvalTransform(), device, policy, max_image_bytes)
+
+
+def _probe_image() -> bytes:
+    """A 256 x 192 baseline 4:2:0 JPEG of one colour, well inside every GPU decoder's range."""
+    from PIL import Image
+
+    encoded = io.BytesIO()
+    Image.new("RGB", (256, 192), (200, 80, 40)).save(encoded, format="JPEG", subsampling=2, quality=95)
+    return encoded.getvalue()
 
 
 def check_gpu_decoder(decoder: str, device: torch.device) -> str:
-    """Check that a GPU decoder can run here; return the backend's name, or raise UsageError."""
+    """Check that a decoder can run on ``device``: SPDL's CUDA extension loads, and a GPU decoder
+    decodes a small JPEG to the right colour. Returns the backend's name.
+
+    Raises:
+        DecoderError: with the reason (the real import error, the driver's message, …).
+    """
+    cuda_error = _spdl_cuda_error() if device.type == "cuda" else None
     if decoder == "ffmpeg":
+        if cuda_error is not None:
+            raise DecoderError(
+                f"SPDL's CUDA extension, which copies batches to {device}, cannot load: {cuda_error}", decoder
+            )
         return "ffmpeg"
-    flag = f"--use-{decoder}"
     if device.type != "cuda" or not torch.cuda.is_available():
-        raise UsageError(f"{flag} decodes on a CUDA GPU, but this run uses {device}; drop {flag} to decode with FFmpeg")
-    if decoder == "nvjpeg":
-        return "nvjpeg-spdl" if spdl.io.utils.built_with_nvjpeg() else "nvjpeg-torchvision"
-    if not spdl.io.utils.built_with_nvcodec():
-        raise UsageError(
-            f"{flag}: the installed SPDL ({_version('spdl')}) is built without NVDEC support; "
-            "install an SPDL build with NVDEC or drop the flag to decode with FFmpeg"
+        raise DecoderError(f"{decoder} decodes on a CUDA GPU, but this run uses {device}", decoder)
+    if cuda_error is not None:
+        raise DecoderError(f"SPDL's CUDA extension cannot load: {cuda_error}", decoder)
+    if decoder == "nvdec" and not spdl.io.utils.built_with_nvcodec():
+        raise DecoderError(f"the installed SPDL ({_version('spdl')}) is built without NVDEC", decoder)
+    transform, policy = EvalTransform(size=128, crop_pct=1.0), BadImagePolicy(skip=True)
+    try:
+        with tempfile.NamedTemporaryFile(suffix=".JPEG") as f:
+            f.write(_probe_image())
+            f.flush()
+            images, _ = get_decode_func(device, transform, decoder, policy)([(f.name, 0)])
+    except _DECODER_ERRORS as e:
+        raise DecoderError(
+            f"{decoder} cannot decode a JPEG on {_device_name(device)}: {_spdl_reason(e)}", decoder
+        ) from None
+    if policy.failed or policy.fallbacks or not len(images):
+        raise DecoderError(f"{decoder} cannot decode a plain JPEG on {_device_name(device)}", decoder)
+    colour = images.float().mean(dim=(0, 2, 3)).tolist()
+    if max(abs(c - e) for c, e in zip(colour, (200, 80, 40), strict=True)) > 4:
+        raise DecoderError(f"{decoder} decodes a JPEG of RGB (200, 80, 40) to {[round(c) for c in colour]}", decoder)
+    return "torchvision" if decoder == "nvjpeg" else "spdl"
+
+
+@dataclass
+class DecoderCheck:
+    """A decoder against FFmpeg on the CPU, image by image (see :py:func:`check_decoder`).
+
+    Attributes:
+        decoder: The decoder checked.
+        images: Images compared (those both decoded).
+        mad_mean, mad_max: Mean and largest per-image mean absolute difference (0-255).
+        worst: The image with the largest difference.
+        tolerance: The largest per-image difference allowed.
+    """
+
+    decoder: str
+    images: int
+    mad_mean: float
+    mad_max: float
+    worst: str | None
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.mad_max <= self.tolerance
+
+
+def check_decoder(
+    decode: Callable[[Sequence[tuple[str, int]]], Batch],
+    items: Sequence[tuple[str, int]],
+    transform: EvalTransform,
+    decoder: str,
+    tolerance: float = DECODER_TOLERANCE,
+) -> DecoderCheck:
+    """Decode ``items`` with ``decode`` and with FFmpeg on the CPU, and compare the pixels.
+
+    Images either decoder cannot decode are left out (the run's policy deals with them).
+
+    Raises:
+        DecoderError: an image differs by more than ``tolerance``: the decoder, on this
+            hardware and driver, does not deliver the images FFmpeg does.
+    """
+    reference = get_decode_func("cpu", transform)
+    mads: dict[str, float] = {}
+    for item in items:
+        try:
+            (theirs, _), (ours, _) = decode([item]), reference([item])
+        except ImageDecodeError:
+            continue
+        if len(theirs) and len(ours):
+            mads[item[0]] = (theirs[0].cpu().float() - ours[0].float()).abs().mean().item()
+    worst = max(mads, key=mads.__getitem__, default=None)
+    values = list(mads.values())
+    check = DecoderCheck(decoder, len(values), sum(values) / len(values) if values else 0.0,
+                         max(values, default=0.0), worst, tolerance)  # fmt: skip
+    if not check.ok:
+        raise DecoderError(
+            f"{decoder} decodes {worst} with a mean absolute difference of {check.mad_max:.1f} "
+            f"(0-255) from FFmpeg on the CPU, more than {tolerance:g}",
+            decoder,
         )
-    _probe_nvdec(device)
-    return "nvdec"
+    return check
 
 
 ################################################################################
@@ -1027,10 +1887,11 @@ def get_pipeline(
     """Build the loading pipeline: source -> aggregate -> pipe(decode) -> sink.
 
     Items are aggregated into batches as the source yields them, so SPDL's event loop hands
-    over one list per batch rather than each item through an ``aggregate`` stage: 1.02-1.08x
-    the images/s with one decode thread, 1.14-1.37x with two on two cores (``bench/decode_paths.py``).
-    The last, partial batch is kept. Any exception escaping ``decode_func`` stops the pipeline
-    (``max_failures=0``) instead of SPDL's default of dropping that batch and going on.
+    over one list per batch rather than each item through an ``aggregate`` stage
+    (``bench/decode_paths.py`` measures both). The last, partial batch is kept. Any exception
+    escaping ``decode_func`` stops the pipeline (``max_failures=0``) instead of SPDL's default
+    of dropping that batch and going on; bad images do not raise when the decode function has a
+    :py:class:`BadImagePolicy`.
 
     Args:
         src: ``(path, label)`` items, e.g. from :py:func:`source`.
@@ -1060,75 +1921,56 @@ def get_pipeline(
 # Baseline loader: PyTorch DataLoader with PIL, for comparison on identical work
 ################################################################################
 
-_PIL_RESAMPLE = {"bilinear": 2, "bicubic": 3, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
-
-
-def decode_pil(path: str, transform: EvalTransform):
-    """Decode one image with PIL and apply the same resize and crop; uint8 ``size x size x 3``."""
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    data = _read_image_file(path)
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            rgb = image.convert("RGB")
-        new_w, new_h, left, top = transform.geometry(*rgb.size)  # ValueError for a 0 x 0 header
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
-        raise ImageDecodeError(path, f"PIL cannot decode it: {e}") from None
-    resized = rgb.resize((new_w, new_h), _PIL_RESAMPLE[transform.interpolation])
-    return np.asarray(resized.crop((left, top, left + transform.size, top + transform.size)))
-
 
 class PILDataset(torch.utils.data.IterableDataset):
-    """The file list decoded by PIL in DataLoader workers; each worker takes every n-th image.
+    """Images decoded by PIL (:py:func:`decode_pil`) in DataLoader workers; each worker takes
+    every n-th image.
 
     Yields ``(image or None, label, path, failure reason or None)``; see :py:func:`collate_pil`.
     """
 
-    def __init__(self, flist: Path, prefix: str, max_samples: float, transform: EvalTransform, shard: Shard) -> None:
+    def __init__(self, images: ImageList, transform: EvalTransform, max_bytes: int = MAX_IMAGE_MB << 20) -> None:
         super().__init__()
-        self.flist, self.prefix, self.max_samples = flist, prefix, max_samples
-        self.transform, self.shard = transform, shard
+        self.images, self.transform, self.max_bytes = images, transform, max_bytes
 
     def __iter__(self) -> Iterator[tuple]:
         worker = torch.utils.data.get_worker_info()
         worker_id, workers = (worker.id, worker.num_workers) if worker else (0, 1)
-        items = source(self.flist, self.prefix, self.max_samples, rank=self.shard.rank,
-                       world_size=self.shard.world_size)  # fmt: skip
-        for i, (path, label) in enumerate(items):
+        for i, (path, label) in enumerate(self.images):
             if i % workers == worker_id:
                 try:
-                    yield decode_pil(path, self.transform), label, path, None
+                    yield decode_pil(path, self.transform, read_image_bytes(path, self.max_bytes)), label, path, None
                 except ImageDecodeError as e:
                     yield None, label, path, e.reason
 
 
-def collate_pil(samples: list[tuple]) -> tuple[Tensor, Tensor, list[tuple[str, str]]]:
-    """Batch decoded samples like the SPDL path (channels-last NCHW uint8, N x 1 labels); keep failures."""
+def collate_pil(samples: list[tuple]) -> tuple[Tensor, Tensor, list[str], list[tuple[str, str]]]:
+    """Batch decoded samples like the SPDL path (channels-last NCHW uint8, N x 1 labels):
+    ``(images, labels, paths, failures)``, each failure ``(path, reason)``."""
     import numpy as np
 
-    good = [(image, label) for image, label, _, reason in samples if reason is None]
+    good = [(image, label, path) for image, label, path, reason in samples if reason is None]
     failures = [(path, reason) for _, _, path, reason in samples if reason is not None]
     if not good:
-        return torch.empty((0, 3, 0, 0), dtype=torch.uint8), torch.empty((0, 1), dtype=torch.int64), failures
-    images = torch.from_numpy(np.stack([image for image, _ in good])).permute(0, 3, 1, 2)
-    return images, torch.tensor([[label] for _, label in good], dtype=torch.int64), failures
+        return torch.empty((0, 3, 0, 0), dtype=torch.uint8), torch.empty((0, 1), dtype=torch.int64), [], failures
+    images = torch.from_numpy(np.stack([image for image, _, _ in good])).permute(0, 3, 1, 2)
+    labels = torch.tensor([[label] for _, label, _ in good], dtype=torch.int64)
+    return images, labels, [path for _, _, path in good], failures
 
 
 def torch_loader_batches(
-    loader: torch.utils.data.DataLoader, device: torch.device, tracker: DecodeTracker | None
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """Move the DataLoader's batches to the device and record its failures in ``tracker``.
+    loader: torch.utils.data.DataLoader, device: torch.device, policy: BadImagePolicy | None
+) -> Iterator[Batch]:
+    """Move the DataLoader's batches to the device and record its failures in ``policy``.
 
     Raises:
         TimeoutError: no batch within the DataLoader's ``timeout``.
+        ImageDecodeError: a bad image, without a policy.
     """
     batches = iter(loader)
     while True:
         try:
-            images, labels, failures = next(batches)
+            images, labels, paths, failures = next(batches)
         except StopIteration:
             return
         except RuntimeError as e:
@@ -1136,10 +1978,10 @@ def torch_loader_batches(
                 raise TimeoutError(str(e)) from None
             raise
         for path, reason in failures:
-            if tracker is None:
+            if policy is None:
                 raise ImageDecodeError(path, reason)
-            tracker.add_failure(ImageDecodeError(path, reason))
-        yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            policy.record_failure(ImageDecodeError(path, reason))
+        yield Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths)
 
 
 def get_torch_loader(
@@ -1189,8 +2031,9 @@ class ModelBundle(torch.nn.Module):
 
     Attributes:
         transform: The evaluation transform the model expects (from its pretrained config).
-        batch_size: If set (when compiled), smaller batches are padded to it so the compiled
-            graph is reused; padded rows get label -1 and are never counted.
+        dtype: The model's precision.
+        batch_size: If set (when compiled), smaller batches are padded to it so that the
+            compiled graph is reused; the padded rows' outputs are dropped.
     """
 
     def __init__(
@@ -1206,61 +2049,142 @@ class ModelBundle(torch.nn.Module):
         self.preprocessing, self.model, self.classification = preprocessing, model, classification
         self.dtype, self.transform, self.batch_size = dtype, transform, batch_size
 
+    def logits(self, images: Tensor) -> Tensor:
+        """images: uint8 ``N x 3 x H x W``. Returns float32 logits ``N x C``.
+
+        Every batch reaches the model channels-last and contiguous, padded ones too, so that a
+        compiled model sees one kind of input and never recompiles for another.
+        """
+        n = images.shape[0]
+        # Made outside inference mode, as the loader's batches are: an inference tensor has other
+        # dispatch keys, which a compiled model would recompile for too.
+        with torch.inference_mode(False):
+            if self.batch_size is not None and 0 < n < self.batch_size:
+                images = torch.cat([images, images.new_zeros((self.batch_size - n, *images.shape[1:]))])
+            images = images.contiguous(memory_format=torch.channels_last)
+        return self.model(self.preprocessing(images).to(self.dtype))[:n].float()
+
     def forward(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """images: uint8 ``N x 3 x H x W``; labels: int64 ``N x 1``. Returns top-1, top-5 counts."""
-        if self.batch_size is not None and 0 < images.shape[0] < self.batch_size:
-            pad = self.batch_size - images.shape[0]
-            images = torch.cat([images, images.new_zeros((pad, *images.shape[1:]))])
-            labels = torch.cat([labels, labels.new_full((pad, 1), -1)])
-        x = self.preprocessing(images).to(self.dtype)
-        return self.classification(self.model(x).float(), labels)
+        return self.classification(self.logits(images), labels)
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """Turn ``--device`` into a checked device.
+    """Turn a device name into a checked device.
 
     ``auto`` is ``cuda:LOCAL_RANK`` if CUDA is available, else ``cpu``; ``cuda`` without an
     index is ``cuda:LOCAL_RANK`` (``local_rank`` is 0 outside torchrun).
+
+    Raises:
+        DeviceError: not a device, or not one this machine has.
     """
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(spec)
-    except RuntimeError:
-        raise UsageError(f"--device: {spec!r} is not a device (use auto, cpu, cuda or cuda:N)") from None
+    except (RuntimeError, ValueError):
+        raise DeviceError(f"{spec!r} is not a device (use auto, cpu, cuda or cuda:N)") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise UsageError(f"--device {spec}: CUDA is not available on this machine; use --device cpu")
+            raise DeviceError(f"{spec}: CUDA is not available on this machine")
         device = torch.device("cuda", local_rank if device.index is None else device.index)
         if device.index >= torch.cuda.device_count():
-            raise UsageError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here")
+            raise DeviceError(f"{spec}: only {torch.cuda.device_count()} CUDA device(s) here")
     elif device.type != "cpu":
-        raise UsageError(f"--device {spec}: only cpu and cuda devices are supported")
+        raise DeviceError(f"{spec}: only cpu and cuda devices are supported")
     return device
 
 
-def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
-    """Load a local state dict safely (weights only), naming the first key that does not fit."""
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tuple[torch.dtype, str]:
+    """The precision that suits the hardware, and why: bfloat16 where it is native, float16 on
+    CUDA GPUs without it, float32 on CPUs without it (where bfloat16 is emulated, many times
+    slower)."""
+    if cuda_capability is not None:
+        major, minor = cuda_capability
+        if cuda_capability >= (8, 0):
+            return torch.bfloat16, f"CUDA capability {major}.{minor} has native bfloat16"
+        return torch.float16, f"CUDA capability {major}.{minor} lacks native bfloat16 (8.0 and up)"
+    if cpu_bf16:
+        return torch.bfloat16, "torch reports native bfloat16 on this CPU"
+    return torch.float32, "this CPU lacks native bfloat16 (it would be emulated)"
+
+
+def choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.dtype, str]:
+    """The model's precision on ``device``: ``requested`` (``bfloat16``, ``float16``,
+    ``float32``), or for ``auto`` the one that suits the hardware; with the reason, in words."""
+    if requested != "auto":
+        return _DTYPES[requested], "asked for"
+    if device.type == "cuda":
+        return _auto_dtype(torch.cuda.get_device_capability(device), False)
+    return _auto_dtype(None, torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+# What torch.load raises for a file that is no checkpoint (text, empty, a cut zip, a refused pickle).
+_CHECKPOINT_ERRORS = (OSError, RuntimeError, ValueError, EOFError, KeyError, IndexError, AttributeError,
+                      UnicodeDecodeError, pickle.UnpicklingError, zipfile.BadZipFile)  # fmt: skip
+
+
+def _load_state_dict(path: Path) -> dict[str, Tensor]:
+    """A checkpoint's state dict, loaded safely (weights only). ModelError if it is none."""
+
+    def fail(reason: str) -> ModelError:
+        return ModelError(f"{path}: cannot load checkpoint ({reason})", "checkpoint")
+
+    if not path.is_file():
+        raise fail("no such file" if not path.exists() else "not a regular file")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError, pickle.UnpicklingError) as e:  # unreadable, not a zip, unsafe
-        raise UsageError(f"{path}: cannot load checkpoint ({str(e).splitlines()[0]})") from None
+    except pickle.UnpicklingError as e:  # torch refused it: it holds more than tensors
+        detail = next((line for line in str(e).splitlines() if "GLOBAL" in line or "global" in line), "")
+        raise fail(f"it holds Python objects, not only tensors; refused. {detail}".strip()) from None
+    except _CHECKPOINT_ERRORS as e:
+        raise fail(
+            f"not a PyTorch checkpoint: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
-        raise UsageError(f"{path}: not a state dict (found {type(state).__name__})")
+        raise fail(f"not a state dict, found {type(state).__name__}")
+    for key, value in state.items():
+        if not isinstance(value, Tensor):
+            raise fail(f"{key!r} is a {type(value).__name__}, not a tensor")
+    return state
+
+
+def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
+    """Load a local state dict into ``model``, naming the first key that does not fit."""
+    state = _load_state_dict(path)
     expected = model.state_dict()
     for key, value in expected.items():
         if key not in state:
-            raise UsageError(f"{path}: checkpoint lacks {key!r}, which {type(model).__name__} needs")
+            raise ModelError(f"{path}: checkpoint lacks {key!r}, which {type(model).__name__} needs", "checkpoint")
         if tuple(state[key].shape) != tuple(value.shape):
-            raise UsageError(
+            raise ModelError(
                 f"{path}: {key!r} has shape {tuple(state[key].shape)} in the checkpoint, "
-                f"the model expects {tuple(value.shape)}"
+                f"the model expects {tuple(value.shape)}",
+                "checkpoint",
             )
     if extra := [k for k in state if k not in expected]:
-        raise UsageError(f"{path}: checkpoint has {len(extra)} key(s) the model lacks, first {extra[0]!r}")
+        raise ModelError(
+            f"{path}: checkpoint has {len(extra)} key(s) the model lacks, first {extra[0]!r}", "checkpoint"
+        )
     model.load_state_dict(state)
+
+
+def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
+    import timm
+
+    if not model_name or not timm.is_model(model_name):
+        raise ModelError(f"{model_name!r} is not a timm model", "name")
+    try:
+        return timm.create_model(model_name, pretrained=pretrained)
+    except OSError as e:  # the hub is out of reach and the weights are not in its cache
+        raise ModelError(f"{model_name}: cannot get its pretrained weights ({type(e).__name__})", "weights") from None
+    except RuntimeError as e:  # e.g. a model without pretrained weights
+        raise ModelError(f"{model_name}: {str(e).splitlines()[0]}", "weights") from None
 
 
 def get_model(
@@ -1270,7 +2194,8 @@ def get_model(
     pretrained: bool = True,
     checkpoint: Path | str | None = None,
     compile: bool = True,
-    use_bf16: bool = True,
+    dtype: torch.dtype | str = "auto",
+    use_bf16: bool | None = None,
     batch_size: int | None = None,
 ) -> ModelBundle:
     """Build the model bundle: normalisation, a timm model in eval mode, top-k counting.
@@ -1281,25 +2206,22 @@ def get_model(
         pretrained: Load timm's pretrained weights (from the model hub or its cache).
         checkpoint: A local state dict to load instead; no hub access.
         compile: ``torch.compile`` the model and the normalisation (mode ``max-autotune``).
-        use_bf16: Run the model in bfloat16.
+        dtype: The model's precision: a torch dtype, its name, or ``auto`` (see :py:func:`choose_dtype`).
+        use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
         batch_size: With ``compile``, pad smaller batches to this size (see ModelBundle).
-    """
-    import timm
 
+    Raises:
+        ModelError: an unknown model, weights out of reach, or a checkpoint that does not fit.
+    """
     device = torch.device(device)
-    try:
-        model = timm.create_model(model_name, pretrained=pretrained and checkpoint is None)
-    except RuntimeError as e:  # timm: unknown model
-        raise UsageError(f"--model {model_name}: {e}") from None
-    except OSError as e:  # the hub is out of reach and the weights are not in its cache
-        raise UsageError(
-            f"--model {model_name}: cannot get its pretrained weights ({type(e).__name__}); "
-            "pass --checkpoint PATH for local weights, or --no-pretrained for random ones"
-        ) from None
+    if use_bf16 is not None:
+        dtype = torch.bfloat16 if use_bf16 else torch.float32
+    if not isinstance(dtype, torch.dtype):
+        dtype = choose_dtype(device, dtype)[0]
+    model = _create_timm_model(model_name, pretrained and checkpoint is None)
     if checkpoint is not None:
         _load_checkpoint(model, Path(checkpoint))
     transform = EvalTransform.from_model(model)
-    dtype = torch.bfloat16 if use_bf16 else torch.float32
     model = model.eval().to(device=device, dtype=dtype)
     preprocessing = Preprocessing(transform.mean, transform.std).to(device)
     if compile:
@@ -1326,9 +2248,15 @@ class RunResult:
         failed: Images that could not be decoded (see ``failures``).
         top1_correct, top5_correct: Hits among ``classified``.
         frames_timed, elapsed_s: Images and seconds in the FPS window (after the warm-up).
-        decoder_fallbacks: Images a GPU decoder could not take, decoded by FFmpeg instead.
+        batches: Batches that went through the model.
+        decoder_fallbacks: Images a GPU decoder could not take, decoded on the CPU instead.
+        warmup_included: The run had no more batches than the warm-up, so the FPS window
+            covers them all.
         partial: The run stopped before every listed image was classified or failed.
         stop_reason: Why it stopped early, or None.
+        failures: Path and reason of each image that failed.
+        timeline: Per-second images and the FPS window (see :py:func:`benchmark`).
+        predictions: One row per classified image when asked for (not in :py:meth:`to_dict`).
     """
 
     listed: int | None
@@ -1344,14 +2272,16 @@ class RunResult:
     partial: bool = False
     stop_reason: str | None = None
     failures: list[dict[str, str]] = field(default_factory=list)
+    timeline: dict | None = None
+    predictions: list[dict] | None = field(default=None, repr=False)
 
-    def record_failures(self, failures: list[ImageDecodeError]) -> None:
+    def record_failures(self, failures: Sequence[ImageDecodeError]) -> None:
         self.failed = len(failures)
         self.failures = [{"path": f.path, "reason": f.reason} for f in failures]
 
     @property
     def not_reached(self) -> int:
-        return 0 if self.listed is None else self.listed - self.classified - self.failed
+        return 0 if self.listed is None else max(0, self.listed - self.classified - self.failed)
 
     @property
     def fps(self) -> float:
@@ -1366,24 +2296,8 @@ class RunResult:
         return self.top5_correct / self.classified if self.classified else 0.0
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "not_reached": self.not_reached, "fps": self.fps, "top1": self.top1, "top5": self.top5}
-
-
-class RunStopped(Exception):
-    """Raised inside the loop to end a run early; ``exit_code`` says how the process exits."""
-
-    def __init__(self, reason: str, exit_code: int) -> None:
-        super().__init__(reason)
-        self.reason, self.exit_code = reason, exit_code
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM during a run. A KeyboardInterrupt, so that no library swallows it."""
-
-    def __init__(self, signum: int) -> None:
-        self.reason = f"interrupted by {signal.Signals(signum).name}"
-        super().__init__(self.reason)
-        self.exit_code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
+        fields = {k: v for k, v in asdict(self).items() if k != "predictions"}
+        return {**fields, "not_reached": self.not_reached, "fps": self.fps, "top1": self.top1, "top5": self.top5}
 
 
 class _Clock:
@@ -1399,22 +2313,34 @@ class _Clock:
 
 
 class _TimingWindow:
-    """The FPS window: from the end of the warm-up to the last batch.
+    """The FPS window: from the end of the warm-up to the last batch, and a timeline of the run.
 
     If the run has no more batches than the warm-up, the window covers every batch. ``sync``
-    runs before each clock start (a barrier across ranks).
+    runs before each clock start (a barrier across ranks). Each batch's end is marked without
+    waiting for the device (a CUDA event on a GPU), for the timeline.
     """
 
     def __init__(self, device: torch.device, warmup_batches: int, sync: Callable[[], None] | None = None) -> None:
         self.clock, self.warmup_batches, self.sync = _Clock(device), warmup_batches, sync or (lambda: None)
+        self.cuda = device.type == "cuda"
         self.batches = self.frames = self.frames_all = 0
+        self.marks: list[tuple[Any, int]] = []  # (CUDA event or perf_counter time, images) per batch
         self.sync()
         self.t_start = self.t_warm = self.clock()
+        self._start_mark = self._mark()
+
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def add(self, frames: int) -> None:
         """Count one batch of ``frames`` images, just finished."""
         self.batches += 1
         self.frames_all += frames
+        self.marks.append((self._mark(), frames))
         if self.batches == self.warmup_batches:
             self.sync()
             self.t_warm = self.clock()
@@ -1423,33 +2349,75 @@ class _TimingWindow:
 
     def close(self) -> tuple[int, float, bool]:
         """``(images timed, seconds, whether the warm-up is included)``."""
-        t_end = self.clock()
+        self.t_end = self.clock()
         if self.batches > self.warmup_batches:
-            return self.frames, t_end - self.t_warm, False
-        return self.frames_all, t_end - self.t_start, True
+            return self.frames, self.t_end - self.t_warm, False
+        return self.frames_all, self.t_end - self.t_start, True
+
+    def timeline(self, interval: float = 1.0) -> dict:
+        """Images finished in each ``interval`` of the run since its start, and where the FPS
+        window lies (seconds from the start); call after :py:meth:`close`."""
+        if self.cuda:
+            times = [self._start_mark.elapsed_time(event) / 1e3 for event, _ in self.marks]
+        else:
+            times = [t - self._start_mark for t, _ in self.marks]
+        images = [0] * (int(max(times, default=0.0) // interval) + 1)
+        for t, frames in zip(times, (f for _, f in self.marks), strict=True):
+            images[int(t // interval)] += frames
+        timed = self.batches > self.warmup_batches
+        return {
+            "interval_s": interval,
+            "images": images,
+            "images_per_s": [n / interval for n in images],
+            "batch_end_s": times,
+            "warmup_end_s": (self.t_warm - self.t_start) if timed else 0.0,
+            "end_s": self.t_end - self.t_start,
+        }
 
 
-def _check_failures(tracker: DecodeTracker | None, skip_bad: bool, max_bad: int | None) -> None:
-    """Stop the run on the first failure (strict), or when more than ``max_bad`` failed."""
-    if tracker is None or not (count := tracker.failed):
-        return
-    if not skip_bad:
-        first = tracker.failures()[0]
-        raise RunStopped(f"cannot decode {first.path}: {first.reason} (--skip-bad skips such images)", EXIT_FAILED)
-    if max_bad is not None and count > max_bad:
-        raise RunStopped(f"{count} images failed to decode, more than --max-bad allows ({max_bad})", EXIT_FAILED)
+def _model_device(model: torch.nn.Module) -> torch.device:
+    tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
 
 
-def _classify(model: ModelBundle, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    """Run the bundle on one batch, turning out-of-memory into advice on the batch size."""
+def _is_out_of_memory(error: BaseException) -> bool:
+    text = str(error)
+    return (
+        isinstance(error, torch.OutOfMemoryError | MemoryError)
+        or "can't allocate memory" in text
+        or ("out of memory" in text.lower())
+    )
+
+
+def _logits(model: ModelBundle, images: Tensor) -> Tensor:
+    """The bundle's logits for one batch; OutOfMemory or ModelFailed for what can go wrong there."""
     try:
-        return model(images, labels)
-    except torch.OutOfMemoryError:
-        n = images.shape[0]
-        raise RunStopped(
-            f"out of memory on {images.device} with a batch of {n} images; try --batch-size {max(1, n // 2)}",
-            EXIT_FAILED,
-        ) from None
+        return model.logits(images)
+    except (RuntimeError, MemoryError) as e:
+        if _is_out_of_memory(e):
+            raise OutOfMemory(images.device, images.shape[0]) from None
+        raise ModelFailed(f"the model failed on a batch of {images.shape[0]} images: {str(e).splitlines()[0]}") from e
+
+
+class _Predictions:
+    """Per-image top-5 classes and probabilities, kept on the device until the run ends."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[Tensor, Tensor, Tensor, tuple[str, ...]]] = []
+
+    def add(self, logits: Tensor, labels: Tensor, paths: Sequence[str]) -> None:
+        probs, classes = logits.softmax(dim=-1).topk(min(5, logits.shape[-1]), dim=-1)
+        self.batches.append((classes, probs, labels[:, 0], tuple(paths)))
+
+    def rows(self) -> list[dict]:
+        rows = []
+        for classes, probs, labels, paths in self.batches:
+            classes_l, probs_l, labels_l = classes.tolist(), probs.tolist(), labels.tolist()
+            names = paths if len(paths) == len(labels_l) else [None] * len(labels_l)
+            for path, label, top, p in zip(names, labels_l, classes_l, probs_l, strict=True):
+                rows.append({"path": path, "label": label, "top5": top, "probs": [round(x, 6) for x in p],
+                             "correct1": top[0] == label, "correct5": label in top})  # fmt: skip
+        return rows
 
 
 def benchmark(
@@ -1458,67 +2426,102 @@ def benchmark(
     *,
     listed: int | None = None,
     warmup_batches: int = 20,
-    tracker: DecodeTracker | None = None,
-    skip_bad: bool = False,
-    max_bad: int | None = None,
+    policy: BadImagePolicy | None = None,
     sync_clocks: Callable[[], None] | None = None,
     progress: Callable[[int, Tensor], None] | None = None,
+    predictions: bool = False,
 ) -> RunResult:
     """Run the model over every batch and measure throughput and accuracy.
 
     The first ``warmup_batches`` batches count towards accuracy but not towards FPS; if the
-    run has no more batches than that, FPS covers all of them and a warning says so.
+    run has no more batches than that, FPS covers all of them (``warmup_included``).
 
     Args:
         loader: Yields ``(images, labels)`` batches, e.g. a pipeline's iterator.
         model: From :py:func:`get_model`.
         listed: How many images the loader was given, for the accounting.
         warmup_batches: Batches left out of the FPS window.
-        tracker: The record the decode function writes failures to, if any.
-        skip_bad: Go on after a decode failure (else stop at the first).
-        max_bad: With ``skip_bad``, stop once more than this many images failed.
+        policy: The bad-image policy the decode function records into; enforced after each batch.
         sync_clocks: Called just before each clock start (loop start, end of warm-up), e.g. a
             barrier so that every rank of a distributed run starts its clock together.
         progress: Called after each batch with the images classified so far and the running
             top-1 count (a device tensor), e.g. a :py:class:`Progress`.
+        predictions: Keep each image's top-5 classes and probabilities (``result.predictions``).
 
     Returns:
-        A RunResult. If the run ends early (RunStopped, KeyboardInterrupt, a loader failure or
-        time-out), the exception propagates with the partial result attached as ``exc.result``.
-        If the loader ends without delivering every listed image, RunStopped says how many.
+        A RunResult, with its ``timeline``.
+
+    Raises:
+        RunStopped: (a subclass saying why) the run ended early; ``error.result`` holds the
+            partial result. RunInterrupted likewise for SIGINT / SIGTERM / Ctrl-C.
     """
-    device = next(model.parameters()).device
+    policy = policy or BadImagePolicy()
     result = RunResult(listed=listed)
+    device = _model_device(model)
     # Counts stay on the device: reading them each batch would stall the GPU's queue.
     top1, top5 = (torch.zeros((), dtype=torch.int64, device=device) for _ in range(2))
     window = _TimingWindow(device, warmup_batches, sync_clocks)
+    kept = _Predictions() if predictions else None
     try:
         with torch.inference_mode():
-            for i, (images, labels) in enumerate(loader):
-                _check_failures(tracker, skip_bad, max_bad)
-                with spdl.io.utils.trace_event(f"iter_{i}"), torch.profiler.record_function(f"iter_{i}"):
-                    if images.shape[0]:
-                        b1, b5 = _classify(model, images, labels)
+            for i, batch in enumerate(loader):
+                policy.check(listed)
+                images, labels = batch
+                if images.shape[0]:
+                    with spdl.io.utils.trace_event(f"iter_{i}"), torch.profiler.record_function(f"iter_{i}"):
+                        logits = _logits(model, images)
+                        b1, b5 = model.classification(logits, labels)
                         top1 += b1
                         top5 += b5
+                    if kept is not None:
+                        kept.add(logits, labels, getattr(batch, "paths", ()))
                 result.classified += int(images.shape[0])
                 window.add(int(images.shape[0]))
                 if progress is not None:
                     progress(result.classified, top1)
-            _check_failures(tracker, skip_bad, max_bad)
-            if result.listed is not None and result.classified + (tracker.failed if tracker else 0) != listed:
-                raise RunStopped("the loader ended before delivering every listed image", EXIT_FAILED)
-    except (RunStopped, KeyboardInterrupt, PipelineFailure, TimeoutError) as e:
-        result.partial = True
-        e.result = result  # type: ignore[attr-defined]
+            policy.check(listed)
+            _check_delivered(result.classified + policy.failed, listed)
+    except RunStopped as e:
+        result.partial, e.result = True, result
         raise
+    except KeyboardInterrupt as e:
+        result.partial = True
+        raise RunInterrupted(getattr(e, "signum", signal.SIGINT), result) from None
+    except (PipelineFailure, TimeoutError) as e:
+        result.partial = True
+        error: RunStopped = (
+            LoaderStalled(policy.oldest_in_progress())
+            if isinstance(e, TimeoutError)
+            else LoaderFailed(f"the loading pipeline failed: {e}")
+        )
+        error.result = result
+        raise error from None
     finally:
-        result.frames_timed, result.elapsed_s, result.warmup_included = window.close()
-        result.batches = window.batches
-        result.top1_correct, result.top5_correct = int(top1), int(top5)
-        result.record_failures(tracker.failures() if tracker else [])
-        result.decoder_fallbacks = tracker.fallbacks if tracker else 0
+        _close(result, window, policy, top1, top5, kept)
     return result
+
+
+def _check_delivered(delivered: int, listed: int | None) -> None:
+    """The loader delivered every listed image, once: else the counts would not add up."""
+    if listed is None or delivered == listed:
+        return
+    if delivered < listed:
+        raise LoaderIncomplete(f"the loader ended before delivering every listed image ({delivered} of {listed})")
+    raise LoaderFailed(f"the loader delivered {delivered} images, more than the {listed} listed")
+
+
+def _close(
+    result: RunResult, window: _TimingWindow, policy: BadImagePolicy, top1: Tensor, top5: Tensor, kept: Any
+) -> None:
+    """Fill the result from the loop's state, whether the loop ended or stopped."""
+    result.frames_timed, result.elapsed_s, result.warmup_included = window.close()
+    result.batches = window.batches
+    result.top1_correct, result.top5_correct = int(top1), int(top5)
+    result.record_failures(policy.failures())
+    result.decoder_fallbacks = policy.fallbacks
+    result.timeline = window.timeline()
+    if kept is not None:
+        result.predictions = kept.rows()
 
 
 class Progress:
@@ -1529,7 +2532,7 @@ class Progress:
 
     def __init__(self, total: int | None, stream: TextIO | None = None) -> None:
         self.total, self.stream = total, stream or sys.stderr
-        self.live = self.stream.isatty()
+        self.live = _isatty(self.stream)
         self.interval = 0.5 if self.live else 30.0
         self.started = self.last = time.perf_counter()
 
@@ -1542,21 +2545,32 @@ class Progress:
         top1 = int(top1_correct) / done if done else 0.0
         text = f"{done}/{self.total or '?'} images, {rate:.0f} images/s, top-1 so far {top1:.2%}"
         if self.live:
-            print(f"\r{text}", end="", file=self.stream, flush=True)
+            with contextlib.suppress(OSError, ValueError):  # a closed terminal does not stop the run
+                print(f"\r{text}", end="", file=self.stream, flush=True)
         else:
             _LG.info(text)
 
     def close(self) -> None:
         if self.live:
-            print(file=self.stream, flush=True)
+            with contextlib.suppress(OSError, ValueError):
+                print(file=self.stream, flush=True)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass
 class Breakdown:
     """Throughput of the loader alone, the model alone and both together, in images/s.
 
-    On a GPU the two sides overlap, so the bound is ``min(loader, model)``; on the CPU they share
-    the cores, so it is ``1 / (1/loader + 1/model)``. ``efficiency`` is end-to-end over the bound.
+    The bound is ``min(loader, model)``: neither side runs faster beside the other than alone.
+    On the CPU the two share the cores, so ``shared_fps``, ``1 / (1/loader + 1/model)``, is what
+    they would reach taking turns with no overlap; end-to-end between the two means partial
+    overlap. ``efficiency`` is end-to-end over the bound; above 1 only by measurement noise.
     """
 
     loader_fps: float
@@ -1565,15 +2579,15 @@ class Breakdown:
     bound_fps: float
     bottleneck: str
     efficiency: float
+    shared_fps: float | None = None
 
     @classmethod
     def from_rates(cls, loader_fps: float, model_fps: float, e2e_fps: float, device: torch.device) -> Breakdown:
-        if device.type == "cuda":
-            bound = min(loader_fps, model_fps)
-        else:
-            bound = 1 / (1 / loader_fps + 1 / model_fps) if loader_fps and model_fps else 0.0
+        bound = min(loader_fps, model_fps)
+        shared = 1 / (1 / loader_fps + 1 / model_fps) if loader_fps > 0 and model_fps > 0 else 0.0
         bottleneck = "loader" if loader_fps < model_fps else "model"
-        return cls(loader_fps, model_fps, e2e_fps, bound, bottleneck, e2e_fps / bound if bound else 0.0)
+        return cls(loader_fps, model_fps, e2e_fps, bound, bottleneck, e2e_fps / bound if bound else 0.0,
+                   shared if device.type == "cpu" else None)  # fmt: skip
 
 
 def _timed_rate(steps: Iterable[int], warmup_batches: int, device: torch.device) -> float:
@@ -1592,7 +2606,7 @@ def measure_loader(batches: Iterable[tuple[Tensor, Tensor]], device: torch.devic
 
 def measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_batches: int) -> float:
     """Images/s of the model alone, on synthetic uint8 batches already on its device."""
-    device = next(model.parameters()).device
+    device = _model_device(model)
     size = model.transform.size
     images = torch.randint(0, 256, (batch_size, size, size, 3), dtype=torch.uint8, device=device)
     images = images.permute(0, 3, 1, 2)  # the loaders' channels-last layout
@@ -1612,14 +2626,19 @@ def measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_
 ################################################################################
 
 
-def init_distributed(shard: Shard, device: torch.device, timeout_s: float) -> None:
+def init_distributed(device: torch.device, timeout_s: float) -> None:
     """Join the torchrun job: NCCL on CUDA, Gloo on the CPU; collectives give up after ``timeout_s``."""
     import datetime
 
     import torch.distributed as dist
 
     backend = "nccl" if device.type == "cuda" else "gloo"
-    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    kwargs = {}
+    if device.type == "cuda":
+        # Collectives on objects (all_gather_object) use the current device, which device_id
+        # does not set: without this, every rank would use cuda:0.
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
 
 
@@ -1646,7 +2665,7 @@ def _barrier() -> None:
     try:
         dist.barrier()
     except RuntimeError as e:  # DistBackendError / timeout: a peer is gone
-        raise RunStopped(_peer_gone(e), EXIT_FAILED) from None
+        raise PeerStopped(_peer_gone(e)) from None
 
 
 def _rank_entry(result: RunResult, shard: Shard, device: torch.device) -> dict:
@@ -1683,12 +2702,142 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
 
 
 ################################################################################
+# Parity: does the loader change what the model sees and predicts?
+################################################################################
+
+
+@dataclass
+class Parity:
+    """The loader's images against timm's own validation transform (PIL decode, resize, centre
+    crop, from the model's pretrained config), on the same images, through the same model.
+
+    Attributes:
+        images: Images compared (those both decoded).
+        mad_mean, mad_max: Mean and largest per-image mean absolute pixel difference (0-255).
+        worst: The image with the largest difference.
+        top1_agree: Share of images whose top-1 class is the same both ways.
+        top5_agree: Share of images whose five top classes are the same set both ways.
+        top1_loader, top1_reference: Top-1 accuracy against the labels, each way.
+    """
+
+    images: int
+    mad_mean: float
+    mad_max: float
+    worst: str | None
+    top1_agree: float
+    top5_agree: float
+    top1_loader: float
+    top1_reference: float
+
+
+def _timm_reference(transform: EvalTransform) -> Callable[[Any], Any]:
+    """timm's evaluation transform for ``transform``'s config, up to the crop (a PIL image in and out)."""
+    import timm.data
+    import torchvision.transforms
+
+    t = transform
+    full = timm.data.create_transform(input_size=(3, t.size, t.size), crop_pct=t.crop_pct,
+                                      interpolation=t.interpolation, mean=t.mean, std=t.std)  # fmt: skip
+    steps = itertools.takewhile(lambda step: "ToTensor" not in type(step).__name__, full.transforms)
+    return torchvision.transforms.Compose(list(steps))
+
+
+def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform) -> dict[str, Tensor]:
+    """Each image as timm's validation reads it (``Image.open(...).convert("RGB")``) and
+    transforms it: uint8 ``3 x S x S`` by path; images PIL cannot decode are left out."""
+    import numpy as np
+    from PIL import Image
+
+    reference, out = _timm_reference(transform), {}
+    for path, _ in items:
+        try:
+            with _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
+                with Image.open(io.BytesIO(read_image_bytes(path))) as image:
+                    cropped = reference(image.convert("RGB"))
+        except ImageDecodeError:
+            continue
+        out[path] = torch.from_numpy(np.array(cropped)).permute(2, 0, 1)
+    return out
+
+
+def measure_parity(
+    items: Sequence[tuple[str, int]],
+    decode: Callable[[Sequence[tuple[str, int]]], Batch],
+    model: ModelBundle,
+    batch_size: int = 32,
+) -> Parity:
+    """Decode ``items`` with the loader's ``decode`` (made with a skipping policy) and with timm's
+    reference transform, and compare pixels and the model's predictions."""
+    ours: dict[str, Tensor] = {}
+    labels = dict(items)
+    for start in range(0, len(items), batch_size):
+        batch = decode(items[start : start + batch_size])
+        ours.update(zip(batch.paths, batch[0].cpu(), strict=True))
+    reference = _reference_images(items, model.transform)
+    paths = [path for path, _ in items if path in ours and path in reference]
+    mads = [(ours[p].float() - reference[p].float()).abs().mean().item() for p in paths]
+    device = _model_device(model)
+    agree1 = agree5 = hits_ours = hits_ref = 0
+    with torch.inference_mode():
+        for start in range(0, len(paths), batch_size):
+            chunk = paths[start : start + batch_size]
+            a = model.logits(torch.stack([ours[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
+            b = model.logits(torch.stack([reference[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
+            truth = torch.tensor([labels[p] for p in chunk])
+            agree1 += int((a[:, 0] == b[:, 0]).sum())
+            agree5 += sum(set(x.tolist()) == set(y.tolist()) for x, y in zip(a, b, strict=True))
+            hits_ours, hits_ref = hits_ours + int((a[:, 0] == truth).sum()), hits_ref + int((b[:, 0] == truth).sum())
+    n = len(paths)
+    worst = paths[mads.index(max(mads))] if mads else None
+    return Parity(n, sum(mads) / n if n else 0.0, max(mads, default=0.0), worst, agree1 / n if n else 0.0,
+                  agree5 / n if n else 0.0, hits_ours / n if n else 0.0, hits_ref / n if n else 0.0)  # fmt: skip
+
+
+################################################################################
 # Reporting
 ################################################################################
 
 
+@dataclass
+class RunReport:
+    """Everything a run reports: the result and what it was measured with.
+
+    Attributes:
+        result: The job's result (every rank's, summed).
+        config: The run's settings, as the results file holds them.
+        env: Versions and hardware (:py:func:`environment`).
+        ranks: Each rank's share (one entry outside torchrun).
+        breakdown: The loader alone, the model alone, end-to-end (``--breakdown``).
+        breakdown_cut: Why the breakdown did not finish (an interrupt), if it did not.
+        pipeline_stats: SPDL's stage statistics (:py:meth:`PipelineStats.summary`).
+        decoder_check: The decoder against FFmpeg on the CPU, before the run.
+        parity: The loader against timm's reference transform, before the run.
+    """
+
+    result: RunResult
+    config: dict
+    env: dict
+    ranks: list[dict]
+    breakdown: Breakdown | None = None
+    breakdown_cut: str | None = None
+    pipeline_stats: dict | None = None
+    decoder_check: DecoderCheck | None = None
+    parity: Parity | None = None
+
+    def to_dict(self) -> dict:
+        payload = {**self.result.to_dict(), "world_size": len(self.ranks), "ranks": self.ranks,
+                   "config": self.config, "env": self.env}  # fmt: skip
+        extras = {"breakdown": self.breakdown, "decoder_check": self.decoder_check, "parity": self.parity}
+        payload.update({k: asdict(v) for k, v in extras.items() if v is not None})
+        if self.breakdown_cut is not None:
+            payload["breakdown_cut"] = self.breakdown_cut
+        if self.pipeline_stats is not None:
+            payload["pipeline_stats"] = self.pipeline_stats
+        return payload
+
+
 def print_summary(result: RunResult, file: TextIO | None = None) -> None:
-    """Print the seed's FPS and accuracy lines, then the accounting of every listed image."""
+    """Print the design's FPS and accuracy lines, then the accounting of every listed image."""
     file = file or sys.stdout
     if result.warmup_included:
         print(f"WARNING: only {result.batches} batch(es), not more than the warm-up: FPS includes it", file=file)
@@ -1702,19 +2851,38 @@ def print_summary(result: RunResult, file: TextIO | None = None) -> None:
         file=file,
     )
     if result.decoder_fallbacks:
-        print(f"  {result.decoder_fallbacks} images decoded by FFmpeg: the GPU decoder cannot take them", file=file)
+        share = result.decoder_fallbacks / result.classified if result.classified else 1.0
+        note = "; the figures are mostly the CPU's" if share > FALLBACK_WARNING else ""
+        print(f"  {result.decoder_fallbacks} images ({share:.1%}) decoded on the CPU: the GPU decoder cannot "
+              f"take them{note}", file=file)  # fmt: skip
     for failure in result.failures[:10]:
         print(f"  failed: {failure['path']}: {failure['reason']}", file=file)
     if len(result.failures) > 10:
         print(f"  ... and {len(result.failures) - 10} more (all in the results file)", file=file)
 
 
+FALLBACK_WARNING = 0.05  # a share of images decoded on the CPU that makes a GPU decoder's figures mostly the CPU's
+
+
 def print_breakdown(breakdown: Breakdown, file: TextIO | None = None) -> None:
     """Print loader-only, model-only and end-to-end rates side by side, with the verdict."""
-    b = breakdown
+    b, file = breakdown, file or sys.stdout
     print(f"Breakdown (images/s): loader alone {b.loader_fps:.1f} | model alone {b.model_fps:.1f} | "
-          f"end-to-end {b.e2e_fps:.1f}", file=file or sys.stdout)  # fmt: skip
-    print(f"Bound {b.bound_fps:.1f} images/s, set by the {b.bottleneck}; end-to-end reaches {b.efficiency:.0%} of it",
+          f"end-to-end {b.e2e_fps:.1f}", file=file)  # fmt: skip
+    noise = " (above 100 %: measurement noise)" if b.efficiency > 1 else ""
+    print(f"Bound {b.bound_fps:.1f} images/s, set by the {b.bottleneck}; end-to-end reaches "
+          f"{b.efficiency:.0%} of it{noise}", file=file)  # fmt: skip
+    if b.shared_fps is not None:
+        print(f"On the CPU the two share the cores: taking turns, with no overlap, they would reach "
+              f"{b.shared_fps:.1f} images/s", file=file)  # fmt: skip
+
+
+def print_parity(parity: Parity, file: TextIO | None = None) -> None:
+    """Print the loader against timm's reference transform."""
+    p = parity
+    print(f"Parity with timm's reference transform on {p.images} images: pixels differ by {p.mad_mean:.2f} "
+          f"on average (worst {p.mad_max:.2f}, 0-255); top-1 agrees on {p.top1_agree:.1%}, top-5 on "
+          f"{p.top5_agree:.1%}; top-1 {p.top1_loader:.1%} here vs {p.top1_reference:.1%} there",
           file=file or sys.stdout)  # fmt: skip
 
 
@@ -1741,6 +2909,19 @@ def print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
           f"{wait_ms:.2f} ms per batch: {_queue_verdict(sink['occupancy'])}", file=file)  # fmt: skip
 
 
+def print_report(report: RunReport, file: TextIO | None = None) -> None:
+    """The summary, then SPDL's statistics, the parity, and the breakdown (or why it was cut)."""
+    print_summary(report.result, file)
+    if report.pipeline_stats is not None:
+        print_pipeline_stats(report.pipeline_stats, file)
+    if report.parity is not None:
+        print_parity(report.parity, file)
+    if report.breakdown is not None:
+        print_breakdown(report.breakdown, file)
+    if report.breakdown_cut is not None:
+        print(f"Breakdown cut short ({report.breakdown_cut}): the end-to-end result above is complete", file=file)
+
+
 def _version(package: str) -> str:
     from importlib import metadata
 
@@ -1763,7 +2944,7 @@ def _device_name(device: torch.device) -> str:
 def environment(device: torch.device) -> dict:
     """Versions and hardware that the numbers depend on."""
     ffmpeg = spdl.io.utils.get_ffmpeg_versions()
-    return {
+    env = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "timm": _version("timm"),
@@ -1772,181 +2953,304 @@ def environment(device: torch.device) -> dict:
         "device_name": _device_name(device),
         "cpu_count": os.cpu_count(),
     }
+    if device.type == "cuda":
+        env["cuda"] = torch.version.cuda
+        env["cuda_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+    return env
 
 
-def write_results(
-    path: Path | str,
-    result: RunResult,
-    config: dict,
-    env: dict,
-    ranks: list[dict],
-    breakdown: Breakdown | None = None,
-    pipeline_stats: dict | None = None,
-) -> None:
-    """Write the result, the run's configuration, its environment and each rank's share as JSON,
-    with the breakdown and this process's SPDL stage statistics when there are some."""
-    payload = {**result.to_dict(), "world_size": len(ranks), "ranks": ranks, "config": config, "env": env}
-    if breakdown is not None:
-        payload["breakdown"] = asdict(breakdown)
-    if pipeline_stats is not None:
-        payload["pipeline_stats"] = pipeline_stats
-    Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+def _write_atomically(path: Path | str, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over
+    ``path``: a reader sees the old file or the new one, never a part, and a failed write leaves
+    the old one. A symbolic link is followed, so the file it names is replaced.
+
+    Raises:
+        OSError: the write failed (no space, the folder gone, no permission, not a regular file).
+    """
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():
+        raise OSError(f"{target} is not a regular file")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~_umask())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask would, for every thread)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    return 0o022
+
+
+def write_results(path: Path | str, report: RunReport) -> None:
+    """Write the report as one JSON object (atomically, see ``_write_atomically``).
+
+    Raises:
+        OSError: the file could not be written; an existing one is left as it was.
+    """
+    _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
+
+
+def write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
+    """Write one row per classified image: CSV for a ``.csv`` path, JSON Lines otherwise.
+
+    Columns: path, label, top5 (class indices, best first), probs (their softmax
+    probabilities), correct1, correct5.
+
+    Raises:
+        OSError: the file could not be written.
+    """
+    if str(path).lower().endswith(".csv"):
+        import csv
+
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(["path", "label", "top5", "probs", "correct1", "correct5"])
+        for r in rows:
+            writer.writerow([r["path"], r["label"], " ".join(map(str, r["top5"])), " ".join(map(str, r["probs"])),
+                             int(r["correct1"]), int(r["correct5"])])  # fmt: skip
+        _write_atomically(path, text.getvalue())
+    else:
+        _write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 ################################################################################
-# Entry point
+# Entry point: pre-flight checks, a frozen config, the run, the report, exit statuses
 ################################################################################
 
 
-def _check_output_path(flag: str, path: Path | None) -> None:
+class UsageError(InputError):
+    """An argument the command line cannot use; its message names the flag."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run's settings, built once from the arguments after the pre-flight checks.
+
+    Attributes:
+        images: The whole job's images (every rank's), read once.
+        shard: This process's place in a torchrun job.
+        device: Where the batches go and the model runs.
+        loader: ``spdl``, or ``torch`` for the DataLoader baseline.
+        decoder, decoder_backend: ``ffmpeg``, ``nvjpeg`` or ``nvdec`` (``pil`` with the DataLoader),
+            and what implements it.
+        transform: Size, crop and normalisation, from the model's pretrained config.
+        decode_threads: Threads in SPDL's pool.
+        decode_concurrency: Batches SPDL decodes at once.
+        loader_workers: The DataLoader's worker processes.
+        dtype, dtype_reason: The model's precision, and why.
+        max_bad: ``(value, is_percent)`` from ``--max-bad``, or None.
+        stats_interval: Seconds between SPDL's own statistics logs; -1 for none.
+    """
+
+    images: ImageList
+    shard: Shard
+    device: torch.device
+    loader: str
+    decoder: str
+    decoder_backend: str
+    transform: EvalTransform
+    batch_size: int
+    decode_threads: int
+    decode_concurrency: int
+    loader_workers: int
+    queue_size: int
+    model: str
+    weights: str
+    checkpoint: Path | None
+    dtype: torch.dtype
+    dtype_reason: str
+    compile: bool
+    warmup_batches: int
+    skip_bad: bool
+    max_bad: tuple[float, bool] | None
+    max_image_bytes: int
+    timeout: float
+    breakdown: bool
+    parity: int
+    check_decoder: int
+    stats_interval: float
+    results_file: Path | None
+    predictions_file: Path | None
+    trace: Path | None
+
+    @property
+    def my_images(self) -> ImageList:
+        """This rank's shard of the images."""
+        return self.images.shard(self.shard.rank, self.shard.world_size)
+
+    def policy(self) -> BadImagePolicy:
+        """A fresh bad-image policy as the flags ask."""
+        if self.max_bad is None:
+            return BadImagePolicy(skip=self.skip_bad)
+        value, is_percent = self.max_bad
+        return BadImagePolicy(True, None if is_percent else int(value), value if is_percent else None)
+
+    def to_dict(self) -> dict:
+        """The settings as the results file's ``config`` holds them."""
+        t = self.transform
+        return {
+            "model": self.model, "weights": self.weights, "loader": self.loader, "batch_size": self.batch_size,
+            "num_threads": self.decode_threads, "decode_concurrency": self.decode_concurrency,
+            "loader_workers": self.loader_workers, "queue_size": self.queue_size, "decoder": self.decoder,
+            "decoder_backend": self.decoder_backend, "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."), "dtype_reason": self.dtype_reason,
+            "compile": self.compile, "input_size": [3, t.size, t.size], "crop_pct": t.crop_pct,
+            "interpolation": t.interpolation, "mean": list(t.mean), "std": list(t.std),
+            "warmup_batches": self.warmup_batches, "skip_bad": self.skip_bad,
+            "max_bad": None if self.max_bad is None else f"{self.max_bad[0]:g}{'%' if self.max_bad[1] else ''}",
+            "max_image_mb": self.max_image_bytes >> 20, "images_from": self.images.origin,
+        }  # fmt: skip
+
+
+def _read_images(args: argparse.Namespace) -> ImageList:
+    """The run's images, read once from the list or the folder (with the labels file, if any)."""
+    limit = args.max_samples
+    if args.trace is not None:  # --trace keeps traces small
+        limit = min(limit or math.inf, args.batch_size * TRACE_BATCHES)
+    labels = read_labels(args.labels) if args.labels is not None else None
+    if args.data_dir is not None:
+        return scan_folder(args.data_dir, limit, labels=labels)
+    images = read_file_list(args.input_flist, args.prefix, limit, labels=labels)
+    if args.prefix.endswith(os.sep) and not Path(args.prefix).is_dir():
+        raise UsageError(f"--prefix {args.prefix}: no such folder")
+    if not os.path.lexists(images.paths[0]):
+        raise UsageError(f"the first listed image, {images.paths[0]}, does not exist: is --prefix right?")
+    return images
+
+
+def _check_output_path(flag: str, path: Path | None, suffixes: tuple[str, ...] = ()) -> None:
+    """A file the run will write: its folder exists and is writable, and it is no folder or device."""
     if path is None:
         return
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {path}: folder {parent} does not exist")
-    if path.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    if suffixes and not str(path).lower().endswith(suffixes):
+        raise UsageError(f"{flag} {path}: the name must end in {' or '.join(suffixes)}")
+    target = Path(os.path.realpath(path))
+    if not target.parent.is_dir():
+        raise UsageError(f"{flag} {path}: folder {target.parent} does not exist")
+    if target.exists() and not target.is_file():
+        raise UsageError(f"{flag} {path}: not a regular file")
+    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"{flag} {path}: cannot write there")
 
 
-def _preflight(args: argparse.Namespace, shard: Shard) -> tuple[int, torch.device, str]:
-    """Check everything that can be checked before the model is built.
+def _check_compile_caches(device: torch.device) -> None:
+    """torch.compile writes its caches on the first batch; find an unwritable folder now."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    Returns:
-        ``(images listed in the whole list, device, decoder backend)``. Raises UsageError.
-    """
-    listed = count_list(args.input_flist, args.max_samples)
-    if args.prefix.endswith(os.sep) and not Path(args.prefix).is_dir():
-        raise UsageError(f"--prefix {args.prefix}: no such folder")
-    first_path, _ = next(source(args.input_flist, args.prefix))
-    if not os.path.lexists(first_path):
-        raise UsageError(f"the first listed image, {first_path}, does not exist: is --prefix right?")
+    folders = {"TORCHINDUCTOR_CACHE_DIR": Path(cache_dir())}
+    if device.type == "cuda":
+        folders["TRITON_CACHE_DIR"] = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    for variable, folder in folders.items():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as e:
+            raise UsageError(f"torch.compile cannot write its cache in {folder} ({e.strerror or e}); "
+                             f"set {variable} to a writable folder, or pass --no-compile") from None  # fmt: skip
+
+
+def _preflight(args: argparse.Namespace, shard: Shard) -> RunConfig:
+    """Check everything that can be checked before the model is built; build the run's config."""
+    images = _read_images(args)
     if args.checkpoint is not None and not args.checkpoint.is_file():
-        raise UsageError(f"--checkpoint {args.checkpoint}: no such file")
+        what = "no such file" if not args.checkpoint.exists() else "not a regular file"
+        raise UsageError(f"--checkpoint {args.checkpoint}: {what}")
     _check_output_path("--results-file", args.results_file)
+    _check_output_path("--predictions-file", args.predictions_file, (".csv", ".jsonl", ".json"))
     if args.trace is not None:
         _check_output_path("--trace", args.trace.with_name(args.trace.name + ".json"))
     if args.breakdown and shard.world_size > 1:
         raise UsageError("--breakdown runs in a single process, not under torchrun")
     device = resolve_device(args.device, shard.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # so that no library makes a context on cuda:0 for this rank
     decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
-    return listed, device, check_gpu_decoder(decoder, device)
+    backend = check_gpu_decoder(decoder, device)
+    dtype, dtype_reason = choose_dtype(device, args.dtype)
+    transform = EvalTransform.from_model_name(args.model)
+    if args.compile:
+        _check_compile_caches(device)
+    torch_loader = args.loader == "torch"
+    return RunConfig(
+        images=images, shard=shard, device=device, loader=args.loader,
+        decoder="pil" if torch_loader else decoder, decoder_backend="pil" if torch_loader else backend,
+        transform=transform, batch_size=args.batch_size, decode_threads=args.num_threads,
+        decode_concurrency=min(args.num_threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else args.num_threads,
+        loader_workers=args.num_threads, queue_size=args.queue_size, model=args.model,
+        weights=str(args.checkpoint) if args.checkpoint else "pretrained" if args.pretrained else "random",
+        checkpoint=args.checkpoint, dtype=dtype, dtype_reason=dtype_reason, compile=args.compile,
+        warmup_batches=args.warmup_batches, skip_bad=args.skip_bad, max_bad=args.max_bad,
+        max_image_bytes=args.max_image_mb << 20, timeout=args.timeout, breakdown=args.breakdown,
+        parity=args.parity, check_decoder=0 if torch_loader else args.check_decoder,
+        stats_interval=args.stats_interval or -1, results_file=args.results_file,
+        predictions_file=args.predictions_file, trace=args.trace,
+    )  # fmt: skip
 
 
-def _max_bad_count(max_bad: tuple[float, bool] | None, listed: int) -> int | None:
-    if max_bad is None:
-        return None
-    value, is_percent = max_bad
-    return math.floor(value * listed / 100) if is_percent else int(value)
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into RunInterrupted, so the partial result is still reported."""
-
-    def handler(signum: int, _frame: object) -> None:
-        for s in previous:  # a second signal while the run winds down ends the process at once
-            signal.signal(s, signal.SIG_DFL)
-        raise RunInterrupted(signum)
-
-    # SPDL's native library installs glog's crash handler, SIGTERM included, when it first
-    # loads; load it now so that our handler, installed after, is the one that runs.
-    spdl.io.utils.get_ffmpeg_versions()
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
-@contextlib.contextmanager
-def _tracing(path: Path | None) -> Iterator[None]:
-    """With a path, record torch's profiler trace (PATH.json) and SPDL's (PATH.pftrace)."""
-    if path is None:
-        yield
-        return
-    with torch.profiler.profile() as profiler, spdl.io.utils.tracing(f"{path}.pftrace"):
-        yield
-    profiler.export_chrome_trace(f"{path}.json")
-
-
-def _run_config(args: argparse.Namespace, model: ModelBundle, device: torch.device, decoder: str) -> dict:
-    t = model.transform
-    return {
-        "model": args.model,
-        "weights": str(args.checkpoint) if args.checkpoint else ("pretrained" if args.pretrained else "random"),
-        "batch_size": args.batch_size,
-        "num_threads": args.num_threads,
-        "decoder": decoder,
-        "device": str(device),
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "compile": args.compile,
-        "input_size": [3, t.size, t.size],
-        "crop_pct": t.crop_pct,
-        "interpolation": t.interpolation,
-        "mean": list(t.mean),
-        "std": list(t.std),
-        "warmup_batches": args.warmup_batches,
-        "loader": args.loader,
-        "skip_bad": args.skip_bad,
-    }
-
-
-def _stall_reason(tracker: DecodeTracker, timeout: float) -> str:
-    """Say which stage stalled: the decode stage (and on which file), or the source before it."""
-    stuck = tracker.oldest_in_progress()
-    if stuck is not None:
-        path, seconds = stuck
-        return f"no batch for {timeout:g} s (--timeout): the decode stage has been on {path} for {seconds:.0f} s"
-    return f"no batch for {timeout:g} s (--timeout): the decode stage is idle, waiting for the file list source"
-
-
-def _stop_pipeline(pipeline: Pipeline) -> bool:
-    """Stop the pipeline; return False if a worker thread is stuck (e.g. in a hung read)."""
-    try:
-        pipeline.stop(timeout=1.5)
-    except TimeoutError:
-        return False
-    return True
+def _check_decoder(config: RunConfig) -> DecoderCheck | None:
+    """The run's decoder against FFmpeg on the CPU, on the first images (before the model is built)."""
+    if not config.check_decoder or config.device.type == "cpu" and config.decoder == "ffmpeg":
+        return None  # FFmpeg on the CPU is the reference itself
+    decode = get_decode_func(config.device, config.transform, config.decoder,
+                             max_image_bytes=config.max_image_bytes)  # fmt: skip
+    check = check_decoder(decode, list(config.images.head(config.check_decoder)), config.transform, config.decoder)
+    _LG.info("Decoder check: %s against FFmpeg on the CPU, %d images, mean absolute difference %.2f (worst %.2f).",
+             config.decoder, check.images, check.mad_mean, check.mad_max)  # fmt: skip
+    return check
 
 
 @dataclass
 class _Loader:
     """A running loader: its batches, its SPDL stage statistics (None for ``--loader torch``),
-    and whether it stopped cleanly (False when a worker thread was stuck, e.g. in a hung read)."""
+    whether to stop it at once (an interrupt: the process ends right after the report) and
+    whether it stopped cleanly (False when a worker thread was stuck, e.g. in a hung read)."""
 
-    batches: Iterator[tuple[Tensor, Tensor]]
+    batches: Iterator[Batch]
     stats: PipelineStats | None = None
+    stop_at_once: bool = False
     stopped_cleanly: bool = True
 
 
+def _stop_pipeline(pipeline: Pipeline, timeout: float) -> bool:
+    """Stop the pipeline; return False if a worker thread did not end within ``timeout`` seconds
+    (stuck in a hung read, or still decoding when the run must end at once)."""
+    try:
+        pipeline.stop(timeout=timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
-def _open_loader(
-    args: argparse.Namespace,
-    transform: EvalTransform,
-    device: torch.device,
-    decoder: str,
-    shard: Shard,
-    tracker: DecodeTracker,
-) -> Iterator[_Loader]:
-    """Start the loader chosen by ``--loader``; stop it on the way out."""
-    if args.loader == "torch":
-        dataset = PILDataset(args.input_flist, args.prefix, args.max_samples, transform, shard)
-        loader = get_torch_loader(dataset, args.batch_size, args.num_threads, device, args.timeout)
-        yield _Loader(torch_loader_batches(loader, device, tracker))
+def _open_loader(config: RunConfig, images: ImageList, policy: BadImagePolicy) -> Iterator[_Loader]:
+    """Start the loader the config names over ``images``; stop it on the way out."""
+    if config.loader == "torch":
+        dataset = PILDataset(images, config.transform, config.max_image_bytes)
+        loader = get_torch_loader(dataset, config.batch_size, config.loader_workers, config.device, config.timeout)
+        yield _Loader(torch_loader_batches(loader, config.device, policy))
         return
-    decode_func = get_decode_func(device, transform, decoder.split("-")[0], tracker)
-    src = source(args.input_flist, args.prefix, args.max_samples, rank=shard.rank,
-                 world_size=shard.world_size)  # fmt: skip
-    stats = PipelineStats(args.stats_interval)
-    pipeline = get_pipeline(src, args.batch_size, decode_func, args.num_threads, args.queue_size, args.num_threads,
-                            stats=stats)  # fmt: skip
+    decode_func = get_decode_func(config.device, config.transform, config.decoder, policy,
+                                  max_image_bytes=config.max_image_bytes)  # fmt: skip
+    stats = PipelineStats(config.stats_interval)
+    pipeline = get_pipeline(images, config.batch_size, decode_func, config.decode_concurrency, config.queue_size,
+                            config.decode_threads, stats=stats)  # fmt: skip
     pipeline.start()
-    handle = _Loader(pipeline.get_iterator(timeout=args.timeout), stats)
+    handle = _Loader(pipeline.get_iterator(timeout=config.timeout), stats)
     try:
         yield handle
     finally:
-        handle.stopped_cleanly = _stop_pipeline(pipeline)
+        handle.stopped_cleanly = _stop_pipeline(pipeline, 0.1 if handle.stop_at_once else 1.5)
 
 
 def _clock_start_hook(shard: Shard, stats: PipelineStats | None) -> Callable[[], None]:
@@ -1961,129 +3265,219 @@ def _clock_start_hook(shard: Shard, stats: PipelineStats | None) -> Callable[[],
     return at_clock_start
 
 
-def _run_loop(
-    args: argparse.Namespace, model: ModelBundle, loader: _Loader, tracker: DecodeTracker, listed: int, shard: Shard
-) -> tuple[RunResult, int]:
-    """Run the timed loop over the loader's batches. Returns ``(result, exit status)``."""
-    progress = Progress(listed) if shard.rank == 0 else None
-    try:
-        with _tracing(args.trace if shard.rank == 0 else None):
-            return benchmark(
-                loader.batches, model, listed=listed,
-                warmup_batches=_warmup_for_all_ranks(shard, args.listed_total, args.batch_size, args.warmup_batches),
-                tracker=tracker, skip_bad=args.skip_bad, max_bad=_max_bad_count(args.max_bad, listed),
-                sync_clocks=_clock_start_hook(shard, loader.stats), progress=progress,
-            ), 0  # fmt: skip
-    except (RunStopped, RunInterrupted) as e:
-        result, exit_code, reason = e.result, e.exit_code, e.reason  # type: ignore[attr-defined]
-    except TimeoutError as e:
-        result, exit_code = e.result, EXIT_STALLED  # type: ignore[attr-defined]
-        if args.loader == "torch":
-            reason = f"no batch for {args.timeout:g} s (--timeout) from the DataLoader's workers"
-        else:
-            reason = _stall_reason(tracker, args.timeout)
-    except PipelineFailure as e:
-        result, exit_code = e.result, EXIT_FAILED  # type: ignore[attr-defined]
-        reason = f"the loading pipeline failed: {e} (see the log above)"
-    finally:
-        if progress is not None:
-            progress.close()
-    result.stop_reason = reason
-    return result, exit_code
+@contextlib.contextmanager
+def _tracing(path: Path | None) -> Iterator[None]:
+    """With a path, record torch's profiler trace (PATH.json) and SPDL's (PATH.pftrace)."""
+    if path is None:
+        yield
+        return
+    with torch.profiler.profile() as profiler, spdl.io.utils.tracing(f"{path}.pftrace"):
+        yield
+    profiler.export_chrome_trace(f"{path}.json")
 
 
-def _measure_breakdown(
-    args: argparse.Namespace, model: ModelBundle, device: torch.device, decoder: str, result: RunResult
-) -> Breakdown:
+@dataclass
+class _Outcome:
+    """What a rank's run came to: its result, the error it stopped with, and what else it measured."""
+
+    result: RunResult
+    error: BaseException | None = None
+    pipeline_stats: dict | None = None
+    stopped_cleanly: bool = True
+
+
+def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
+    """Run the timed loop over this rank's images; a run that stops early is an outcome too."""
+    images, policy = config.my_images, config.policy()
+    progress = Progress(len(images)) if config.shard.rank == 0 else None
+    warmup = _warmup_for_all_ranks(config.shard, len(config.images), config.batch_size, config.warmup_batches)
+    error: BaseException | None = None
+    with _open_loader(config, images, policy) as loader:
+        try:
+            with _tracing(config.trace if config.shard.rank == 0 else None):
+                result = benchmark(loader.batches, model, listed=len(images), warmup_batches=warmup, policy=policy,
+                                   sync_clocks=_clock_start_hook(config.shard, loader.stats), progress=progress,
+                                   predictions=config.predictions_file is not None)  # fmt: skip
+        except (RunStopped, RunInterrupted) as e:
+            result, error = e.result or RunResult(len(images), partial=True), e
+            loader.stop_at_once = isinstance(e, RunInterrupted)
+        finally:
+            if progress is not None:
+                progress.close()
+    stats = loader.stats.summary() if loader.stats else None
+    return _Outcome(result, error, stats, loader.stopped_cleanly)
+
+
+def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult) -> Breakdown:
     """After the end-to-end run: the same loader alone, then the model alone on as many batches."""
     _LG.info("Breakdown: timing the loader alone, then the model alone.")
-    shard = Shard()
-    with _open_loader(args, model.transform, device, decoder, shard, DecodeTracker()) as loader:
-        loader_fps = measure_loader(loader.batches, device, args.warmup_batches)
-    model_fps = measure_model(model, args.batch_size, max(result.batches, args.warmup_batches + 1),
-                              args.warmup_batches)  # fmt: skip
-    return Breakdown.from_rates(loader_fps, model_fps, result.fps, device)
+    with _open_loader(config, config.my_images, config.policy()) as loader:
+        loader_fps = measure_loader(loader.batches, config.device, config.warmup_batches)
+    model_fps = measure_model(model, config.batch_size, max(result.batches, config.warmup_batches + 1),
+                              config.warmup_batches)  # fmt: skip
+    return Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device)
 
 
-def _combine_ranks(result: RunResult, shard: Shard, device: torch.device) -> tuple[RunResult, list[dict], int]:
-    """Totals over the job: ``(result, per-rank list, exit status)``; a rank that failed stays alone."""
-    mine = _rank_entry(result, shard, device)
-    if shard.world_size == 1:
-        return result, [mine], 0
+def _combine_ranks(outcome: _Outcome, config: RunConfig) -> list[dict]:
+    """The job's totals into ``outcome.result`` (a rank that failed stays alone); the per-rank list."""
+    mine = _rank_entry(outcome.result, config.shard, config.device)
+    if config.shard.world_size == 1 or outcome.error is not None:
+        return [mine]
     try:
-        total, ranks = reduce_results(result, shard, device)
+        outcome.result, ranks = reduce_results(outcome.result, config.shard, config.device)
     except RuntimeError as e:  # a peer stopped before the final reduction
-        result.partial, result.stop_reason = True, _peer_gone(e)
-        return result, [mine], EXIT_FAILED
-    return total, ranks, 0
+        outcome.result.partial = True
+        outcome.error = PeerStopped(_peer_gone(e))
+        return [mine]
+    return ranks
 
 
-def _run(args: argparse.Namespace, device: torch.device, decoder: str, shard: Shard) -> tuple[int, bool]:
-    """Run alone, or as one rank of a torchrun job. Returns ``(exit status, stopped cleanly)``."""
-    if shard.world_size == 1:
-        return _run_rank(args, device, decoder, shard)
-    import torch.distributed as dist
+def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunReport, _Outcome]:
+    """Build the model, run, then the breakdown; everything measured, in a report."""
+    model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
+                      checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
+                      batch_size=config.batch_size)  # fmt: skip
+    _LG.info("Model %s on %s in %s (%s), %s loader, decoder %s, %d images listed.", config.model, config.device,
+             str(config.dtype).removeprefix("torch."), config.dtype_reason, config.loader, config.decoder,
+             len(config.my_images))  # fmt: skip
+    parity = None
+    if config.parity and config.shard.rank == 0:
+        decode = get_decode_func(config.device, config.transform, config.decoder, BadImagePolicy(skip=True))
+        parity = measure_parity(list(config.images.head(config.parity)), decode, model, config.batch_size)
+    outcome = _run_loop(config, model)
+    report = RunReport(outcome.result, config.to_dict(), environment(config.device), [],
+                       pipeline_stats=outcome.pipeline_stats, decoder_check=decoder_check, parity=parity)  # fmt: skip
+    if config.breakdown and outcome.error is None and outcome.stopped_cleanly:
+        try:
+            report.breakdown = _measure_breakdown(config, model, outcome.result)
+        except RunInterrupted as e:
+            report.breakdown_cut, outcome.error = e.reason, e
+    report.ranks = _combine_ranks(outcome, config)
+    report.result = outcome.result
+    return report, outcome
 
-    # Compilation happens on the first batches, before the warm-up barrier: allow for it.
-    init_distributed(shard, device, args.timeout + (1800 if args.compile else 0))
+
+def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
+    """The one line the command line prints for an error, with advice about its flags, and the
+    exit status: the only place where library errors meet flags."""
+    if isinstance(error, RunInterrupted):
+        return error.reason, EXIT_SIGINT if error.signum == signal.SIGINT else EXIT_SIGTERM
+    if isinstance(error, ModelError):
+        flag = {"checkpoint": "--checkpoint", "name": f"--model {args.model}"}.get(error.kind, f"--model {args.model}")
+        advice = "; pass --checkpoint PATH for local weights, or --no-pretrained for random ones"
+        return f"{flag}: {error}{advice if error.kind == 'weights' else ''}", EXIT_USAGE
+    if isinstance(error, DeviceError):
+        return f"--device {args.device}: {error}", EXIT_USAGE
+    if isinstance(error, DecoderError):
+        if error.decoder == "ffmpeg":
+            return f"--device {args.device}: {error}", EXIT_USAGE
+        flag, text = f"--use-{error.decoder}", str(error)
+        text = f"{flag}{text[len(error.decoder):]}" if text.startswith(error.decoder) else f"{flag}: {text}"
+        return f"{text}; drop the flag to decode with FFmpeg", EXIT_USAGE
+    if isinstance(error, InputError):
+        return str(error), EXIT_USAGE
+    if isinstance(error, BadImage):
+        return f"{error} (--skip-bad skips such images)", EXIT_FAILED
+    if isinstance(error, TooManyBadImages):
+        return f"{error.failed} images failed to decode, more than --max-bad allows ({error.limit})", EXIT_FAILED
+    if isinstance(error, LoaderStalled):
+        if args.loader == "torch":
+            return f"no batch for {args.timeout:g} s (--timeout) from the DataLoader's workers", EXIT_STALLED
+        return f"no batch for {args.timeout:g} s (--timeout): {error.where}", EXIT_STALLED
+    if isinstance(error, OutOfMemory):
+        return f"{error}; try --batch-size {max(1, error.batch_size // 2)}", EXIT_FAILED
+    if isinstance(error, ModelFailed):
+        return f"{error} (--debug shows where; --no-compile if torch.compile failed)", EXIT_FAILED
+    return str(error), EXIT_FAILED
+
+
+def _write_outputs(report: RunReport, outcome: _Outcome, config: RunConfig) -> list[str]:
+    """Write the results and predictions files (rank 0); return one line per file not written."""
+    errors = []
+    outputs = [(config.results_file, lambda path: write_results(path, report))]
+    if outcome.result.predictions is not None:
+        outputs.append((config.predictions_file, lambda path: write_predictions(path, outcome.result.predictions)))
+    for path, write in outputs:
+        if path is None:
+            continue
+        try:
+            write(path)
+        except OSError as e:
+            errors.append(f"{path}: cannot write the results there ({e.strerror or e}); they are only above")
+    return errors
+
+
+def _finish(report: RunReport, outcome: _Outcome, config: RunConfig, args: argparse.Namespace) -> int:
+    """Say why the run stopped (if it did), print the report (rank 0, or a rank that stopped
+    alone), write the files; return the exit status."""
+    shard, status = config.shard, 0
+    alone = shard.world_size > 1 and outcome.error is not None
+    label = f"rank {shard.rank}: " if alone else ""
+    if outcome.error is not None:
+        message, status = _explain(outcome.error, args)
+        report.result.stop_reason = message
+        _say(f"error: {label}{message}")
+    if shard.rank == 0 or alone:
+        _print_out(print_report, report)
+    if shard.rank == 0:
+        for line in _write_outputs(report, outcome, config):
+            _say(f"error: {line}")
+            status = status or EXIT_FAILED
+    return status
+
+
+def _say(line: str) -> None:
+    """One line on stderr; a closed stderr does not stop the run from ending well."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+
+
+def _print_out(printer: Callable[..., None], *args: Any) -> None:
+    """Print to stdout; if the reader is gone (``| head``), stop printing, not the run."""
     try:
-        return _run_rank(args, device, decoder, shard)
-    finally:
-        # Left to interpreter shutdown, Gloo's threads free tensors without the GIL and abort.
-        dist.destroy_process_group()
+        printer(*args)
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):  # ValueError: stdout was closed
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _run_rank(args: argparse.Namespace, device: torch.device, decoder: str, shard: Shard) -> tuple[int, bool]:
-    """Build the model and the loader, run, report. Returns ``(exit status, stopped cleanly)``."""
-    model = get_model(
-        args.model, device, pretrained=args.pretrained, checkpoint=args.checkpoint,
-        compile=args.compile, use_bf16=args.use_bf16, batch_size=args.batch_size,
-    )  # fmt: skip
-    listed = shard.size_of(args.listed_total)
-    _LG.info("Model %s on %s, %s loader, decoder %s, %d images listed.", args.model, device, args.loader,
-             decoder if args.loader == "spdl" else "pil", listed)  # fmt: skip
-    tracker = DecodeTracker()
-    with _open_loader(args, model.transform, device, decoder, shard, tracker) as loader:
-        result, exit_code = _run_loop(args, model, loader, tracker, listed, shard)
-    pipeline_stats = loader.stats.summary() if loader.stats else None
-    if not loader.stopped_cleanly:
-        return _report(args, result, model, device, decoder, shard, exit_code, [], pipeline_stats=pipeline_stats), False
-    breakdown = None
-    if args.breakdown and exit_code == 0:
-        breakdown = _measure_breakdown(args, model, device, decoder, result)
-    ranks: list[dict] = []
-    if exit_code == 0:
-        result, ranks, exit_code = _combine_ranks(result, shard, device)
-    return _report(args, result, model, device, decoder, shard, exit_code, ranks, breakdown, pipeline_stats), True
+class _Signals:
+    """SIGINT and SIGTERM during a run become RunInterrupted, so that the partial result is still
+    reported; while the report is written they wait until it is done. A second signal ends the
+    process at once."""
 
+    def __init__(self) -> None:
+        self.deferred: int | None = None
+        self._defer = False
 
-def _report(
-    args: argparse.Namespace,
-    result: RunResult,
-    model: ModelBundle,
-    device: torch.device,
-    decoder: str,
-    shard: Shard,
-    exit_code: int,
-    ranks: list[dict],
-    breakdown: Breakdown | None = None,
-    pipeline_stats: dict | None = None,
-) -> int:
-    """Print the summary (rank 0, or a rank that stopped alone) and write the results file."""
-    label = f"rank {shard.rank}: " if shard.world_size > 1 and (exit_code or not ranks) else ""
-    if result.stop_reason:
-        print(f"error: {label}{result.stop_reason}", file=sys.stderr)
-    if shard.rank == 0 or label:
-        print_summary(result)
-        if pipeline_stats is not None:
-            print_pipeline_stats(pipeline_stats)
-        if breakdown is not None:
-            print_breakdown(breakdown)
-    if args.results_file and shard.rank == 0:
-        ranks = ranks or [_rank_entry(result, shard, device)]
-        config = _run_config(args, model, device, decoder)
-        write_results(args.results_file, result, config, environment(device), ranks, breakdown, pipeline_stats)
-    return exit_code
+    def _handler(self, signum: int, _frame: object) -> None:
+        for s in self._previous:  # a second signal ends the process at once
+            signal.signal(s, signal.SIG_DFL)
+        if self._defer:
+            self.deferred = signum
+            return
+        raise RunInterrupted(signum)
+
+    def __enter__(self) -> _Signals:
+        # SPDL's native library installs glog's crash handler, SIGTERM included, when it first
+        # loads; load it now so that this handler, installed after, is the one that runs.
+        spdl.io.utils.get_ffmpeg_versions()
+        self._previous = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+    @contextlib.contextmanager
+    def deferred_while(self) -> Iterator[None]:
+        """Hold signals back while the block runs (the report is being written)."""
+        self._defer = True
+        try:
+            yield
+        finally:
+            self._defer = False
 
 
 def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
@@ -2096,33 +3490,61 @@ def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
         logging.getLogger("spdl.pipeline").setLevel(logging.WARNING)
 
 
+def _shard_from_env() -> Shard:
+    try:
+        shard = Shard.from_env()
+    except ValueError:
+        raise UsageError("RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers (torchrun sets them)") from None
+    if not (0 <= shard.rank < shard.world_size and shard.local_rank >= 0):
+        raise UsageError(f"RANK={shard.rank} WORLD_SIZE={shard.world_size} LOCAL_RANK={shard.local_rank}: no such rank")
+    return shard
+
+
+def _run_job(config: RunConfig, signals: _Signals, args: argparse.Namespace) -> tuple[int, bool]:
+    """The run, alone or as one rank of a torchrun job. Returns ``(exit status, stopped cleanly)``."""
+    decoder_check = _check_decoder(config) if config.shard.rank == 0 or config.shard.world_size == 1 else None
+    if config.shard.world_size > 1:
+        # Compilation happens on the first batches, before the warm-up barrier: allow for it.
+        init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
+    try:
+        report, outcome = _run(config, decoder_check)
+        with signals.deferred_while():
+            status = _finish(report, outcome, config, args)
+    finally:
+        if config.shard.world_size > 1:
+            import torch.distributed as dist
+
+            # Left to interpreter shutdown, Gloo's threads free tensors without the GIL and abort.
+            dist.destroy_process_group()
+    if signals.deferred is not None:
+        status = status or (EXIT_SIGINT if signals.deferred == signal.SIGINT else EXIT_SIGTERM)
+    # After an interrupt the process ends at once: no waiting for threads still decoding.
+    return status, outcome.stopped_cleanly and status not in (EXIT_SIGINT, EXIT_SIGTERM)
+
+
 def entrypoint(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point: check the inputs, build the model and loader, run, report."""
     args = _parse_args(argv)
-    _init_logging(args.debug, spdl_stats=args.stats_interval > 0)
-    if args.trace is not None:
-        args.max_samples = min(args.max_samples, args.batch_size * TRACE_BATCHES)
-    shard = Shard.from_env()
-    if shard.rank != 0:
-        logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
-    stopped_cleanly = True
+    _init_logging(args.debug, spdl_stats=args.stats_interval is not None)
+    stopped_cleanly, multi = True, False
     try:
-        with _stop_on_signals():
-            args.listed_total, device, decoder = _preflight(args, shard)
-            exit_code, stopped_cleanly = _run(args, device, decoder, shard)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        exit_code = EXIT_USAGE
-    except RunInterrupted as e:  # before the loop started
-        print(f"error: {e.reason}", file=sys.stderr)
-        exit_code = e.exit_code
-    if not stopped_cleanly or shard.world_size > 1:
-        # Everything is reported; skip the interpreter's shutdown, which would wait forever for
-        # a decode thread stuck in a system call (a hung file system, a FIFO), or abort when
+        with _Signals() as signals:
+            shard = _shard_from_env()
+            multi = shard.world_size > 1
+            if shard.rank != 0:
+                logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
+            exit_code, stopped_cleanly = _run_job(_preflight(args, shard), signals, args)
+    except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
+        message, exit_code = _explain(e, args)
+        _say(f"error: {message}")
+    if not stopped_cleanly or multi:
+        # Everything is reported; skip the interpreter's shutdown, which would wait for decode
+        # threads (forever for one stuck in a system call, on a hung file system), or abort when
         # Gloo's threads free their last tensors while the interpreter is finalising.
         logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
         os._exit(exit_code)
     # Decoded batches left in reference cycles would otherwise outlive SPDL's bindings at
     # shutdown, and nanobind would print a "leaked instances" warning after the results.

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import random
 import statistics
@@ -78,12 +77,12 @@ def decode_only_rate(paths: list[str], threads: int = 1, as_loader: bool = False
     """Images/s of FFmpeg demux + decode, native pixel format, no resize, in ``threads`` threads
     at once (each its share of ``paths``), after a short untimed warm-up. FFmpeg's defaults (the
     format probed: the issue's yardstick), or ``as_loader``: decoded as the module's decode
-    function decodes (``_decode_image``: JPEG demuxer named, one packet per file, its IDCT)."""
+    function decodes (``decode_frames``: JPEG demuxer named, one packet per file, its IDCT)."""
 
     def decode(path: str) -> None:
         data = Path(path).read_bytes()
         if as_loader:
-            ic._decode_image(data)
+            ic.decode_frames(data)
         else:
             spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None)
 
@@ -102,15 +101,14 @@ def decode_only_rate(paths: list[str], threads: int = 1, as_loader: bool = False
 @contextlib.contextmanager
 def open_loader(kind: str, flist: Path, threads: int, batch_size: int, transform: ic.EvalTransform) -> Iterator:
     """Batches on the CPU from the SPDL pipeline or the DataLoader baseline, built alike and as
-    the benchmark's CLI builds them (with a DecodeTracker, which the CLI always has)."""
-    prefix, cpu = f"{flist.parent}/", torch.device("cpu")
+    the benchmark's CLI builds them (with a bad-image policy, which the CLI always has)."""
+    images, cpu = ic.read_file_list(flist, f"{flist.parent}/"), torch.device("cpu")
     if kind == "torch":
-        dataset = ic.PILDataset(flist, prefix, math.inf, transform, ic.Shard())
-        loader = ic.get_torch_loader(dataset, batch_size, threads, cpu, 120)
-        yield ic.torch_loader_batches(loader, cpu, ic.DecodeTracker())
+        loader = ic.get_torch_loader(ic.PILDataset(images, transform), batch_size, threads, cpu, 120)
+        yield ic.torch_loader_batches(loader, cpu, ic.BadImagePolicy())
         return
-    decode = ic.get_decode_func(cpu, transform, tracker=ic.DecodeTracker())
-    pipeline = ic.get_pipeline(ic.source(flist, prefix), batch_size, decode, threads, 16, threads)
+    decode = ic.get_decode_func(cpu, transform, policy=ic.BadImagePolicy())
+    pipeline = ic.get_pipeline(images, batch_size, decode, threads, 16, threads)
     with pipeline.auto_stop():
         yield pipeline.get_iterator(timeout=120)
 
@@ -135,7 +133,7 @@ def steady_loader_rate(flist: Path, threads: int, batch_size: int, warmup: int, 
 
 def model_rates(flist: Path, model_name: str, batch_size: int, threads: int, warmup: int) -> dict:
     """Model-only and end-to-end images/s with the SPDL loader, through the benchmark's loop."""
-    model = ic.get_model(model_name, "cpu", pretrained=False, compile=False, use_bf16=False)
+    model = ic.get_model(model_name, "cpu", pretrained=False, compile=False, dtype="float32")
     with open_loader("spdl", flist, threads, batch_size, model.transform) as batches:
         result = ic.benchmark(batches, model, listed=ic.count_list(flist), warmup_batches=warmup)
     return {"model_fps": ic.measure_model(model, batch_size, result.batches, warmup), "e2e_fps": result.fps}

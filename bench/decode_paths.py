@@ -103,11 +103,11 @@ class _Graphs:
 def _decode(data: bytes, decoding: str = PROBED) -> spdl.io.ImageFrames:
     """FFmpeg demux and decode, one of the ways in ``ROWS``."""
     if decoding == LOADER:
-        return ic._decode_image(data)
+        return ic.decode_frames(data)
     config = {
         PROBED: None,
         NAMED: spdl.io.demux_config(format="jpeg_pipe"),
-        ONE_PACKET: ic._jpeg_configs()[0],
+        ONE_PACKET: ic.ffmpeg_jpeg_configs()[0],
     }[decoding]
     return spdl.io.decode_packets(spdl.io.demux_image(data, demux_config=config), filter_desc=None)
 

@@ -65,7 +65,7 @@ def top1_per_image(flist: Path, checkpoint: Path, device: str, decoder: str) -> 
     import imagenet_classification as ic
 
     ic.check_gpu_decoder(decoder, torch.device(device))  # a clear reason if it cannot run here
-    model = ic.get_model("efficientnet_lite0", device, checkpoint=checkpoint, compile=False, use_bf16=False)
+    model = ic.get_model("efficientnet_lite0", device, checkpoint=checkpoint, compile=False, dtype="float32")
     decode = ic.get_decode_func(device, model.transform, decoder)
     items = list(ic.source(flist, f"{flist.parent}/"))
     predictions = {}
@@ -92,10 +92,10 @@ def unusual_images(folder: Path, device: str, decoders: list[str], log) -> dict:
     reference = [image.float() for image in ic.get_decode_func("cpu")(items)[0]]
     out: dict = {"images": len(items)}
     for decoder in decoders:
-        tracker = ic.DecodeTracker()
+        policy = ic.BadImagePolicy(skip=True)
         try:
             ic.check_gpu_decoder(decoder, torch.device(device))
-            decode = ic.get_decode_func(device, decoder=decoder, tracker=tracker)
+            decode = ic.get_decode_func(device, decoder=decoder, policy=policy)
             mads = {}
             for item, expected in zip(items, reference, strict=True):  # one by one: a failure names its image
                 images, _ = decode([item])
@@ -105,10 +105,10 @@ def unusual_images(folder: Path, device: str, decoders: list[str], log) -> dict:
             log.write(f"### unusual images {decoder}: {type(e).__name__}: {e}\n")
             out[decoder] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
             continue
-        failed = {Path(f.path).name: f.reason for f in tracker.failures()}
+        failed = {Path(f.path).name: f.reason for f in policy.failures()}
         worst = max((m for m in mads.values() if m is not None), default=0.0)
         out[decoder] = {"ok": not failed and worst < 10, "mad": mads, "failed": failed,
-                        "fallbacks": tracker.fallbacks, "max_mad": worst}  # fmt: skip
+                        "fallbacks": policy.fallbacks, "max_mad": worst}  # fmt: skip
     return out
 
 

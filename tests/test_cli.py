@@ -97,7 +97,7 @@ def test_undecodable_file_stops_the_run(jpeg_set, tmp_path):
     proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{root}/", *TINY, "--no-compile", "--batch-size", "4",
                    "--results-file", out)  # fmt: skip
     assert proc.returncode == 1
-    assert f"error: cannot decode {root / lines[13]}: FFmpeg cannot decode it" in proc.stderr
+    assert f"error: cannot decode {root / lines[13]}: not an image" in proc.stderr
     assert "(PARTIAL RUN)" in proc.stdout and "Traceback" not in proc.stderr
     result = read_json(out)
     assert result["partial"] is True and result["failed"] == 1 and result["classified"] < 29

@@ -38,7 +38,7 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
     unusual = report["unusual_images"]
     assert unusual["images"] == 10 and unusual["ffmpeg"]["ok"] and not unusual["ffmpeg"]["failed"]
     assert len(unusual["ffmpeg"]["mad"]) == 10 and unusual["ffmpeg"]["max_mad"] == 0
-    assert not unusual["nvjpeg"]["ok"] and "--use-nvjpeg decodes on a CUDA GPU" in unusual["nvjpeg"]["error"]
+    assert not unusual["nvjpeg"]["ok"] and "nvjpeg decodes on a CUDA GPU" in unusual["nvjpeg"]["error"]
     assert (tmp_path / "out" / "gpu_check.log").stat().st_size > 0
 
     # A budget too small for any leg: the legs say so, the photo agreement still runs, the JSON is written.

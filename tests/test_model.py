@@ -4,7 +4,7 @@ import pytest
 import timm
 import torch
 
-from imagenet_classification import Classification, EvalTransform, ModelBundle, Preprocessing, UsageError, get_model
+from imagenet_classification import Classification, EvalTransform, ModelBundle, ModelError, Preprocessing, get_model
 
 
 def test_classification_counts_equal_direct_topk():
@@ -77,19 +77,19 @@ def test_checkpoint_loads_and_mismatch_names_key(tmp_path):
     state["classifier.weight"] = torch.zeros(10, state["classifier.weight"].shape[1])
     bad = tmp_path / "bad.pth"
     torch.save(state, bad)
-    with pytest.raises(UsageError, match=r"'classifier.weight' has shape \(10, \d+\) in the checkpoint, the model"):
+    with pytest.raises(ModelError, match=r"'classifier.weight' has shape \(10, \d+\) in the checkpoint, the model"):
         get_model("test_efficientnet", "cpu", checkpoint=bad, compile=False)
 
     other = tmp_path / "other.pth"
     torch.save(timm.create_model("test_resnet", pretrained=False).state_dict(), other)
-    with pytest.raises(UsageError, match="checkpoint lacks 'conv_stem.weight'"):
+    with pytest.raises(ModelError, match="checkpoint lacks 'conv_stem.weight'"):
         get_model("test_efficientnet", "cpu", checkpoint=other, compile=False)
 
     (tmp_path / "junk.pth").write_bytes(b"not a checkpoint")
-    with pytest.raises(UsageError, match="junk.pth: cannot load checkpoint"):
+    with pytest.raises(ModelError, match="junk.pth: cannot load checkpoint"):
         get_model("test_efficientnet", "cpu", checkpoint=tmp_path / "junk.pth", compile=False)
 
 
 def test_unknown_model_is_a_usage_error():
-    with pytest.raises(UsageError, match="--model no_such_model"):
+    with pytest.raises(ModelError, match="'no_such_model' is not a timm model"):
         get_model("no_such_model", "cpu", pretrained=False, compile=False)

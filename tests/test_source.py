@@ -4,7 +4,7 @@ from importlib import resources
 
 import pytest
 
-from imagenet_classification import FileListError, UsageError, count_list, get_mappings, parse_wnid, source
+from imagenet_classification import FileListError, count_list, get_mappings, parse_wnid, source
 from tests.conftest import ROOT
 
 
@@ -62,10 +62,10 @@ def test_bad_line_names_file_and_line(tmp_path, bad_line, message):
 
 
 def test_count_list_rejects_missing_and_empty(tmp_path):
-    with pytest.raises(UsageError, match="file list not found"):
+    with pytest.raises(FileListError, match="nope.txt: no such file"):
         count_list(tmp_path / "nope.txt")
     (tmp_path / "empty.txt").write_text("\n \n")
-    with pytest.raises(UsageError, match="no image paths"):
+    with pytest.raises(FileListError, match="no image paths"):
         count_list(tmp_path / "empty.txt")
 
 
