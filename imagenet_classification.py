@@ -341,42 +341,45 @@ def _max_bad(text: str) -> tuple[float, bool]:
     return value, is_percent
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="README.md describes every flag, the output, the results file and the exit statuses.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every default in ``--help``, except the off state of switches and an absent value."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, "") or isinstance(action.default, bool) or "default:" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+def _data_flags(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     where = data.add_mutually_exclusive_group(required=True)
-    where.add_argument(
-        "--input-flist", type=Path, help="file list: one image path per line, optionally a label; - for stdin"
-    )
-    where.add_argument(
-        "--data-dir", type=Path, help="folder of class folders (nXXXXXXXX/...), or a flat folder with --labels"
-    )
+    where.add_argument("--input-flist", type=Path,
+                       help="file list: one image path per line, optionally a label; - reads stdin")  # fmt: skip
+    where.add_argument("--data-dir", type=Path,
+                       help="a folder of class folders (nXXXXXXXX/...), or a flat folder with --labels")  # fmt: skip
     data.add_argument("--prefix", default="", help="prepended to every path in the file list")
-    data.add_argument(
-        "--labels", type=Path, help="labels by file name: Kaggle's LOC_val_solution.csv or 'name label' lines"
-    )
-    data.add_argument("--max-samples", type=_count, help="use only the first N listed images (default: all)")
-    data.add_argument(
-        "--max-image-mb", type=_count, default=MAX_IMAGE_MB, help="larger image files are counted as failed"
-    )
+    data.add_argument("--labels", type=Path,
+                      help="labels by file name: Kaggle's LOC_val_solution.csv, or 'name label' lines")  # fmt: skip
+    data.add_argument("--max-samples", type=_count, help="use only the first N images (default: all)")
+    data.add_argument("--max-image-mb", type=_count, default=MAX_IMAGE_MB, help="a larger image file is a bad image")
 
+
+def _loader_flags(parser: argparse.ArgumentParser) -> None:
     loader = parser.add_argument_group("loader")
     loader.add_argument("--batch-size", type=_count, default=32, help="images per batch")
     loader.add_argument("--num-threads", type=_count, default=16,
                         help="decode threads (SPDL), or worker processes (--loader torch)")  # fmt: skip
-    loader.add_argument("--queue-size", type=_count, default=16, help="decoded batches buffered ahead of the model")
+    loader.add_argument("--queue-size", type=_count, default=16, help="decoded batches held ready for the model")
     loader.add_argument("--loader", choices=("spdl", "torch"), default="spdl",
                         help="torch: the baseline, a PyTorch DataLoader decoding with PIL")  # fmt: skip
     decoder = loader.add_mutually_exclusive_group()
     decoder.add_argument("--use-nvjpeg", action="store_true", help="decode on the GPU with nvJPEG")
     decoder.add_argument("--use-nvdec", action="store_true", help="decode on the GPU with NVDEC")
     loader.add_argument("--check-decoder", type=_count0, default=8, metavar="N",
-                        help="compare the decoder with FFmpeg on the CPU on N images first (0: off)")  # fmt: skip
+                        help="compare a GPU decoder with FFmpeg on the CPU on N images first (0: off)")  # fmt: skip
 
+
+def _model_flags(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=DEFAULT_MODEL, help="any timm model name")
     model.add_argument("--checkpoint", type=Path, help="local state dict to load (no model hub access)")
@@ -387,30 +390,36 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                        help="the model's precision; auto: bfloat16 where the hardware has it (README)")  # fmt: skip
     model.add_argument("--no-bf16", action="store_const", const="float32", dest="dtype", help="same as --dtype float32")
 
+
+def _run_flags(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("run")
     run.add_argument("--warmup-batches", type=_count0, default=20, help="batches left out of the FPS window")
     run.add_argument("--skip-bad", action="store_true", help="skip and count undecodable images instead of stopping")
-    run.add_argument(
-        "--max-bad", type=_max_bad, help="with --skip-bad: stop once more than N or P%% of the images failed"
-    )
+    run.add_argument("--max-bad", type=_max_bad, help="with --skip-bad: stop once more than N or P%% failed")
     run.add_argument("--timeout", type=_seconds, default=120.0, help="seconds without a batch before giving up")
     run.add_argument("--breakdown", action="store_true", help="also time the loader alone and the model alone")
     run.add_argument("--parity", type=_count0, default=0, metavar="N",
                      help="compare the loader with timm's reference transform on the first N images")  # fmt: skip
-    run.add_argument("--stats-interval", type=_seconds,
-                     help="log SPDL's own stage statistics every S seconds (default: only the summary)")  # fmt: skip
+    run.add_argument("--stats-interval", type=_seconds, help="also log SPDL's own stage statistics every S seconds")
     run.add_argument("--results-file", type=Path, help="write the result as JSON here")
     run.add_argument("--predictions-file", type=Path, help="write one row per image here (.csv or .jsonl)")
     run.add_argument("--trace", type=Path, help=f"write PATH.json and PATH.pftrace ({TRACE_BATCHES} batches)")
     run.add_argument("--debug", action="store_true", help="debug logging")
 
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="README.md describes every flag, the output, the results file and the exit statuses.",
+        formatter_class=_HelpFormatter,
+    )
+    for add_flags in (_data_flags, _loader_flags, _model_flags, _run_flags):
+        add_flags(parser)
     args = parser.parse_args(argv)
     if args.max_bad is not None and not args.skip_bad:
         parser.error("--max-bad only applies with --skip-bad")
     if args.loader == "torch" and (args.use_nvjpeg or args.use_nvdec):
         parser.error("--loader torch decodes with PIL on the CPU; it does not take --use-nvjpeg / --use-nvdec")
-    if args.labels is not None and args.input_flist is None and args.data_dir is None:
-        parser.error("--labels needs --input-flist or --data-dir")
     if args.data_dir is not None and args.prefix:
         parser.error("--prefix applies to --input-flist, not to --data-dir")
     return args
@@ -967,16 +976,21 @@ class BadImagePolicy:
         with self._lock:
             return list(self._failures)
 
-    def check(self, listed: int | None = None) -> None:
-        """Raise :py:class:`BadImage` or :py:class:`TooManyBadImages` if the run must stop."""
-        with self._lock:
-            failed, first = len(self._failures), self._failures[0] if self._failures else None
-        if first is None:
+    def check(self, listed: int | None = None, seen: Sequence[ImageDecodeError] | None = None) -> None:
+        """Raise :py:class:`BadImage` or :py:class:`TooManyBadImages` if the run must stop.
+
+        Args:
+            listed: The images listed, for a limit in percent.
+            seen: The failures to judge (those of the batches the run has received); default
+                every failure recorded so far.
+        """
+        failures = self.failures() if seen is None else seen
+        if not failures:
             return
         if not self.skip:
-            raise BadImage(first)
-        if (limit := self.limit(listed)) is not None and failed > limit:
-            raise TooManyBadImages(failed, limit)
+            raise BadImage(failures[0])
+        if (limit := self.limit(listed)) is not None and len(failures) > limit:
+            raise TooManyBadImages(len(failures), limit)
 
     @contextlib.contextmanager
     def working_on(self, path: str) -> Iterator[None]:
@@ -1286,13 +1300,17 @@ def decode_cpu_image(path: str, graphs: FilterGraphCache, device: torch.device, 
 class Batch(tuple):
     """A decoded batch, unpacked as ``images, labels = batch``: images uint8 ``N x 3 x S x S``
     (RGB, channels-last in memory), labels int64 ``N x 1``, both on the device. ``paths`` names
-    the image of each row."""
+    the image of each row; ``failures`` are the batch's images that could not be decoded, left
+    out (:py:func:`benchmark` enforces the policy on the failures of the batches it received)."""
 
     paths: tuple[str, ...]
+    failures: tuple[ImageDecodeError, ...]
 
-    def __new__(cls, images: Tensor, labels: Tensor, paths: Sequence[str] = ()) -> Batch:
+    def __new__(
+        cls, images: Tensor, labels: Tensor, paths: Sequence[str] = (), failures: Sequence[ImageDecodeError] = ()
+    ) -> Batch:
         batch = super().__new__(cls, (images, labels))
-        batch.paths = tuple(paths)
+        batch.paths, batch.failures = tuple(paths), tuple(failures)
         return batch
 
 
@@ -1300,16 +1318,19 @@ def _label_tensor(labels: list[int], device: torch.device) -> Tensor:
     return torch.tensor(labels, dtype=torch.int64).view(-1, 1).to(device, non_blocking=True)
 
 
-def _empty_batch(transform: EvalTransform, device: torch.device) -> Batch:
+def _empty_batch(transform: EvalTransform, device: torch.device, failures: Sequence[ImageDecodeError]) -> Batch:
     images = torch.empty((0, transform.size, transform.size, 3), dtype=torch.uint8, device=device)
-    return Batch(images.permute(0, 3, 1, 2), _label_tensor([], device))
+    return Batch(images.permute(0, 3, 1, 2), _label_tensor([], device), (), failures)
 
 
 def _decode_items(
-    items: Sequence[tuple[str, int]], decode_one: Callable[[str], Any], policy: BadImagePolicy | None
+    items: Sequence[tuple[str, int]],
+    decode_one: Callable[[str], Any],
+    policy: BadImagePolicy | None,
+    failures: list[ImageDecodeError],
 ) -> tuple[list[Any], list[int], list[str]]:
     """Decode each item: ``(decoded images, their labels, their paths)``. A bad image is recorded
-    in ``policy`` and left out, or raises ImageDecodeError without a policy."""
+    in ``policy`` and ``failures`` and left out, or raises ImageDecodeError without a policy."""
     decoded, labels, paths = [], [], []
     for path, label in items:
         try:
@@ -1319,6 +1340,7 @@ def _decode_items(
             if policy is None:
                 raise
             policy.record_failure(e)
+            failures.append(e)
             continue
         labels.append(label)
         paths.append(path)
@@ -1335,16 +1357,17 @@ def _ffmpeg_decode_func(
         return _crop_on_cpu(path, read_image_bytes(path, max_bytes), graphs)
 
     def decode_batch_ffmpeg(items: Sequence[tuple[str, int]]) -> Batch:
-        crops, labels, paths = _decode_items(items, decode_one, policy)
+        failures: list[ImageDecodeError] = []
+        crops, labels, paths = _decode_items(items, decode_one, policy, failures)
         if not crops:
-            return _empty_batch(transform, device)
+            return _empty_batch(transform, device, failures)
         if cuda_config is not None and all(isinstance(c, spdl.io.VideoFrames) for c in crops):
             buffer = spdl.io.transfer_buffer(spdl.io.convert_frames(crops), device_config=cuda_config)
             images = spdl.io.to_torch(buffer).squeeze(1)
         else:
             images = _to_hwc(crops).to(device)
         # NHWC memory seen as NCHW: the channels-last layout convolutions prefer.
-        return Batch(images.permute(0, 3, 1, 2), _label_tensor(labels, device), paths)
+        return Batch(images.permute(0, 3, 1, 2), _label_tensor(labels, device), paths, failures)
 
     return decode_batch_ffmpeg
 
@@ -1524,20 +1547,16 @@ def _decode_nvdec_one(data: bytes, transform: EvalTransform, config: spdl.io.CUD
 
 
 def _fall_back(
-    path: str, data: bytes, graphs: FilterGraphCache, device: torch.device, policy: BadImagePolicy | None
-) -> Tensor | None:
+    path: str, data: bytes, graphs: FilterGraphCache, device: torch.device, policy: BadImagePolicy | None,
+    failures: list[ImageDecodeError],
+) -> Tensor | None:  # fmt: skip
     """An image a GPU decoder left, decoded on the CPU and counted; None if it is a bad image."""
-    try:
-        with policy.working_on(path) if policy else contextlib.nullcontext():
-            image = decode_cpu_image(path, graphs, device, data)
-    except ImageDecodeError as e:
-        if policy is None:
-            raise
-        policy.record_failure(e)
+    decoded, _, _ = _decode_items([(path, 0)], lambda p: decode_cpu_image(p, graphs, device, data), policy, failures)
+    if not decoded:
         return None
     if policy is not None:
         policy.record_fallback()
-    return image
+    return decoded[0]
 
 
 def _gpu_decode_func(
@@ -1555,25 +1574,28 @@ def _gpu_decode_func(
 
     def decode_batch_gpu(items: Sequence[tuple[str, int]]) -> Batch:
         stream, config = streams.get()
+        failures: list[ImageDecodeError] = []
         with streams.on(stream):
-            datas, labels, paths = _decode_items(items, lambda path: read_image_bytes(path, max_bytes), policy)
+            datas, labels, paths = _decode_items(
+                items, lambda path: read_image_bytes(path, max_bytes), policy, failures
+            )
             with policy.working_on(paths[0]) if policy and paths else contextlib.nullcontext():
                 on_gpu = decode_on_gpu(datas, config)
             images, kept = [], []
             for i, image in enumerate(on_gpu):
                 if image is None:
-                    image = _fall_back(paths[i], datas[i], graphs, device, policy)
+                    image = _fall_back(paths[i], datas[i], graphs, device, policy, failures)
                     if image is None:
                         continue
                 images.append(image)
                 kept.append(i)
             if not images:
-                return _empty_batch(transform, device)
+                return _empty_batch(transform, device, failures)
             # One memory layout for every batch, as the FFmpeg path delivers: a compiled model
             # would recompile for another.
             batch = torch.stack(images).contiguous(memory_format=torch.channels_last)
             batch_labels = _label_tensor([labels[i] for i in kept], device)
-        return Batch(batch, batch_labels, [paths[i] for i in kept])
+        return Batch(batch, batch_labels, [paths[i] for i in kept], failures)
 
     return decode_batch_gpu
 
@@ -1591,6 +1613,7 @@ def _nvdec_decode_func(
 ) -> Callable[[Sequence[tuple[str, int]]], Batch]:
     if device.type != "cuda":
         raise ValueError(f"nvdec decodes on a CUDA GPU, not on {device}")
+
     def decode_on_gpu(datas: list[bytes], config: spdl.io.CUDAConfig | None) -> list[Tensor | None]:
         return [_decode_nvdec_one(data, transform, config) for data in datas]
 
@@ -1977,11 +2000,12 @@ def torch_loader_batches(
             if "timed out" in str(e):  # the DataLoader's own time-out
                 raise TimeoutError(str(e)) from None
             raise
-        for path, reason in failures:
+        errors = [ImageDecodeError(path, reason) for path, reason in failures]
+        for error in errors:
             if policy is None:
-                raise ImageDecodeError(path, reason)
-            policy.record_failure(ImageDecodeError(path, reason))
-        yield Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths)
+                raise error
+            policy.record_failure(error)
+        yield Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths, errors)
 
 
 def get_torch_loader(
@@ -2456,31 +2480,30 @@ def benchmark(
             partial result. RunInterrupted likewise for SIGINT / SIGTERM / Ctrl-C.
     """
     policy = policy or BadImagePolicy()
-    result = RunResult(listed=listed)
-    device = _model_device(model)
-    # Counts stay on the device: reading them each batch would stall the GPU's queue.
-    top1, top5 = (torch.zeros((), dtype=torch.int64, device=device) for _ in range(2))
-    window = _TimingWindow(device, warmup_batches, sync_clocks)
-    kept = _Predictions() if predictions else None
+    loop = _Loop(model, RunResult(listed=listed), warmup_batches, sync_clocks, predictions)
+    seen: list[ImageDecodeError] | None = []  # None once a batch does not say its failures
     try:
-        with torch.inference_mode():
-            for i, batch in enumerate(loader):
-                policy.check(listed)
-                images, labels = batch
-                if images.shape[0]:
-                    with spdl.io.utils.trace_event(f"iter_{i}"), torch.profiler.record_function(f"iter_{i}"):
-                        logits = _logits(model, images)
-                        b1, b5 = model.classification(logits, labels)
-                        top1 += b1
-                        top5 += b5
-                    if kept is not None:
-                        kept.add(logits, labels, getattr(batch, "paths", ()))
-                result.classified += int(images.shape[0])
-                window.add(int(images.shape[0]))
+        with _stopped_runs(loop.result, policy), torch.inference_mode():
+            for batch in loader:
+                if seen is not None:
+                    seen = None if getattr(batch, "failures", None) is None else [*seen, *batch.failures]
+                policy.check(listed, seen)
+                loop.classify(batch)
                 if progress is not None:
-                    progress(result.classified, top1)
+                    progress(loop.result.classified, loop.top1)
             policy.check(listed)
-            _check_delivered(result.classified + policy.failed, listed)
+            _check_delivered(loop.result.classified + policy.failed, listed)
+    finally:
+        loop.close(policy)
+    return loop.result
+
+
+@contextlib.contextmanager
+def _stopped_runs(result: RunResult, policy: BadImagePolicy) -> Iterator[None]:
+    """Whatever ends the loop early leaves as a RunStopped (or RunInterrupted) that carries the
+    partial result: the loader's time-out and failure become LoaderStalled and LoaderFailed."""
+    try:
+        yield
     except RunStopped as e:
         result.partial, e.result = True, result
         raise
@@ -2496,9 +2519,47 @@ def benchmark(
         )
         error.result = result
         raise error from None
-    finally:
-        _close(result, window, policy, top1, top5, kept)
-    return result
+
+
+class _Loop:
+    """The timed loop's state: hit counts kept on the device (reading them each batch would
+    stall the GPU's queue), the timing window, and the predictions when asked for."""
+
+    def __init__(self, model: ModelBundle, result: RunResult, warmup_batches: int,
+                 sync_clocks: Callable[[], None] | None, predictions: bool) -> None:  # fmt: skip
+        device = _model_device(model)
+        self.model, self.result = model, result
+        self.top1, self.top5 = (torch.zeros((), dtype=torch.int64, device=device) for _ in range(2))
+        self.window = _TimingWindow(device, warmup_batches, sync_clocks)
+        self.kept = _Predictions() if predictions else None
+
+    def classify(self, batch: tuple[Tensor, Tensor]) -> None:
+        """Run the model on one batch and count it."""
+        images, labels = batch
+        n = int(images.shape[0])
+        if n:
+            i = self.window.batches
+            with spdl.io.utils.trace_event(f"iter_{i}"), torch.profiler.record_function(f"iter_{i}"):
+                logits = _logits(self.model, images)
+                b1, b5 = self.model.classification(logits, labels)
+                self.top1 += b1
+                self.top5 += b5
+            if self.kept is not None:
+                self.kept.add(logits, labels, getattr(batch, "paths", ()))
+        self.result.classified += n
+        self.window.add(n)
+
+    def close(self, policy: BadImagePolicy) -> None:
+        """Fill the result from the loop's state, whether the loop ended or stopped."""
+        result, window = self.result, self.window
+        result.frames_timed, result.elapsed_s, result.warmup_included = window.close()
+        result.batches = window.batches
+        result.top1_correct, result.top5_correct = int(self.top1), int(self.top5)
+        result.record_failures(policy.failures())
+        result.decoder_fallbacks = policy.fallbacks
+        result.timeline = window.timeline()
+        if self.kept is not None:
+            result.predictions = self.kept.rows()
 
 
 def _check_delivered(delivered: int, listed: int | None) -> None:
@@ -2508,20 +2569,6 @@ def _check_delivered(delivered: int, listed: int | None) -> None:
     if delivered < listed:
         raise LoaderIncomplete(f"the loader ended before delivering every listed image ({delivered} of {listed})")
     raise LoaderFailed(f"the loader delivered {delivered} images, more than the {listed} listed")
-
-
-def _close(
-    result: RunResult, window: _TimingWindow, policy: BadImagePolicy, top1: Tensor, top5: Tensor, kept: Any
-) -> None:
-    """Fill the result from the loop's state, whether the loop ended or stopped."""
-    result.frames_timed, result.elapsed_s, result.warmup_included = window.close()
-    result.batches = window.batches
-    result.top1_correct, result.top5_correct = int(top1), int(top5)
-    result.record_failures(policy.failures())
-    result.decoder_fallbacks = policy.fallbacks
-    result.timeline = window.timeline()
-    if kept is not None:
-        result.predictions = kept.rows()
 
 
 class Progress:
@@ -3357,38 +3404,39 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
     return report, outcome
 
 
-def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
+def _explain(error: BaseException, config: RunConfig | None) -> tuple[str, int]:
     """The one line the command line prints for an error, with advice about its flags, and the
-    exit status: the only place where library errors meet flags."""
+    exit status: the only place where library errors meet flags and exit statuses."""
     if isinstance(error, RunInterrupted):
         return error.reason, EXIT_SIGINT if error.signum == signal.SIGINT else EXIT_SIGTERM
-    if isinstance(error, ModelError):
-        flag = {"checkpoint": "--checkpoint", "name": f"--model {args.model}"}.get(error.kind, f"--model {args.model}")
-        advice = "; pass --checkpoint PATH for local weights, or --no-pretrained for random ones"
-        return f"{flag}: {error}{advice if error.kind == 'weights' else ''}", EXIT_USAGE
-    if isinstance(error, DeviceError):
-        return f"--device {args.device}: {error}", EXIT_USAGE
-    if isinstance(error, DecoderError):
-        if error.decoder == "ffmpeg":
-            return f"--device {args.device}: {error}", EXIT_USAGE
-        flag, text = f"--use-{error.decoder}", str(error)
-        text = f"{flag}{text[len(error.decoder):]}" if text.startswith(error.decoder) else f"{flag}: {text}"
-        return f"{text}; drop the flag to decode with FFmpeg", EXIT_USAGE
     if isinstance(error, InputError):
-        return str(error), EXIT_USAGE
-    if isinstance(error, BadImage):
-        return f"{error} (--skip-bad skips such images)", EXIT_FAILED
+        return _explain_input(error), EXIT_USAGE
+    if isinstance(error, LoaderStalled) and config is not None:
+        head = f"no batch for {config.timeout:g} s (--timeout)"
+        where = f"{head} from the DataLoader's workers" if config.loader == "torch" else f"{head}: {error.where}"
+        return where, EXIT_STALLED
     if isinstance(error, TooManyBadImages):
         return f"{error.failed} images failed to decode, more than --max-bad allows ({error.limit})", EXIT_FAILED
-    if isinstance(error, LoaderStalled):
-        if args.loader == "torch":
-            return f"no batch for {args.timeout:g} s (--timeout) from the DataLoader's workers", EXIT_STALLED
-        return f"no batch for {args.timeout:g} s (--timeout): {error.where}", EXIT_STALLED
     if isinstance(error, OutOfMemory):
         return f"{error}; try --batch-size {max(1, error.batch_size // 2)}", EXIT_FAILED
-    if isinstance(error, ModelFailed):
-        return f"{error} (--debug shows where; --no-compile if torch.compile failed)", EXIT_FAILED
-    return str(error), EXIT_FAILED
+    advice = {BadImage: "--skip-bad skips such images", ModelFailed: "--debug shows where; --no-compile if "
+              "torch.compile failed"}.get(type(error))  # fmt: skip
+    return f"{error}{f' ({advice})' if advice else ''}", EXIT_FAILED
+
+
+def _explain_input(error: InputError) -> str:
+    """An input error's line, prefixed with the flag that took the input."""
+    if isinstance(error, ModelError):
+        advice = "; pass --checkpoint PATH for local weights, or --no-pretrained for random ones"
+        flag = "--checkpoint" if error.kind == "checkpoint" else "--model"
+        return f"{flag}: {error}{advice if error.kind == 'weights' else ''}"
+    if isinstance(error, DeviceError) or isinstance(error, DecoderError) and error.decoder == "ffmpeg":
+        return f"--device: {error}"
+    if isinstance(error, DecoderError):
+        flag, text = f"--use-{error.decoder}", str(error)
+        text = f"{flag}{text[len(error.decoder) :]}" if text.startswith(error.decoder) else f"{flag}: {text}"
+        return f"{text}; drop the flag to decode with FFmpeg"
+    return str(error)
 
 
 def _write_outputs(report: RunReport, outcome: _Outcome, config: RunConfig) -> list[str]:
@@ -3407,14 +3455,14 @@ def _write_outputs(report: RunReport, outcome: _Outcome, config: RunConfig) -> l
     return errors
 
 
-def _finish(report: RunReport, outcome: _Outcome, config: RunConfig, args: argparse.Namespace) -> int:
+def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
     """Say why the run stopped (if it did), print the report (rank 0, or a rank that stopped
     alone), write the files; return the exit status."""
     shard, status = config.shard, 0
     alone = shard.world_size > 1 and outcome.error is not None
     label = f"rank {shard.rank}: " if alone else ""
     if outcome.error is not None:
-        message, status = _explain(outcome.error, args)
+        message, status = _explain(outcome.error, config)
         report.result.stop_reason = message
         _say(f"error: {label}{message}")
     if shard.rank == 0 or alone:
@@ -3500,7 +3548,7 @@ def _shard_from_env() -> Shard:
     return shard
 
 
-def _run_job(config: RunConfig, signals: _Signals, args: argparse.Namespace) -> tuple[int, bool]:
+def _run_job(config: RunConfig, signals: _Signals) -> tuple[int, bool]:
     """The run, alone or as one rank of a torchrun job. Returns ``(exit status, stopped cleanly)``."""
     decoder_check = _check_decoder(config) if config.shard.rank == 0 or config.shard.world_size == 1 else None
     if config.shard.world_size > 1:
@@ -3509,7 +3557,7 @@ def _run_job(config: RunConfig, signals: _Signals, args: argparse.Namespace) -> 
     try:
         report, outcome = _run(config, decoder_check)
         with signals.deferred_while():
-            status = _finish(report, outcome, config, args)
+            status = _finish(report, outcome, config)
     finally:
         if config.shard.world_size > 1:
             import torch.distributed as dist
@@ -3526,16 +3574,17 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point: check the inputs, build the model and loader, run, report."""
     args = _parse_args(argv)
     _init_logging(args.debug, spdl_stats=args.stats_interval is not None)
-    stopped_cleanly, multi = True, False
+    stopped_cleanly, multi, config = True, False, None
     try:
         with _Signals() as signals:
             shard = _shard_from_env()
             multi = shard.world_size > 1
             if shard.rank != 0:
                 logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
-            exit_code, stopped_cleanly = _run_job(_preflight(args, shard), signals, args)
+            config = _preflight(args, shard)
+            exit_code, stopped_cleanly = _run_job(config, signals)
     except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
-        message, exit_code = _explain(e, args)
+        message, exit_code = _explain(e, config)
         _say(f"error: {message}")
     if not stopped_cleanly or multi:
         # Everything is reported; skip the interpreter's shutdown, which would wait for decode

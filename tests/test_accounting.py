@@ -12,12 +12,15 @@ from hypothesis import strategies as st
 from spdl.pipeline import PipelineBuilder
 
 from imagenet_classification import (
+    BadImage,
     BadImagePolicy,
     RunStopped,
+    TooManyBadImages,
     benchmark,
     get_decode_func,
     get_model,
     get_pipeline,
+    read_file_list,
     source,
 )
 from tests.conftest import TINY, read_json, run_cli
@@ -117,3 +120,39 @@ def test_fuzzed_set_through_the_cli(jpeg_set, tmp_path):
     result = read_json(out)
     assert result["listed"] == 24 and result["not_reached"] == 0
     assert result["classified"] + result["failed"] == 24 and result["failed"] >= 16
+
+
+@pytest.mark.parametrize(
+    "policy_args, flags, stopped_by",
+    [({}, [], BadImage), ({"skip": True}, ["--skip-bad"], None),
+     ({"skip": True, "max_bad": 0}, ["--skip-bad", "--max-bad", "0"], TooManyBadImages)],
+    ids=["strict", "skip", "max-bad"],
+)  # fmt: skip
+def test_one_bad_image_policy_in_a_notebook_and_on_the_command_line(jpeg_set, tmp_path, tiny_model, policy_args,
+                                                                    flags, stopped_by):  # fmt: skip
+    # 12 images, the 6th unreadable; batches of 4 in one decode thread: the second batch holds it.
+    flist = tmp_path / "l.flist"
+    lines = [f"{jpeg_set.parent}/{line}" for line in jpeg_set.read_text().splitlines()[:12]]
+    lines[5] = str(tmp_path / "val" / "n01440764" / "unreadable.JPEG")
+    flist.write_text("\n".join(lines) + "\n")
+    images = read_file_list(flist)
+    policy = BadImagePolicy(**policy_args)
+    pipeline = get_pipeline(images, 4, get_decode_func("cpu", tiny_model.transform, policy=policy), 1, 4, 1)
+    error = None
+    with pipeline.auto_stop():
+        try:
+            result = benchmark(pipeline.get_iterator(timeout=60), tiny_model, listed=12, policy=policy,
+                               warmup_batches=0)  # fmt: skip
+        except RunStopped as e:
+            result, error = e.result, e
+    out = tmp_path / "r.json"
+    proc = run_cli("--input-flist", flist, *FAST, "--num-threads", "1", "--no-bf16", *flags, "--results-file", out)
+    cli = read_json(out)
+    assert type(error) is stopped_by if stopped_by else error is None
+    assert proc.returncode == (1 if stopped_by else 0), proc.stderr
+    expected = (4, 1, 7) if stopped_by else (11, 1, 0)
+    assert (result.classified, result.failed, result.not_reached) == expected
+    assert (cli["classified"], cli["failed"], cli["not_reached"]) == expected
+    assert result.failures == cli["failures"] and cli["failures"][0]["path"] == lines[5]
+    if stopped_by is BadImage:
+        assert f"error: {error} (--skip-bad skips such images)" in proc.stderr

@@ -248,8 +248,11 @@ def test_a_fifo_device_or_oversized_file_is_refused_unread(dataset):
     assert proc.returncode == 0, proc.stderr
     result = read_json(out)
     reasons = {Path(f["path"]).name: f["reason"] for f in result["failures"]}
-    assert reasons == {"fifo.JPEG": "is a FIFO, not an image file", "zero-device.JPEG": "is a device, not an image file",
-                       "large.JPEG": "file of 3.0 MiB, over the 2 MiB limit"}  # fmt: skip
+    assert reasons == {
+        "fifo.JPEG": "is a FIFO, not an image file",
+        "zero-device.JPEG": "is a device, not an image file",
+        "large.JPEG": "file of 3.0 MiB, over the 2 MiB limit",
+    }
     assert (result["classified"], result["failed"]) == (12, 3)
 
 

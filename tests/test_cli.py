@@ -2,10 +2,14 @@
 
 import re
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
+import torch
 
-from tests.conftest import TINY, read_json, run_cli
+from tests.conftest import ROOT, TINY, read_json, run_cli
 
 RESULT_KEYS = {
     "fps", "elapsed_s", "frames_timed", "listed", "classified", "failed", "not_reached",
@@ -54,7 +58,8 @@ def test_default_compile_and_bf16_with_short_run_warns(jpeg_set, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "not more than the warm-up: FPS includes it" in proc.stdout
     result = read_json(out)
-    assert (result["config"]["compile"], result["config"]["dtype"]) == (True, "bfloat16")
+    native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # --dtype auto follows the hardware
+    assert (result["config"]["compile"], result["config"]["dtype"]) == (True, "bfloat16" if native_bf16 else "float32")
     assert (result["listed"], result["classified"], result["frames_timed"]) == (10, 10, 10)  # last batch: 2 images
     assert result["warmup_included"] is True
 
@@ -103,3 +108,45 @@ def test_undecodable_file_stops_the_run(jpeg_set, tmp_path):
     assert result["partial"] is True and result["failed"] == 1 and result["classified"] < 29
     assert result["failures"][0]["path"] == str(root / lines[13])
     _assert_accounted(result)
+
+
+def test_the_list_is_read_once_so_a_list_changed_mid_run_changes_nothing(jpeg_set, tmp_path):
+    flist = tmp_path / "growing.flist"
+    lines = [f"{jpeg_set.parent}/{line}" for line in jpeg_set.read_text().splitlines()]
+    flist.write_text("\n".join(lines * 8) + "\n")  # 240 images
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), *TINY,
+           "--no-compile", "--batch-size", "4", "--results-file", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while "images listed" not in proc.stderr.readline():
+        assert time.monotonic() < deadline and proc.poll() is None
+    with open(flist, "a") as f:  # appended while the run goes on, as a list still being written
+        f.write("\n".join(lines * 8) + "\n")
+    flist.write_text("")  # ... and then emptied
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    result = read_json(out)
+    assert (result["listed"], result["classified"], result["failed"], result["not_reached"]) == (240, 240, 0, 0)
+
+
+def test_a_list_from_standard_input(jpeg_set, tmp_path):
+    out = tmp_path / "r.json"
+    text = "".join(f"{jpeg_set.parent}/{line}\n" for line in jpeg_set.read_text().splitlines()[:10])
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", "-", *TINY, "--no-compile",
+           "--batch-size", "4", "--results-file", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (read_json(out)["listed"], read_json(out)["classified"]) == (10, 10)
+    assert read_json(out)["config"]["images_from"] == "<stdin>"
+
+
+def test_help_shows_every_default():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for flag, default in (("--batch-size", "32"), ("--num-threads", "16"), ("--queue-size", "16"),
+                          ("--warmup-batches", "20"), ("--timeout", "120.0"), ("--device", "auto"),
+                          ("--dtype", "auto"), ("--model", "mobilenetv3_large_100"), ("--max-image-mb", "64"),
+                          ("--check-decoder", "8"), ("--loader", "spdl"), ("--max-samples", "all")):  # fmt: skip
+        assert re.search(rf"{flag} \S+ .*?\(default: {re.escape(default)}\)", text), flag

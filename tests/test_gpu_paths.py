@@ -141,7 +141,8 @@ def test_decoder_check_stops_a_decoder_that_gets_the_colours_wrong(jpeg_set):
         batch = real(batch_items)
         return Batch(batch[0].flip(1), batch[1], batch.paths)
 
-    with pytest.raises(DecoderError, match=r"swapped decodes .*\.JPEG with a mean absolute difference of \d+\.\d") as info:
+    pattern = r"swapped decodes .*\.JPEG with a mean absolute difference of \d+\.\d"
+    with pytest.raises(DecoderError, match=pattern) as info:
         check_decoder(swapped, items, transform, "swapped")
     assert info.value.decoder == "swapped"
     check = check_decoder(get_decode_func("cpu", transform, "nvjpeg"), items, transform, "nvjpeg")
@@ -150,7 +151,8 @@ def test_decoder_check_stops_a_decoder_that_gets_the_colours_wrong(jpeg_set):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="SPDL's CUDA extension loads where there is a GPU")
 def test_a_cuda_run_without_spdls_cuda_extension_names_the_real_import_error():
-    with pytest.raises(DecoderError, match=r"SPDL's CUDA extension.* cannot load: libcuda\.so\.1: cannot open shared object file"):
+    pattern = r"SPDL's CUDA extension.* cannot load: libcuda\.so\.1: cannot open shared object file"
+    with pytest.raises(DecoderError, match=pattern):
         check_gpu_decoder("ffmpeg", torch.device("cuda", 0))
 
 
@@ -176,6 +178,7 @@ def test_a_jpeg_of_one_colour_is_decoded_to_that_colour_by_the_nvjpeg_path(tmp_p
     encoded = io.BytesIO()
     Image.new("RGB", (256, 192), (200, 80, 40)).save(encoded, format="JPEG", subsampling=2, quality=95)
     (tmp_path / "probe.JPEG").write_bytes(encoded.getvalue())
-    images, _ = get_decode_func("cpu", EvalTransform(size=128, crop_pct=1.0), "nvjpeg")([(str(tmp_path / "probe.JPEG"), 0)])
+    decode = get_decode_func("cpu", EvalTransform(size=128, crop_pct=1.0), "nvjpeg")
+    images, _ = decode([(str(tmp_path / "probe.JPEG"), 0)])
     colour = images.float().mean(dim=(0, 2, 3)).tolist()
     assert max(abs(c - e) for c, e in zip(colour, (200, 80, 40), strict=True)) <= 4
