@@ -1,5 +1,6 @@
 """The command line, run as a user would: printed lines, results file, exit codes."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -150,3 +151,19 @@ def test_help_shows_every_default():
                           ("--dtype", "auto"), ("--model", "mobilenetv3_large_100"), ("--max-image-mb", "64"),
                           ("--check-decoder", "8"), ("--loader", "spdl"), ("--max-samples", "all")):  # fmt: skip
         assert re.search(rf"{flag} \S+ .*?\(default: {re.escape(default)}\)", text), flag
+
+
+def test_the_readme_notebook_section_runs_as_written(demo_photos, lite0_checkpoint, tmp_path):
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## In a notebook") :]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start : section.index("\n```", start)]
+    (tmp_path / "demo").mkdir()
+    shutil.copytree(demo_photos.parent / "val", tmp_path / "demo" / "val")
+    shutil.copy(demo_photos, tmp_path / "demo" / "val.flist")
+    shutil.copy(lite0_checkpoint, tmp_path / "demo" / "efficientnet_lite0.pth")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    fps, top1, top5, not_reached = proc.stdout.splitlines()[-1].split()
+    assert float(fps) > 0 and float(top1) >= 0.9 and float(top5) == 1.0 and not_reached == "0"
