@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import gc
 import io
 import itertools
 import json
@@ -55,10 +54,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-import spdl.io
-import spdl.io.utils
-import torch
-from spdl.pipeline import (
+if __name__ == "__main__":  # a signal while the libraries below load: one line, not a traceback
+
+    def _interrupted_while_starting(signum: int, _frame: object) -> None:
+        os.write(2, f"error: interrupted by {signal.Signals(signum).name} while starting\n".encode())
+        os._exit(128 + signum)
+
+    for _signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_signum, _interrupted_while_starting)
+
+import spdl.io  # noqa: E402
+import spdl.io.utils  # noqa: E402
+import torch  # noqa: E402
+from spdl.pipeline import (  # noqa: E402
     AsyncQueue,
     Pipeline,
     PipelineBuilder,
@@ -68,11 +76,12 @@ from spdl.pipeline import (
     TaskHook,
     TaskStatsHook,
 )
-from torch import Tensor
+from torch import Tensor  # noqa: E402
 
 __all__ = [
     # The design's names, which notebooks use.
     "entrypoint",
+    "main",
     "benchmark",
     "source",
     "get_decode_func",
@@ -134,6 +143,7 @@ __all__ = [
     "get_torch_loader",
     "torch_loader_batches",
     # Model.
+    "pretrained_config",
     "resolve_device",
     "choose_dtype",
     # Loop, measurement, results.
@@ -161,6 +171,7 @@ CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")
 NUM_CLASSES = 1000
 TRACE_BATCHES = 60  # --trace keeps traces small: only this many batches are run.
 MAX_IMAGE_MB = 64  # the default cap on one image file's size (--max-image-mb)
+MAX_IMAGE_PIXELS = 178_956_970  # larger images are refused before decoding, as PIL refuses them
 EXIT_FAILED, EXIT_USAGE, EXIT_STALLED = 1, 2, 3
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
@@ -332,6 +343,13 @@ _count0 = _number(int, 0, "a whole number of at least 0")
 _seconds = _number(float, 1e-3, "a number of seconds above 0")
 
 
+def _timeout(text: str) -> float:
+    value = _seconds(text)
+    if value > 1e6:  # longer waits overflow the DataLoader's and threading's clocks
+        raise argparse.ArgumentTypeError(f"expected at most 1e6 seconds, got {text!r}")
+    return value
+
+
 def _max_bad(text: str) -> tuple[float, bool]:
     """Parse ``N`` or ``P%`` into ``(value, is_percent)``."""
     is_percent = text.endswith("%")
@@ -396,7 +414,7 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--warmup-batches", type=_count0, default=20, help="batches left out of the FPS window")
     run.add_argument("--skip-bad", action="store_true", help="skip and count undecodable images instead of stopping")
     run.add_argument("--max-bad", type=_max_bad, help="with --skip-bad: stop once more than N or P%% failed")
-    run.add_argument("--timeout", type=_seconds, default=120.0, help="seconds without a batch before giving up")
+    run.add_argument("--timeout", type=_timeout, default=120.0, help="seconds without a batch before giving up")
     run.add_argument("--breakdown", action="store_true", help="also time the loader alone and the model alone")
     run.add_argument("--parity", type=_count0, default=0, metavar="N",
                      help="compare the loader with timm's reference transform on the first N images")  # fmt: skip
@@ -422,6 +440,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--loader torch decodes with PIL on the CPU; it does not take --use-nvjpeg / --use-nvdec")
     if args.data_dir is not None and args.prefix:
         parser.error("--prefix applies to --input-flist, not to --data-dir")
+    if args.trace is not None and args.breakdown:
+        parser.error("--trace profiles the run, which --breakdown would compare with unprofiled ones; use one")
     return args
 
 
@@ -456,8 +476,12 @@ def get_mappings() -> dict[str, int]:
 
 
 def parse_wnid(s: str) -> str:
-    """Return the first WordNet ID (``n`` and 8 digits) in ``s``; ValueError if there is none."""
-    if match := _WNID.search(s):
+    """The class's WordNet ID (``n`` and 8 digits) in a path: the last folder named by one
+    (``train/n01440764/n01440764_10026.JPEG``), else the first one standing alone in a name
+    (``ILSVRC2012_val_00000001_n01751748.JPEG``). ValueError if there is none."""
+    if folders := [part for part in re.split(r"[/\\]", s)[:-1] if _WNID.fullmatch(part)]:
+        return folders[-1]
+    if match := re.search(r"(?<![A-Za-z0-9])n\d{8}(?!\d)", s):
         return match.group(0)
     raise ValueError(f"no WordNet ID (nXXXXXXXX) in {s!r}")
 
@@ -788,6 +812,42 @@ class Shard:
 _FFMPEG_SCALE_FLAGS = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "neighbor", "lanczos": "lanczos"}
 
 
+def pretrained_config(model_name: str) -> dict:
+    """timm's pretrained config of a model name (``name``, ``name.tag``, ``hf-hub:…`` or
+    ``local-dir:…``), read without building the model: input size, crop, interpolation,
+    normalisation, number of classes. An ``hf-hub:`` name needs the hub (or its cache).
+
+    Raises:
+        ModelError: not a timm model, or a source whose config cannot be read.
+    """
+    import timm
+    from timm.models import _hub, get_pretrained_cfg
+
+    source, _, model_id = model_name.partition(":") if ":" in model_name else ("", "", model_name)
+    try:
+        if source == "hf-hub":
+            config = _hub.load_model_config_from_hf(model_id)[0]
+        elif source == "local-dir":
+            config = _hub.load_model_config_from_path(model_id)[0]
+        elif source or not model_name or not timm.is_model(model_name):
+            raise ModelError(f"{model_name!r} is not a timm model", "name")
+        else:
+            config = get_pretrained_cfg(model_name)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # unreachable hub, bad config.json
+        raise ModelError(f"{model_name}: cannot read its config ({type(e).__name__}: {e})", "config") from None
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+
+
+def _check_imagenet_head(model_name: str, num_classes: int | None) -> None:
+    """The model predicts ImageNet-1k's 1000 classes, which the labels index."""
+    if num_classes is not None and num_classes != NUM_CLASSES:
+        raise ModelError(
+            f"{model_name} has {num_classes} output classes, not ImageNet-1k's {NUM_CLASSES}: the accuracy "
+            "would be meaningless; pick a model or tag trained or fine-tuned on ImageNet-1k (…in1k)",
+            "name",
+        )
+
+
 @dataclass(frozen=True)
 class EvalTransform:
     """The standard evaluation transform: resize the shorter side, then centre-crop a square.
@@ -797,6 +857,8 @@ class EvalTransform:
         crop_pct: The shorter side is resized to ``floor(size / crop_pct)`` before cropping.
         interpolation: ``bicubic``, ``bilinear``, ``nearest`` or ``lanczos``.
         mean, std: Per-channel normalisation on the 0-1 scale, RGB order.
+        crop_mode: ``center`` (keep the aspect ratio) or ``squash`` (both sides resized to
+            ``floor(size / crop_pct)``), as timm's configs say.
     """
 
     size: int = 224
@@ -804,6 +866,7 @@ class EvalTransform:
     interpolation: str = "bicubic"
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    crop_mode: str = "center"
 
     @classmethod
     def from_model(cls, model: torch.nn.Module) -> EvalTransform:
@@ -817,29 +880,34 @@ class EvalTransform:
         """The same, from timm's pretrained config for a model name, without building the model.
 
         Raises:
-            ModelError: not a timm model.
+            ModelError: not a timm model, or a transform this loader does not reproduce.
         """
-        import timm
         import timm.data
 
-        if not model_name or not timm.is_model(model_name):
-            raise ModelError(f"{model_name!r} is not a timm model", "name")
-        pretrained_cfg = timm.models.get_pretrained_cfg(model_name)
-        cfg = timm.data.resolve_data_config({}, pretrained_cfg=pretrained_cfg.to_dict() if pretrained_cfg else {})
-        return cls._from_data_config(cfg)
+        return cls._from_data_config(timm.data.resolve_data_config({}, pretrained_cfg=pretrained_config(model_name)))
 
     @classmethod
     def _from_data_config(cls, cfg: dict) -> EvalTransform:
-        if cfg["interpolation"] not in _FFMPEG_SCALE_FLAGS:
-            raise ModelError(
-                f"its interpolation {cfg['interpolation']!r} is not one of {sorted(_FFMPEG_SCALE_FLAGS)}", "name"
-            )
+        """From timm's resolved data config; ModelError for a transform this loader does not do."""
+        height, width = cfg["input_size"][-2:]
+        crop_mode = cfg.get("crop_mode") or "center"
+        interpolation = str(cfg["interpolation"])
+        reasons = []
+        if height != width:
+            reasons.append(f"its input is {width} x {height}, not square")
+        if interpolation not in _FFMPEG_SCALE_FLAGS:
+            reasons.append(f"its interpolation {interpolation!r} is not one of {sorted(_FFMPEG_SCALE_FLAGS)}")
+        if crop_mode not in ("center", "squash"):
+            reasons.append(f"its crop mode {crop_mode!r} is neither center nor squash")
+        if reasons:
+            raise ModelError(f"its evaluation transform cannot be reproduced here: {'; '.join(reasons)}", "name")
         return cls(
-            size=int(cfg["input_size"][-1]),
+            size=int(width),
             crop_pct=float(cfg["crop_pct"]),
-            interpolation=str(cfg["interpolation"]),
+            interpolation=interpolation,
             mean=tuple(float(v) for v in cfg["mean"]),
             std=tuple(float(v) for v in cfg["std"]),
+            crop_mode=crop_mode,
         )
 
     @property
@@ -857,7 +925,9 @@ class EvalTransform:
         if width <= 0 or height <= 0:
             raise ValueError(f"invalid image size {width}x{height}")
         short = self.resize_short
-        if width <= height:
+        if self.crop_mode == "squash":
+            new_w = new_h = short
+        elif width <= height:
             new_w, new_h = short, int(short * height / width)
         else:
             new_w, new_h = int(short * width / height), short
@@ -1016,7 +1086,7 @@ class BadImagePolicy:
 # What decoders raise for data they cannot take: SPDL (FFmpeg's errors, and its InternalError,
 # an AssertionError, for data it did not expect), torchvision's nvJPEG, and PIL (which raises
 # most of these for corrupt files).
-_DECODER_ERRORS = (RuntimeError, ValueError, IndexError, AssertionError, OSError, EOFError, SyntaxError)
+_DECODER_ERRORS = (RuntimeError, ValueError, IndexError, AssertionError, OSError, EOFError, SyntaxError, MemoryError)
 
 
 def _spdl_reason(error: BaseException) -> str:
@@ -1191,7 +1261,7 @@ class FilterGraphCache:
 
 
 @functools.cache
-def ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig | None]:
+def ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig]:
     """How JPEG data is demuxed and decoded. Made on first use, not at import: making a config
     loads SPDL's native library.
 
@@ -1202,11 +1272,14 @@ def ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig | N
       parser splits it in two and SPDL fails on "multiple frames".
     - On x86-64, FFmpeg's Xvid IDCT (SSE2), faster than the default and closer to PIL's
       (libjpeg's accurate integer IDCT); elsewhere (ARM has no SIMD Xvid IDCT) FFmpeg picks.
+    - ``err_detect=explode``: damaged scan data (bytes changed, a cut scan with an end marker put
+      back) makes the decode fail instead of giving a frame of garbage that would be classified.
     """
     demux_config = spdl.io.demux_config(format="jpeg_pipe", format_options={"fflags": "noparse"})
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return demux_config, None
-    return demux_config, spdl.io.decode_config(decoder_options={"idct": "xvid"})
+    options = {"err_detect": "explode"}
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        options["idct"] = "xvid"
+    return demux_config, spdl.io.decode_config(decoder_options=options)
 
 
 def decode_frames(data: bytes) -> spdl.io.ImageFrames:
@@ -1247,18 +1320,68 @@ def decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) -
         except Image.UnidentifiedImageError:
             raise ImageDecodeError(path, "not an image: its data is no format PIL or FFmpeg is used for") from None
         with opened as image:
-            rgb = image.convert("RGB")
+            _check_size(path, image.size, transform)
+            rgb = _pil_rgb(image)
         new_w, new_h, left, top = transform.geometry(*rgb.size)
         resized = rgb.resize((new_w, new_h), _PIL_RESAMPLE[transform.interpolation])
     return np.asarray(resized.crop((left, top, left + transform.size, top + transform.size)))
 
 
+def _ffmpeg_takes(data: bytes) -> bool:
+    """FFmpeg decodes JPEG (but not arithmetic-coded JPEG, which it lacks) and still PNG; PIL,
+    the reference decoder, takes the rest: FFmpeg decodes some other containers to a frame that
+    is not the image (a JPEG-compressed TIFF comes out black), and an animated PNG to another
+    frame than PIL's."""
+    if data.startswith(_JPEG_START):
+        header = parse_jpeg_header(data)
+        return header is None or header.frame_type not in _ARITHMETIC_SOF
+    return data.startswith(_PNG_START) and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) == -1
+
+
+_ARITHMETIC_SOF = frozenset({0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+
+
+def _image_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` from a JPEG's frame header or a PNG's IHDR, before any decoding."""
+    if data.startswith(_PNG_START) and len(data) >= 24:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    header = parse_jpeg_header(data)
+    return (header.width, header.height) if header else None
+
+
+def _check_size(path: str, size: tuple[int, int] | None, transform: EvalTransform) -> None:
+    """Refuse, before it is decoded, an image too large to decode (a decompression bomb: a small
+    file declaring a huge image) or whose resize would be huge (a 65500 x 1 strip)."""
+    if size is None or min(size) <= 0:
+        return
+    width, height = size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise ImageDecodeError(path, f"{width} x {height} pixels, over the limit of {MAX_IMAGE_PIXELS:,}")
+    new_w, new_h, _, _ = transform.geometry(width, height)
+    if new_w * new_h > MAX_IMAGE_PIXELS:
+        raise ImageDecodeError(path, f"a {width} x {height} image would be resized to {new_w} x {new_h}")
+
+
+def _pil_rgb(image: Any) -> Any:
+    """A PIL image in RGB; 16- and 32-bit greyscale scaled to 8 bits (PIL's own conversion clips
+    them, so that a 16-bit image comes out white)."""
+    import numpy as np
+    from PIL import Image
+
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+        return Image.fromarray((np.asarray(image, dtype=np.uint16) >> 8).astype(np.uint8)).convert("RGB")
+    if image.mode == "I":  # 32-bit integers, as PIL opens 16-bit PNGs and TIFFs
+        pixels = np.asarray(image, dtype=np.int64)
+        return Image.fromarray((np.clip(pixels, 0, 65535) >> 8).astype(np.uint8)).convert("RGB")
+    return image.convert("RGB")
+
+
 def _crop_on_cpu(path: str, data: bytes, graphs: FilterGraphCache) -> spdl.io.VideoFrames | Any:
-    """One image decoded, resized and cropped on the CPU: FFmpeg for JPEG and PNG data (an RGB
-    frame), PIL for any other container (a numpy array), since FFmpeg decodes some of them to a
-    frame that is not the image (a JPEG-compressed TIFF comes out black)."""
-    if not (data.startswith(_JPEG_START) or data.startswith(_PNG_START)):
+    """One image decoded, resized and cropped on the CPU: an RGB frame from FFmpeg, or a numpy
+    array from PIL for the data FFmpeg is not used for (see :py:func:`_ffmpeg_takes`)."""
+    if not _ffmpeg_takes(data):
         return decode_pil(path, graphs.transform, data)
+    _check_size(path, _image_size(data), graphs.transform)
     with _decoder_errors(path, "FFmpeg"):
         frames = decode_frames(data)
         # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion.
@@ -1342,6 +1465,8 @@ def _decode_items(
             policy.record_failure(e)
             failures.append(e)
             continue
+        except Exception as e:  # not the image's fault: the run stops, but says on which image
+            raise RuntimeError(f"decoding {path} failed: {type(e).__name__}: {e}") from e
         labels.append(label)
         paths.append(path)
     return decoded, labels, paths
@@ -1999,6 +2124,8 @@ def torch_loader_batches(
         except RuntimeError as e:
             if "timed out" in str(e):  # the DataLoader's own time-out
                 raise TimeoutError(str(e)) from None
+            if "DataLoader worker" in str(e):  # killed (the out-of-memory killer?) or failed
+                raise LoaderFailed(f"the DataLoader failed: {str(e).splitlines()[0]}") from None
             raise
         errors = [ImageDecodeError(path, reason) for path, reason in failures]
         for error in errors:
@@ -2159,22 +2286,27 @@ def _load_state_dict(path: Path) -> dict[str, Tensor]:
 
     if not path.is_file():
         raise fail("no such file" if not path.exists() else "not a regular file")
+    if path.stat().st_size == 0:
+        raise fail("empty file")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # torch refused it: it holds more than tensors
-        detail = next((line for line in str(e).splitlines() if "GLOBAL" in line or "global" in line), "")
-        raise fail(f"it holds Python objects, not only tensors; refused. {detail}".strip()) from None
+        found = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", str(e))
+        what = f" ({found.group(1)})" if found else ""
+        raise fail(f"it holds Python objects{what}, not only tensors, and is not loaded; save the model's "
+                   "weights with torch.save(model.state_dict(), PATH)") from None  # fmt: skip
     except _CHECKPOINT_ERRORS as e:
-        raise fail(
-            f"not a PyTorch checkpoint: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        ) from None
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines()[0] if str(e) else ""
+        detail = f"{type(e).__name__}: {first}" if len(first) > 8 else "neither torch.save's archive nor a pickle"
+        raise fail(f"not a PyTorch checkpoint ({detail})") from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
         raise fail(f"not a state dict, found {type(state).__name__}")
     for key, value in state.items():
-        if not isinstance(value, Tensor):
-            raise fail(f"{key!r} is a {type(value).__name__}, not a tensor")
+        if not isinstance(value, Tensor) or value.layout != torch.strided:
+            kind = f"a {value.layout} tensor" if isinstance(value, Tensor) else f"a {type(value).__name__}"
+            raise fail(f"{key!r} is {kind}, not a dense tensor")
     return state
 
 
@@ -2195,20 +2327,25 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
         raise ModelError(
             f"{path}: checkpoint has {len(extra)} key(s) the model lacks, first {extra[0]!r}", "checkpoint"
         )
-    model.load_state_dict(state)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise ModelError(f"{path}: cannot load checkpoint ({str(e).splitlines()[-1].strip()})", "checkpoint") from None
 
 
 def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
     import timm
 
-    if not model_name or not timm.is_model(model_name):
-        raise ModelError(f"{model_name!r} is not a timm model", "name")
+    _check_imagenet_head(model_name, pretrained_config(model_name).get("num_classes"))
     try:
-        return timm.create_model(model_name, pretrained=pretrained)
+        model = timm.create_model(model_name, pretrained=pretrained)
     except OSError as e:  # the hub is out of reach and the weights are not in its cache
         raise ModelError(f"{model_name}: cannot get its pretrained weights ({type(e).__name__})", "weights") from None
-    except RuntimeError as e:  # e.g. a model without pretrained weights
-        raise ModelError(f"{model_name}: {str(e).splitlines()[0]}", "weights") from None
+    except Exception as e:  # e.g. no pretrained weights, or a corrupt cached file (SafetensorError)
+        raise ModelError(f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})", "weights") from None  # fmt: skip
+    _check_imagenet_head(model_name, getattr(model, "num_classes", None))
+    return model
 
 
 def get_model(
@@ -2494,7 +2631,7 @@ def benchmark(
             policy.check(listed)
             _check_delivered(loop.result.classified + policy.failed, listed)
     finally:
-        loop.close(policy)
+        loop.close(policy, seen or [])
     return loop.result
 
 
@@ -2549,13 +2686,16 @@ class _Loop:
         self.result.classified += n
         self.window.add(n)
 
-    def close(self, policy: BadImagePolicy) -> None:
+    def close(self, policy: BadImagePolicy, seen: Sequence[ImageDecodeError]) -> None:
         """Fill the result from the loop's state, whether the loop ended or stopped."""
         result, window = self.result, self.window
         result.frames_timed, result.elapsed_s, result.warmup_included = window.close()
         result.batches = window.batches
         result.top1_correct, result.top5_correct = int(self.top1), int(self.top5)
-        result.record_failures(policy.failures())
+        # The failures of the batches received first, in that order (the one that stopped a
+        # strict run leads), then those of batches decoded but not received.
+        first = {id(f) for f in seen}
+        result.record_failures([*seen, *(f for f in policy.failures() if id(f) not in first)])
         result.decoder_fallbacks = policy.fallbacks
         result.timeline = window.timeline()
         if self.kept is not None:
@@ -2783,7 +2923,7 @@ def _timm_reference(transform: EvalTransform) -> Callable[[Any], Any]:
     import torchvision.transforms
 
     t = transform
-    full = timm.data.create_transform(input_size=(3, t.size, t.size), crop_pct=t.crop_pct,
+    full = timm.data.create_transform(input_size=(3, t.size, t.size), crop_pct=t.crop_pct, crop_mode=t.crop_mode,
                                       interpolation=t.interpolation, mean=t.mean, std=t.std)  # fmt: skip
     steps = itertools.takewhile(lambda step: "ToTensor" not in type(step).__name__, full.transforms)
     return torchvision.transforms.Compose(list(steps))
@@ -3153,7 +3293,7 @@ class RunConfig:
             "decoder_backend": self.decoder_backend, "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."), "dtype_reason": self.dtype_reason,
             "compile": self.compile, "input_size": [3, t.size, t.size], "crop_pct": t.crop_pct,
-            "interpolation": t.interpolation, "mean": list(t.mean), "std": list(t.std),
+            "crop_mode": t.crop_mode, "interpolation": t.interpolation, "mean": list(t.mean), "std": list(t.std),
             "warmup_batches": self.warmup_batches, "skip_bad": self.skip_bad,
             "max_bad": None if self.max_bad is None else f"{self.max_bad[0]:g}{'%' if self.max_bad[1] else ''}",
             "max_image_mb": self.max_image_bytes >> 20, "images_from": self.images.origin,
@@ -3169,19 +3309,43 @@ def _read_images(args: argparse.Namespace) -> ImageList:
     if args.data_dir is not None:
         return scan_folder(args.data_dir, limit, labels=labels)
     images = read_file_list(args.input_flist, args.prefix, limit, labels=labels)
-    if args.prefix.endswith(os.sep) and not Path(args.prefix).is_dir():
+    if args.prefix.endswith(os.sep) and not os.path.isdir(args.prefix):
         raise UsageError(f"--prefix {args.prefix}: no such folder")
     if not os.path.lexists(images.paths[0]):
         raise UsageError(f"the first listed image, {images.paths[0]}, does not exist: is --prefix right?")
     return images
 
 
-def _check_output_path(flag: str, path: Path | None, suffixes: tuple[str, ...] = ()) -> None:
-    """A file the run will write: its folder exists and is writable, and it is no folder or device."""
-    if path is None:
-        return
-    if suffixes and not str(path).lower().endswith(suffixes):
-        raise UsageError(f"{flag} {path}: the name must end in {' or '.join(suffixes)}")
+def _check_outputs(args: argparse.Namespace, images: ImageList) -> None:
+    """Every file the run will write: a file name in an existing, writable folder, no folder,
+    device or FIFO, and none of the run's inputs (the list, the labels, the checkpoint, an image)
+    nor another output: each would be overwritten."""
+    outputs = [("--results-file", args.results_file), ("--predictions-file", args.predictions_file)]
+    if args.trace is not None:
+        outputs += [("--trace", args.trace.with_name(args.trace.name + suffix)) for suffix in (".json", ".pftrace")]
+    inputs = {os.path.realpath(p) for p in (args.input_flist, args.labels, args.checkpoint) if p and str(p) != "-"}
+    seen: set[str] = set()
+    for flag, path in outputs:
+        if path is None:
+            continue
+        target = _check_output_path(flag, path)
+        listed = {os.path.realpath(p) for p in images.paths if os.path.basename(p) == os.path.basename(target)}
+        if target in inputs | listed | seen:
+            raise UsageError(
+                f"{flag} {path}: that file is one of the run's inputs or outputs; writing would replace it"
+            )
+        seen.add(target)
+    if args.predictions_file is not None and not str(args.predictions_file).lower().endswith(PREDICTION_SUFFIXES):
+        raise UsageError(f"--predictions-file {args.predictions_file}: the name must end in .csv or .jsonl")
+
+
+PREDICTION_SUFFIXES = (".csv", ".jsonl")
+
+
+def _check_output_path(flag: str, path: Path) -> str:
+    """One file the run will write (see _check_outputs); returns its real path."""
+    if path.name in ("", ".", "..") or str(path).endswith(os.sep):
+        raise UsageError(f"{flag} {path}: not a file name")
     target = Path(os.path.realpath(path))
     if not target.parent.is_dir():
         raise UsageError(f"{flag} {path}: folder {target.parent} does not exist")
@@ -3189,6 +3353,7 @@ def _check_output_path(flag: str, path: Path | None, suffixes: tuple[str, ...] =
         raise UsageError(f"{flag} {path}: not a regular file")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"{flag} {path}: cannot write there")
+    return str(target)
 
 
 def _check_compile_caches(device: torch.device) -> None:
@@ -3210,13 +3375,13 @@ def _check_compile_caches(device: torch.device) -> None:
 def _preflight(args: argparse.Namespace, shard: Shard) -> RunConfig:
     """Check everything that can be checked before the model is built; build the run's config."""
     images = _read_images(args)
-    if args.checkpoint is not None and not args.checkpoint.is_file():
-        what = "no such file" if not args.checkpoint.exists() else "not a regular file"
-        raise UsageError(f"--checkpoint {args.checkpoint}: {what}")
-    _check_output_path("--results-file", args.results_file)
-    _check_output_path("--predictions-file", args.predictions_file, (".csv", ".jsonl", ".json"))
-    if args.trace is not None:
-        _check_output_path("--trace", args.trace.with_name(args.trace.name + ".json"))
+    try:
+        if args.checkpoint is not None and not args.checkpoint.is_file():
+            what = "no such file" if not args.checkpoint.exists() else "not a regular file"
+            raise UsageError(f"--checkpoint {args.checkpoint}: {what}")
+        _check_outputs(args, images)
+    except OSError as e:  # e.g. a name too long for the file system
+        raise UsageError(f"{e.filename}: {e.strerror or e}") from None
     if args.breakdown and shard.world_size > 1:
         raise UsageError("--breakdown runs in a single process, not under torchrun")
     device = resolve_device(args.device, shard.local_rank)
@@ -3356,12 +3521,13 @@ def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
 
 
 def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult) -> Breakdown:
-    """After the end-to-end run: the same loader alone, then the model alone on as many batches."""
+    """After the end-to-end run: the same loader alone, then the model alone on as many batches
+    of the run's size (never more work than the run had)."""
     _LG.info("Breakdown: timing the loader alone, then the model alone.")
     with _open_loader(config, config.my_images, config.policy()) as loader:
         loader_fps = measure_loader(loader.batches, config.device, config.warmup_batches)
-    model_fps = measure_model(model, config.batch_size, max(result.batches, config.warmup_batches + 1),
-                              config.warmup_batches)  # fmt: skip
+    batch_size = min(config.batch_size, len(config.my_images))
+    model_fps = measure_model(model, batch_size, result.batches, config.warmup_batches)
     return Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device)
 
 
@@ -3383,7 +3549,7 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
     """Build the model, run, then the breakdown; everything measured, in a report."""
     model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
                       checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
-                      batch_size=config.batch_size)  # fmt: skip
+                      batch_size=min(config.batch_size, len(config.my_images)))  # fmt: skip
     _LG.info("Model %s on %s in %s (%s), %s loader, decoder %s, %d images listed.", config.model, config.device,
              str(config.dtype).removeprefix("torch."), config.dtype_reason, config.loader, config.decoder,
              len(config.my_images))  # fmt: skip
@@ -3399,6 +3565,8 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
             report.breakdown = _measure_breakdown(config, model, outcome.result)
         except RunInterrupted as e:
             report.breakdown_cut, outcome.error = e.reason, e
+        except (RunStopped, RuntimeError, MemoryError) as e:  # the run's result stands; say why this did not
+            report.breakdown_cut = f"it failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     report.ranks = _combine_ranks(outcome, config)
     report.result = outcome.result
     return report, outcome
@@ -3465,13 +3633,12 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
         message, status = _explain(outcome.error, config)
         report.result.stop_reason = message
         _say(f"error: {label}{message}")
+    not_written = _write_outputs(report, outcome, config) if shard.rank == 0 else []  # first: the lasting record
     if shard.rank == 0 or alone:
         _print_out(print_report, report)
-    if shard.rank == 0:
-        for line in _write_outputs(report, outcome, config):
-            _say(f"error: {line}")
-            status = status or EXIT_FAILED
-    return status
+    for line in not_written:
+        _say(f"error: {line}")
+    return status or (EXIT_FAILED if not_written else 0)
 
 
 def _say(line: str) -> None:
@@ -3485,7 +3652,7 @@ def _print_out(printer: Callable[..., None], *args: Any) -> None:
     try:
         printer(*args)
         sys.stdout.flush()
-    except (BrokenPipeError, ValueError):  # ValueError: stdout was closed
+    except (OSError, ValueError):  # the pipe's reader left, a full disk; ValueError: stdout was closed
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
@@ -3545,11 +3712,14 @@ def _shard_from_env() -> Shard:
         raise UsageError("RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers (torchrun sets them)") from None
     if not (0 <= shard.rank < shard.world_size and shard.local_rank >= 0):
         raise UsageError(f"RANK={shard.rank} WORLD_SIZE={shard.world_size} LOCAL_RANK={shard.local_rank}: no such rank")
+    if shard.world_size > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
+        raise UsageError(f"WORLD_SIZE={shard.world_size} without MASTER_ADDR and MASTER_PORT: run under torchrun, "
+                         "or unset WORLD_SIZE")  # fmt: skip
     return shard
 
 
-def _run_job(config: RunConfig, signals: _Signals) -> tuple[int, bool]:
-    """The run, alone or as one rank of a torchrun job. Returns ``(exit status, stopped cleanly)``."""
+def _run_job(config: RunConfig, signals: _Signals) -> int:
+    """The run, alone or as one rank of a torchrun job. Returns the exit status."""
     decoder_check = _check_decoder(config) if config.shard.rank == 0 or config.shard.world_size == 1 else None
     if config.shard.world_size > 1:
         # Compilation happens on the first batches, before the warm-up barrier: allow for it.
@@ -3566,39 +3736,53 @@ def _run_job(config: RunConfig, signals: _Signals) -> tuple[int, bool]:
             dist.destroy_process_group()
     if signals.deferred is not None:
         status = status or (EXIT_SIGINT if signals.deferred == signal.SIGINT else EXIT_SIGTERM)
-    # After an interrupt the process ends at once: no waiting for threads still decoding.
-    return status, outcome.stopped_cleanly and status not in (EXIT_SIGINT, EXIT_SIGTERM)
+    return status
 
 
-def entrypoint(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point: check the inputs, build the model and loader, run, report."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line's work: check the inputs, build the model and loader, run, report.
+    Returns the exit status (argparse exits with 2 itself on a malformed command line)."""
     args = _parse_args(argv)
     _init_logging(args.debug, spdl_stats=args.stats_interval is not None)
-    stopped_cleanly, multi, config = True, False, None
-    try:
-        with _Signals() as signals:
+    config = None
+    with _Signals() as signals:
+        try:
             shard = _shard_from_env()
-            multi = shard.world_size > 1
             if shard.rank != 0:
                 logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
             config = _preflight(args, shard)
-            exit_code, stopped_cleanly = _run_job(config, signals)
-    except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
-        message, exit_code = _explain(e, config)
-        _say(f"error: {message}")
-    if not stopped_cleanly or multi:
-        # Everything is reported; skip the interpreter's shutdown, which would wait for decode
-        # threads (forever for one stuck in a system call, on a hung file system), or abort when
-        # Gloo's threads free their last tensors while the interpreter is finalising.
-        logging.shutdown()
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(exit_code)
-    # Decoded batches left in reference cycles would otherwise outlive SPDL's bindings at
-    # shutdown, and nanobind would print a "leaked instances" warning after the results.
-    gc.collect()
-    sys.exit(exit_code)
+            return _run_job(config, signals)
+        except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
+            message, status = _explain(e, config)
+            _say(f"error: {message}")
+            return status
+
+
+def entrypoint(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point: :py:func:`main`, then the process ends at once with its status.
+
+    Everything is reported by then. The interpreter's shutdown is skipped: it would wait for
+    decode threads still busy (forever for one stuck in a read on a hung file system), abort
+    when Gloo's threads free their last tensors, and print nanobind's warnings about SPDL
+    buffers still alive.
+    """
+    with contextlib.suppress(AttributeError, ValueError):  # a path the terminal cannot show is escaped
+        sys.stdout.reconfigure(errors="backslashreplace")
+        sys.stderr.reconfigure(errors="backslashreplace")
+    try:
+        status = main(argv)
+    except SystemExit as e:  # argparse: a malformed command line (2), or --help (0)
+        status = e.code if isinstance(e.code, int) else EXIT_USAGE
+    except Exception as e:  # a bug: its traceback for the report, then one line
+        _LG.exception("unexpected error")
+        _say(f"error: unexpected {type(e).__name__}: {e} (a bug; the traceback above says where)")
+        status = EXIT_FAILED
+    logging.shutdown()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
