@@ -809,7 +809,10 @@ class Shard:
 # Decode: paths -> uint8 N x 3 x H x W on the device
 ################################################################################
 
-_FFMPEG_SCALE_FLAGS = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "neighbor", "lanczos": "lanczos"}
+# bicubic: bilinear for the chroma planes (swscale's bicublin). PIL, the reference, upsamples 4:2:0
+# chroma bilinearly before its bicubic resize, which blurs chroma more than a bicubic from the
+# half-size planes does; bench/parity.py measures it (closer to PIL, no slower).
+_FFMPEG_SCALE_FLAGS = {"bilinear": "bilinear", "bicubic": "bicublin", "nearest": "neighbor", "lanczos": "lanczos"}
 
 
 def pretrained_config(model_name: str) -> dict:
@@ -1013,6 +1016,7 @@ class BadImagePolicy:
         self._failures: list[ImageDecodeError] = []
         self._in_progress: dict[int, tuple[str, float]] = {}
         self._fallbacks = 0
+        self.unexpected: tuple[str, BaseException] | None = None
 
     def limit(self, listed: int | None) -> int | None:
         """How many bad images the run may meet, for ``listed`` images; None for no limit."""
@@ -1026,6 +1030,13 @@ class BadImagePolicy:
     def record_failure(self, error: ImageDecodeError) -> None:
         with self._lock:
             self._failures.append(error)
+
+    def record_unexpected(self, path: str, error: BaseException) -> None:
+        """Keep the first error that is not the image's fault (out of memory, a bug), which stops
+        the run, so that the run's error can say where it happened."""
+        with self._lock:
+            if self.unexpected is None:
+                self.unexpected = (path, error)
 
     def record_fallback(self) -> None:
         """Count an image that a GPU decoder could not take, decoded on the CPU instead."""
@@ -1086,7 +1097,7 @@ class BadImagePolicy:
 # What decoders raise for data they cannot take: SPDL (FFmpeg's errors, and its InternalError,
 # an AssertionError, for data it did not expect), torchvision's nvJPEG, and PIL (which raises
 # most of these for corrupt files).
-_DECODER_ERRORS = (RuntimeError, ValueError, IndexError, AssertionError, OSError, EOFError, SyntaxError, MemoryError)
+_DECODER_ERRORS = (RuntimeError, ValueError, IndexError, AssertionError, OSError, EOFError, SyntaxError)
 
 
 def _spdl_reason(error: BaseException) -> str:
@@ -1465,8 +1476,10 @@ def _decode_items(
             policy.record_failure(e)
             failures.append(e)
             continue
-        except Exception as e:  # not the image's fault: the run stops, but says on which image
-            raise RuntimeError(f"decoding {path} failed: {type(e).__name__}: {e}") from e
+        except Exception as e:  # not the image's fault (out of memory, a bug): the run stops, naming it
+            if policy is not None:
+                policy.record_unexpected(path, e)
+            raise
         labels.append(label)
         paths.append(path)
     return decoded, labels, paths
@@ -2106,10 +2119,14 @@ def collate_pil(samples: list[tuple]) -> tuple[Tensor, Tensor, list[str], list[t
     return images, labels, [path for _, _, path in good], failures
 
 
+_DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a worker died
+
+
 def torch_loader_batches(
-    loader: torch.utils.data.DataLoader, device: torch.device, policy: BadImagePolicy | None
+    loader: torch.utils.data.DataLoader | Iterator, device: torch.device, policy: BadImagePolicy | None
 ) -> Iterator[Batch]:
-    """Move the DataLoader's batches to the device and record its failures in ``policy``.
+    """Move the DataLoader's batches (from the loader, or an iterator over it) to the device and
+    record its failures in ``policy``.
 
     Raises:
         TimeoutError: no batch within the DataLoader's ``timeout``.
@@ -2124,8 +2141,8 @@ def torch_loader_batches(
         except RuntimeError as e:
             if "timed out" in str(e):  # the DataLoader's own time-out
                 raise TimeoutError(str(e)) from None
-            if "DataLoader worker" in str(e):  # killed (the out-of-memory killer?) or failed
-                raise LoaderFailed(f"the DataLoader failed: {str(e).splitlines()[0]}") from None
+            if _DATALOADER_DIED in str(e):  # killed (the out-of-memory killer?) or failed
+                raise LoaderFailed(f"the DataLoader failed: {str(e).splitlines()[0].strip()}") from None
             raise
         errors = [ImageDecodeError(path, reason) for path, reason in failures]
         for error in errors:
@@ -2557,6 +2574,8 @@ def _logits(model: ModelBundle, images: Tensor) -> Tensor:
     except (RuntimeError, MemoryError) as e:
         if _is_out_of_memory(e):
             raise OutOfMemory(images.device, images.shape[0]) from None
+        if _DATALOADER_DIED in str(e):  # torch raises it from its SIGCHLD handler, wherever the loop is
+            raise LoaderFailed(f"the DataLoader failed: {str(e).splitlines()[0].strip()}") from None
         raise ModelFailed(f"the model failed on a batch of {images.shape[0]} images: {str(e).splitlines()[0]}") from e
 
 
@@ -2650,9 +2669,7 @@ def _stopped_runs(result: RunResult, policy: BadImagePolicy) -> Iterator[None]:
     except (PipelineFailure, TimeoutError) as e:
         result.partial = True
         error: RunStopped = (
-            LoaderStalled(policy.oldest_in_progress())
-            if isinstance(e, TimeoutError)
-            else LoaderFailed(f"the loading pipeline failed: {e}")
+            LoaderStalled(policy.oldest_in_progress()) if isinstance(e, TimeoutError) else _loader_failed(e, policy)
         )
         error.result = result
         raise error from None
@@ -2700,6 +2717,17 @@ class _Loop:
         result.timeline = window.timeline()
         if self.kept is not None:
             result.predictions = self.kept.rows()
+
+
+def _loader_failed(error: BaseException, policy: BadImagePolicy) -> RunStopped:
+    """What a pipeline failure was: out of memory while decoding an image, another error there
+    (named), or something else (SPDL's log above says what)."""
+    if policy.unexpected is None:
+        return LoaderFailed(f"the loading pipeline failed: {error} (the log above says why)")
+    path, cause = policy.unexpected
+    if isinstance(cause, MemoryError):
+        return LoaderFailed(f"out of memory while decoding {path}; fewer --num-threads need less")
+    return LoaderFailed(f"the loading pipeline failed on {path}: {type(cause).__name__}: {cause}")
 
 
 def _check_delivered(delivered: int, listed: int | None) -> None:
@@ -3091,6 +3119,9 @@ def print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
         stages.append(f"{stage['name']} {stage['ave_task_s'] * 1e3:.2f} ms x {stage['tasks']}{failed}")
     print(f"SPDL stages (average task time x tasks): {', '.join(stages)}", file=file)
     sink = stats["sink_queue"]
+    if not sink["items"]:
+        print("SPDL sink queue: no batch was taken in the FPS window", file=file)
+        return
     wait_ms = sink["ave_get_wait_s"] * 1e3
     print(f"SPDL sink queue: a batch was waiting {sink['occupancy']:.0%} of the time, the model waited "
           f"{wait_ms:.2f} ms per batch: {_queue_verdict(sink['occupancy'])}", file=file)  # fmt: skip
@@ -3322,7 +3353,8 @@ def _check_outputs(args: argparse.Namespace, images: ImageList) -> None:
     nor another output: each would be overwritten."""
     outputs = [("--results-file", args.results_file), ("--predictions-file", args.predictions_file)]
     if args.trace is not None:
-        outputs += [("--trace", args.trace.with_name(args.trace.name + suffix)) for suffix in (".json", ".pftrace")]
+        _check_output_path("--trace", args.trace)  # a file name, PATH.json and PATH.pftrace beside it
+        outputs += [("--trace", Path(f"{args.trace}{suffix}")) for suffix in (".json", ".pftrace")]
     inputs = {os.path.realpath(p) for p in (args.input_flist, args.labels, args.checkpoint) if p and str(p) != "-"}
     seen: set[str] = set()
     for flag, path in outputs:
@@ -3356,20 +3388,26 @@ def _check_output_path(flag: str, path: Path) -> str:
     return str(target)
 
 
-def _check_compile_caches(device: torch.device) -> None:
-    """torch.compile writes its caches on the first batch; find an unwritable folder now."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+def _check_caches(device: torch.device, compile: bool) -> None:
+    """torch's cache folder, which importing timm already creates (and torch.compile fills on the
+    first batch), and Triton's when compiling for a GPU: find an unwritable one now, in words."""
+    import getpass
 
-    folders = {"TORCHINDUCTOR_CACHE_DIR": Path(cache_dir())}
-    if device.type == "cuda":
+    try:  # where torch puts it (torch._inductor.runtime.cache_dir_utils, which creates it on import)
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    default = Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    folders = {"TORCHINDUCTOR_CACHE_DIR": Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default)}
+    if compile and device.type == "cuda":
         folders["TRITON_CACHE_DIR"] = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     for variable, folder in folders.items():
         try:
             folder.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=folder).close()
         except OSError as e:
-            raise UsageError(f"torch.compile cannot write its cache in {folder} ({e.strerror or e}); "
-                             f"set {variable} to a writable folder, or pass --no-compile") from None  # fmt: skip
+            raise UsageError(f"torch cannot write its cache in {folder} ({e.strerror or e}); "
+                             f"set {variable} to a writable folder") from None  # fmt: skip
 
 
 def _preflight(args: argparse.Namespace, shard: Shard) -> RunConfig:
@@ -3390,9 +3428,8 @@ def _preflight(args: argparse.Namespace, shard: Shard) -> RunConfig:
     decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
     backend = check_gpu_decoder(decoder, device)
     dtype, dtype_reason = choose_dtype(device, args.dtype)
+    _check_caches(device, args.compile)
     transform = EvalTransform.from_model_name(args.model)
-    if args.compile:
-        _check_compile_caches(device)
     torch_loader = args.loader == "torch"
     return RunConfig(
         images=images, shard=shard, device=device, loader=args.loader,
@@ -3422,6 +3459,9 @@ def _check_decoder(config: RunConfig) -> DecoderCheck | None:
     return check
 
 
+_ABANDONED: list = []  # DataLoader iterators not shut down: their workers end with the process
+
+
 @dataclass
 class _Loader:
     """A running loader: its batches, its SPDL stage statistics (None for ``--loader torch``),
@@ -3449,8 +3489,12 @@ def _open_loader(config: RunConfig, images: ImageList, policy: BadImagePolicy) -
     """Start the loader the config names over ``images``; stop it on the way out."""
     if config.loader == "torch":
         dataset = PILDataset(images, config.transform, config.max_image_bytes)
-        loader = get_torch_loader(dataset, config.batch_size, config.loader_workers, config.device, config.timeout)
-        yield _Loader(torch_loader_batches(loader, config.device, policy))
+        workers = iter(get_torch_loader(dataset, config.batch_size, config.loader_workers, config.device,
+                                        config.timeout))  # fmt: skip
+        handle = _Loader(torch_loader_batches(workers, config.device, policy))
+        yield handle
+        if handle.stop_at_once:  # the process ends right after the report: no joining busy workers
+            _ABANDONED.append(workers)
         return
     decode_func = get_decode_func(config.device, config.transform, config.decoder, policy,
                                   max_image_bytes=config.max_image_bytes)  # fmt: skip
@@ -3700,7 +3744,7 @@ def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
     logs at INFO when each stage ends, only with ``spdl_stats`` or ``debug``: by default the
     end-of-run summary (:py:func:`print_pipeline_stats`) says it, over the FPS window."""
     fmt = "%(asctime)s [%(levelname)s] %(message)s"
-    logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO)
+    logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO, force=True)
     if not (debug or spdl_stats):
         logging.getLogger("spdl.pipeline").setLevel(logging.WARNING)
 

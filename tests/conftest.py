@@ -74,11 +74,11 @@ def lite0_checkpoint(tmp_path_factory) -> Path:
 TINY = ["--model", "test_efficientnet", "--no-pretrained", "--device", "cpu", "--num-threads", "2"]
 
 
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run the benchmark as a user would, in a subprocess; output captured as text."""
     return subprocess.run(
         [sys.executable, str(ROOT / "imagenet_classification.py"), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        capture_output=True, text=True, timeout=timeout, cwd=cwd,
     )  # fmt: skip
 
 
