@@ -3826,7 +3826,18 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
         sys.stdout.flush()
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
+    _end_children()
     os._exit(status)
+
+
+def _end_children() -> None:
+    """End the DataLoader's worker processes left running (after an interrupt): orphaned, they
+    would notice only seconds later, holding the terminal's or a pipe's output open meanwhile."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            child.kill()
 
 
 if __name__ == "__main__":
