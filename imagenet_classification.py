@@ -422,6 +422,10 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--results-file", type=Path, help="write the result as JSON here")
     run.add_argument("--predictions-file", type=Path, help="write one row per image here (.csv or .jsonl)")
     run.add_argument("--trace", type=Path, help=f"write PATH.json and PATH.pftrace ({TRACE_BATCHES} batches)")
+    run.add_argument("--plot", type=Path, help="draw the run's timeline (or the sweep) into this PNG")
+    run.add_argument("--sweep", nargs="+", metavar="SPEC",
+                     help="instead of one run, time the loader at each setting: auto, or e.g. num-threads=1,2,4 "
+                          "batch-size=64,128 queue-size=8,16; then end to end for the best two")  # fmt: skip
     run.add_argument("--debug", action="store_true", help="debug logging")
 
 
@@ -442,6 +446,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--prefix applies to --input-flist, not to --data-dir")
     if args.trace is not None and args.breakdown:
         parser.error("--trace profiles the run, which --breakdown would compare with unprofiled ones; use one")
+    if args.sweep and (args.breakdown or args.trace or args.parity or args.predictions_file):
+        parser.error("--sweep runs the loader at many settings; it takes no --breakdown, --trace, --parity or "
+                     "--predictions-file")  # fmt: skip
     return args
 
 
@@ -1922,6 +1929,7 @@ class _TimedQueue(StatsQueue):
         self.gets = 0
         self.get_wait_s = 0.0
         self.last_get: float | None = None
+        self.changes: list[tuple[float, bool]] = []  # (time, whether a batch is now waiting)
 
     def restart(self) -> None:
         """Count afresh from now."""
@@ -1939,9 +1947,11 @@ class _TimedQueue(StatsQueue):
 
     async def put(self, item: object) -> None:
         with self._lock:
+            now = time.monotonic()
             if self.empty_since is not None:
-                self.empty_s += time.monotonic() - self.empty_since
+                self.empty_s += now - self.empty_since
                 self.empty_since = None
+            self.changes.append((now, True))
         await super().put(item)
 
     async def get(self) -> object:
@@ -1953,7 +1963,22 @@ class _TimedQueue(StatsQueue):
             self.get_wait_s += now - max(t0, self.started or t0)  # a wait across a restart counts from it
             if self.qsize() == 0:
                 self.empty_since = now
+                self.changes.append((now, False))
         return item
+
+    def waiting_per_interval(self, start: float, end: float, interval: float = 1.0) -> list[float]:
+        """The share of each ``interval`` from ``start`` to ``end`` (``time.monotonic`` readings)
+        in which a batch was waiting in the queue."""
+        bins = [0.0] * max(1, math.ceil((end - start) / interval))
+        with self._lock:
+            changes = [*self.changes, (end, False)]
+        waiting, since = False, start
+        for t, now_waiting in changes:
+            t = min(max(t, start), end)
+            if waiting:
+                _add_span(bins, since - start, t - start, interval)
+            waiting, since = now_waiting, t
+        return [round(b / interval, 4) for b in bins]
 
     def occupancy(self) -> float:
         """Fraction of the time from the start to the last ``get`` that a batch was waiting."""
@@ -1993,6 +2018,10 @@ class PipelineStats:
         self.queues.append(q)
         return q
 
+    def waiting_per_interval(self, start: float, end: float, interval: float = 1.0) -> list[float] | None:
+        """The sink queue's occupancy in each ``interval`` of the run (see the timeline)."""
+        return self.queues[-1].waiting_per_interval(start, end, interval) if self.queues else None
+
     def start_window(self) -> None:
         """Measure the sink queue from now on, leaving out what came before (e.g. the warm-up)."""
         for q in self.queues:
@@ -2021,6 +2050,17 @@ class PipelineStats:
                 "ave_get_wait_s": sink.get_wait_s / sink.gets if sink.gets else 0.0,
             },
         }
+
+
+def _add_span(bins: list[float], t0: float, t1: float, interval: float) -> None:
+    """Add the span ``t0 .. t1`` (seconds) to the per-interval totals ``bins``."""
+    while t0 < t1:
+        i = min(int(t0 // interval), len(bins) - 1)
+        stop = t1 if i == len(bins) - 1 else min(t1, (i + 1) * interval)
+        if stop <= t0:  # rounding at a bin's edge
+            stop = min(t1, t0 + interval / 2)
+        bins[i] += stop - t0
+        t0 = stop
 
 
 def _batched(items: Iterable[tuple[str, int]], batch_size: int) -> Iterator[list[tuple[str, int]]]:
@@ -2502,14 +2542,15 @@ class _TimingWindow:
         self.clock, self.warmup_batches, self.sync = _Clock(device), warmup_batches, sync or (lambda: None)
         self.cuda = device.type == "cuda"
         self.batches = self.frames = self.frames_all = 0
-        self.marks: list[tuple[Any, int]] = []  # (CUDA event or perf_counter time, images) per batch
+        self.marks: list[tuple[Any, int]] = []  # (CUDA event or time.monotonic(), images) per batch
         self.sync()
         self.t_start = self.t_warm = self.clock()
+        self.started_at = time.monotonic()
         self._start_mark = self._mark()
 
     def _mark(self) -> Any:
         if not self.cuda:
-            return time.perf_counter()
+            return time.monotonic()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
@@ -2547,9 +2588,11 @@ class _TimingWindow:
             "interval_s": interval,
             "images": images,
             "images_per_s": [n / interval for n in images],
-            "batch_end_s": times,
+            "batch_end_s": [round(t, 6) for t in times],
+            "batch_images": [frames for _, frames in self.marks],
             "warmup_end_s": (self.t_warm - self.t_start) if timed else 0.0,
             "end_s": self.t_end - self.t_start,
+            "started_at": self.started_at,  # time.monotonic() at the start, to align other traces
         }
 
 
@@ -3009,6 +3052,112 @@ def measure_parity(
 
 
 ################################################################################
+# Tuning: the loader's settings swept, the end-to-end rate of the best ones
+################################################################################
+
+SWEEP_FLAGS = {"num-threads": "decode_threads", "batch-size": "batch_size", "queue-size": "queue_size"}
+SWEEP_TOLERANCE = 0.05  # the recommended setting is the smallest within this of the best
+
+
+def parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) -> dict[str, list[int]]:
+    """The values to sweep for each of ``num-threads``, ``batch-size`` and ``queue-size``, from
+    ``auto`` (threads doubling from 1 to the CPU count) or ``NAME=V1,V2,...`` specs; a setting
+    not named keeps its value from ``defaults``.
+
+    Raises:
+        ValueError: a spec that is neither, an unknown name, or a value that is not a whole number of at least 1.
+    """
+    grid = {name: [value] for name, value in defaults.items()}
+    for spec in specs:
+        if spec == "auto":
+            threads = [1 << i for i in range(cpu_count.bit_length()) if 1 << i < cpu_count] + [cpu_count]
+            grid["num-threads"] = sorted(set(threads))
+            continue
+        name, _, values = spec.partition("=")
+        if name not in SWEEP_FLAGS or not values:
+            raise ValueError(f"{spec!r}: expected auto or NAME=V1,V2,... with NAME one of {', '.join(SWEEP_FLAGS)}")
+        try:
+            numbers = sorted({int(v) for v in values.split(",")})
+        except ValueError:
+            raise ValueError(f"{spec!r}: the values must be whole numbers") from None
+        if numbers[0] < 1:
+            raise ValueError(f"{spec!r}: the values must be at least 1")
+        grid[name] = numbers
+    return grid
+
+
+@dataclass
+class SweepPoint:
+    """One setting of the loader, and what it reached (images/s)."""
+
+    num_threads: int
+    batch_size: int
+    queue_size: int
+    loader_fps: float
+    model_fps: float
+    e2e_fps: float | None = None
+
+    @property
+    def bound_fps(self) -> float:
+        """What this setting can reach end to end: the slower of the loader and the model."""
+        return min(self.loader_fps, self.model_fps)
+
+    def flags(self) -> str:
+        return f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
+
+
+@dataclass
+class Sweep:
+    """A sweep's points, in the order run, and the images each loader setting was timed on."""
+
+    points: list[SweepPoint]
+    images: int
+
+    @property
+    def recommended(self) -> SweepPoint:
+        """The smallest setting (fewest threads, then batch, then queue) whose bound is within
+        ``SWEEP_TOLERANCE`` of the best bound; the end-to-end rates of the best check it."""
+        best = max(p.bound_fps for p in self.points)
+        near = [p for p in self.points if p.bound_fps >= (1 - SWEEP_TOLERANCE) * best]
+        return min(near, key=lambda p: (p.num_threads, p.batch_size, p.queue_size))
+
+    def to_dict(self) -> dict:
+        return {"images_per_setting": self.images, "points": [asdict(p) for p in self.points],
+                "recommended": asdict(self.recommended), "tolerance": SWEEP_TOLERANCE}  # fmt: skip
+
+
+def _sweep_settings(config: RunConfig, threads: int, batch_size: int, queue_size: int) -> RunConfig:
+    concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
+    return replace(config, decode_threads=threads, decode_concurrency=concurrency, loader_workers=threads,
+                   batch_size=batch_size, queue_size=queue_size)  # fmt: skip
+
+
+def run_sweep(config: RunConfig, model: ModelBundle, grid: dict[str, list[int]], e2e_best: int = 2) -> Sweep:
+    """Time the loader alone at every setting of ``grid`` (from :py:func:`parse_sweep`), each on
+    the first images of the list (two warm-up batches, then enough batches to keep every thread
+    busy), and the model alone per batch size; then end to end for the ``e2e_best`` best."""
+    sweep_warmup, points = 2, []
+    most = max(grid["batch-size"]) * (2 * max(grid["num-threads"]) + 8 + sweep_warmup)
+    images = config.my_images.head(min(len(config.my_images), most))
+    model_fps = {b: measure_model(model, b, 10, sweep_warmup) for b in grid["batch-size"]}
+    for threads, batch_size, queue_size in itertools.product(*(grid[name] for name in SWEEP_FLAGS)):
+        point = SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size])
+        settings = _sweep_settings(config, threads, batch_size, queue_size)
+        with _open_loader(settings, images, BadImagePolicy(skip=True)) as loader:  # speed, whatever the images
+            point.loader_fps = measure_loader(loader.batches, config.device, sweep_warmup)
+        _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
+        points.append(point)
+    for point in sorted(points, key=lambda p: -p.bound_fps)[:e2e_best]:
+        settings = _sweep_settings(config, point.num_threads, point.batch_size, point.queue_size)
+        policy = BadImagePolicy(skip=True)
+        with _open_loader(settings, images, policy) as loader:
+            point.e2e_fps = benchmark(loader.batches, model, listed=len(images), warmup_batches=sweep_warmup,
+                                      policy=policy).fps  # fmt: skip
+        _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
+    return Sweep(points, len(images))
+
+
+################################################################################
 # Reporting
 ################################################################################
 
@@ -3101,6 +3250,99 @@ def print_parity(parity: Parity, file: TextIO | None = None) -> None:
           file=file or sys.stdout)  # fmt: skip
 
 
+def print_sweep(sweep: Sweep, command: Sequence[str], file: TextIO | None = None) -> None:
+    """The sweep as a table, then the recommended setting as a command line to copy."""
+    file = file or sys.stdout
+    print(f"Sweep ({sweep.images} images per setting; images/s):", file=file)
+    print(f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} {'end-to-end':>11}", file=file)
+    for p in sweep.points:
+        e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
+        print(f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} {p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}",
+              file=file)  # fmt: skip
+    best = sweep.recommended
+    print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
+    print(f"  {' '.join(_with_settings(command, best))}", file=file)
+
+
+def _with_settings(command: Sequence[str], point: SweepPoint) -> list[str]:
+    """The command line, without --sweep and its values, with the point's settings."""
+    dropped = {"--sweep", *(f"--{name}" for name in SWEEP_FLAGS)}
+    out, skipping = [], False
+    for word in command:
+        if word.startswith("--"):
+            skipping = word.split("=")[0] in dropped
+        if not skipping:
+            out.append(word)
+    return [*out, *point.flags().split()]
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot drawing to files, or None where matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+PLOT_HINT = "pip install 'imagenet-classification[plot]' (matplotlib) to draw it"
+
+
+def plot_sweep(sweep: Sweep, path: Path | str) -> bool:
+    """Images/s against threads, one line per batch size (and queue size), the model-alone rate
+    as a dashed line, the recommended setting circled. False where matplotlib is missing."""
+    if (plt := _pyplot()) is None:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for batch_size, queue_size in sorted({(p.batch_size, p.queue_size) for p in sweep.points}):
+        line = sorted((p.num_threads, p.loader_fps) for p in sweep.points if (p.batch_size, p.queue_size) ==
+                      (batch_size, queue_size))  # fmt: skip
+        drawn = ax.plot(*zip(*line, strict=True), marker="o", label=f"loader, batch {batch_size}, queue {queue_size}")
+        model = next(p.model_fps for p in sweep.points if p.batch_size == batch_size)
+        ax.axhline(model, linestyle="--", color=drawn[0].get_color(), label=f"model alone, batch {batch_size}")
+    best = sweep.recommended
+    ax.plot([best.num_threads], [best.loader_fps], marker="o", markersize=14, fillstyle="none", color="black",
+            linestyle="none", label="recommended")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="decode threads", ylabel="images/s", title="The loader alone at each setting")
+    ax.legend(fontsize=8)
+    _save(fig, plt, path)
+    return True
+
+
+def plot_timeline(timeline: dict, path: Path | str) -> bool:
+    """Images/s over the run, the warm-up shaded, the FPS window marked, and the sink queue's
+    occupancy where measured. False where matplotlib is missing."""
+    if (plt := _pyplot()) is None:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4))
+    seconds = [i * timeline["interval_s"] for i in range(len(timeline["images_per_s"]))]
+    ax.step(seconds, timeline["images_per_s"], where="post", label="images/s")
+    ax.axvspan(0, timeline["warmup_end_s"], color="grey", alpha=0.25, label="warm-up")
+    for x in (timeline["warmup_end_s"], timeline["end_s"]):
+        ax.axvline(x, color="black", linestyle=":")
+    ax.set(xlabel="seconds since the start", ylabel="images/s", title="The run, second by second")
+    if occupancy := timeline.get("sink_occupancy"):
+        twin = ax.twinx()
+        twin.step(seconds[: len(occupancy)], occupancy, where="post", color="tab:orange", alpha=0.7)
+        twin.set(ylim=(0, 1.05), ylabel="a batch waiting (share of the second)")
+    ax.legend(loc="lower right", fontsize=8)
+    _save(fig, plt, path)
+    return True
+
+
+def _save(fig: Any, plt: Any, path: Path | str) -> None:
+    """Save a figure as PNG, atomically (see ``_write_atomically``)."""
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    _write_atomically(path, buffer.getvalue())
+
+
 def _queue_verdict(occupancy: float) -> str:
     if occupancy >= 0.8:
         return "the loader ran ahead of the model"
@@ -3177,7 +3419,7 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-def _write_atomically(path: Path | str, text: str) -> None:
+def _write_atomically(path: Path | str, text: str | bytes) -> None:
     """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over
     ``path``: a reader sees the old file or the new one, never a part, and a failed write leaves
     the old one. A symbolic link is followed, so the file it names is replaced.
@@ -3190,8 +3432,8 @@ def _write_atomically(path: Path | str, text: str) -> None:
         raise OSError(f"{target} is not a regular file")
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~_umask())
@@ -3301,6 +3543,9 @@ class RunConfig:
     results_file: Path | None
     predictions_file: Path | None
     trace: Path | None
+    plot: Path | None = None
+    sweep: dict[str, list[int]] | None = None
+    command: tuple[str, ...] = ()
 
     @property
     def my_images(self) -> ImageList:
@@ -3351,7 +3596,8 @@ def _check_outputs(args: argparse.Namespace, images: ImageList) -> None:
     """Every file the run will write: a file name in an existing, writable folder, no folder,
     device or FIFO, and none of the run's inputs (the list, the labels, the checkpoint, an image)
     nor another output: each would be overwritten."""
-    outputs = [("--results-file", args.results_file), ("--predictions-file", args.predictions_file)]
+    outputs = [("--results-file", args.results_file), ("--predictions-file", args.predictions_file),
+               ("--plot", args.plot)]  # fmt: skip
     if args.trace is not None:
         _check_output_path("--trace", args.trace)  # a file name, PATH.json and PATH.pftrace beside it
         outputs += [("--trace", Path(f"{args.trace}{suffix}")) for suffix in (".json", ".pftrace")]
@@ -3369,6 +3615,8 @@ def _check_outputs(args: argparse.Namespace, images: ImageList) -> None:
         seen.add(target)
     if args.predictions_file is not None and not str(args.predictions_file).lower().endswith(PREDICTION_SUFFIXES):
         raise UsageError(f"--predictions-file {args.predictions_file}: the name must end in .csv or .jsonl")
+    if args.plot is not None and not str(args.plot).lower().endswith(".png"):
+        raise UsageError(f"--plot {args.plot}: the name must end in .png")
 
 
 PREDICTION_SUFFIXES = (".csv", ".jsonl")
@@ -3410,7 +3658,7 @@ def _check_caches(device: torch.device, compile: bool) -> None:
                              f"set {variable} to a writable folder") from None  # fmt: skip
 
 
-def _preflight(args: argparse.Namespace, shard: Shard) -> RunConfig:
+def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = ()) -> RunConfig:
     """Check everything that can be checked before the model is built; build the run's config."""
     images = _read_images(args)
     try:
@@ -3443,8 +3691,21 @@ def _preflight(args: argparse.Namespace, shard: Shard) -> RunConfig:
         max_image_bytes=args.max_image_mb << 20, timeout=args.timeout, breakdown=args.breakdown,
         parity=args.parity, check_decoder=0 if torch_loader else args.check_decoder,
         stats_interval=args.stats_interval or -1, results_file=args.results_file,
-        predictions_file=args.predictions_file, trace=args.trace,
+        predictions_file=args.predictions_file, trace=args.trace, plot=args.plot,
+        sweep=_sweep_grid(args, shard), command=tuple(command),
     )  # fmt: skip
+
+
+def _sweep_grid(args: argparse.Namespace, shard: Shard) -> dict[str, list[int]] | None:
+    if not args.sweep:
+        return None
+    if shard.world_size > 1:
+        raise UsageError("--sweep runs in a single process, not under torchrun")
+    defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size}
+    try:
+        return parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
+    except ValueError as e:
+        raise UsageError(f"--sweep: {e}") from None
 
 
 def _check_decoder(config: RunConfig) -> DecoderCheck | None:
@@ -3561,6 +3822,10 @@ def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
             if progress is not None:
                 progress.close()
     stats = loader.stats.summary() if loader.stats else None
+    if loader.stats and result.timeline:
+        t = result.timeline
+        start, end, interval = t["started_at"], t["started_at"] + t["end_s"], t["interval_s"]
+        t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, interval)
     return _Outcome(result, error, stats, loader.stopped_cleanly)
 
 
@@ -3651,20 +3916,37 @@ def _explain_input(error: InputError) -> str:
     return str(error)
 
 
-def _write_outputs(report: RunReport, outcome: _Outcome, config: RunConfig) -> list[str]:
-    """Write the results and predictions files (rank 0); return one line per file not written."""
+def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | None]]]) -> list[str]:
+    """Write each ``(path, writer)`` that has a path; one line per file not written. A writer that
+    returns False could not draw (no matplotlib): a note, not an error."""
     errors = []
-    outputs = [(config.results_file, lambda path: write_results(path, report))]
-    if outcome.result.predictions is not None:
-        outputs.append((config.predictions_file, lambda path: write_predictions(path, outcome.result.predictions)))
     for path, write in outputs:
         if path is None:
             continue
         try:
-            write(path)
+            if write(path) is False:
+                _say(f"note: {path} not drawn: {PLOT_HINT}")
         except OSError as e:
             errors.append(f"{path}: cannot write the results there ({e.strerror or e}); they are only above")
     return errors
+
+
+def _run_sweep(config: RunConfig) -> int:
+    """The sweep instead of a run: the table, the results file, the plot."""
+    model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
+                      checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype)  # fmt: skip
+    sweep = run_sweep(config, model, config.sweep or {})
+    payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": environment(config.device)}
+    not_written = _write_outputs([
+        (config.results_file, lambda path: _write_atomically(path, json.dumps(payload, indent=2) + "\n")),
+        (config.plot, lambda path: plot_sweep(sweep, path)),
+    ])  # fmt: skip
+    _print_out(print_sweep, sweep, config.command)
+    if config.plot is None:
+        _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
+    for line in not_written:
+        _say(f"error: {line}")
+    return EXIT_FAILED if not_written else 0
 
 
 def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
@@ -3677,7 +3959,13 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
         message, status = _explain(outcome.error, config)
         report.result.stop_reason = message
         _say(f"error: {label}{message}")
-    not_written = _write_outputs(report, outcome, config) if shard.rank == 0 else []  # first: the lasting record
+    rows, timeline = outcome.result.predictions, outcome.result.timeline
+    outputs = [
+        (config.results_file, lambda path: write_results(path, report)),
+        (config.predictions_file if rows is not None else None, lambda path: write_predictions(path, rows or [])),
+        (config.plot if timeline else None, lambda path: plot_timeline(timeline or {}, path)),
+    ]
+    not_written = _write_outputs(outputs) if shard.rank == 0 else []  # first: the lasting record
     if shard.rank == 0 or alone:
         _print_out(print_report, report)
     for line in not_written:
@@ -3787,6 +4075,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line's work: check the inputs, build the model and loader, run, report.
     Returns the exit status (argparse exits with 2 itself on a malformed command line)."""
     args = _parse_args(argv)
+    command = ("imagenet_classification.py", *(sys.argv[1:] if argv is None else argv))
     _init_logging(args.debug, spdl_stats=args.stats_interval is not None)
     config = None
     with _Signals() as signals:
@@ -3794,8 +4083,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shard = _shard_from_env()
             if shard.rank != 0:
                 logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
-            config = _preflight(args, shard)
-            return _run_job(config, signals)
+            config = _preflight(args, shard, command)
+            return _run_sweep(config) if config.sweep else _run_job(config, signals)
         except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
             message, status = _explain(e, config)
             _say(f"error: {message}")
