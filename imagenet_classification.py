@@ -2951,11 +2951,14 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     )
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     gathered: list[dict | None] = [None] * shard.world_size
-    mine = {**_rank_entry(result, shard, device), "failures": result.failures}
+    mine = {**_rank_entry(result, shard, device), "failures": result.failures, "predictions": result.predictions}
     dist.all_gather_object(gathered, mine)
     total = RunResult(**dict(zip(fields, counts.tolist(), strict=True)))
     total.elapsed_s, total.partial, total.warmup_included = flags[0].item(), bool(flags[1]), bool(flags[2])
     total.failures = [f for rank in gathered for f in rank.pop("failures")]
+    rows = [rank.pop("predictions") for rank in gathered]
+    total.predictions = None if any(r is None for r in rows) else [row for r in rows for row in r]
+    total.timeline = result.timeline  # rank 0's
     return total, gathered
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -41,7 +42,8 @@ def test_torchrun_totals_equal_a_single_process(demo_photos, lite0_checkpoint, t
     single = run_cli(*_args(flist, lite0_checkpoint, tmp_path / "one.json"))
     assert single.returncode == 0, single.stderr
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd = [*launcher, str(ROOT / "imagenet_classification.py"), *_args(flist, lite0_checkpoint, tmp_path / "two.json")]
+    cmd = [*launcher, str(ROOT / "imagenet_classification.py"), *_args(flist, lite0_checkpoint, tmp_path / "two.json"),
+           "--predictions-file", str(tmp_path / "p.jsonl")]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("Images: listed=19 classified=19") == 1  # rank 0 alone reports
@@ -52,6 +54,9 @@ def test_torchrun_totals_equal_a_single_process(demo_photos, lite0_checkpoint, t
     assert sorted(r["classified"] for r in two["ranks"]) == [9, 10]
     assert two["frames_timed"] == sum(r["classified"] - 4 for r in two["ranks"])  # one warm-up batch each
     assert two["elapsed_s"] == max(r["elapsed_s"] for r in two["ranks"])
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]  # every rank's, on rank 0
+    assert sorted(row["path"] for row in rows) == sorted(f"{flist.parent}/{line}" for line in flist.read_text().split())
+    assert sum(row["correct1"] for row in rows) == two["top1_correct"]
 
 
 def _free_port() -> int:
