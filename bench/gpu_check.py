@@ -156,7 +156,10 @@ def main() -> None:
 
     import imagenet_classification as ic
 
-    report: dict = {"device": args.device, "images": args.images, "legs": {}}
+    # gpu_check.sh wrote what the machine has first, in case nothing after it runs.
+    first = args.out / "gpu_check.json"
+    report: dict = json.loads(first.read_text()) if first.exists() else {}
+    report.update({"device": args.device, "images": args.images, "legs": {}})
     report["env"] = ic.environment(torch.device(args.device))
     deadline = time.monotonic() + args.time_budget - AGREEMENT_RESERVE_S
     with open(args.out / "gpu_check.log", "w") as log:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One prepared command for a machine with one NVIDIA GPU, its driver, Python with torch, and no
-# network: installs the bundle from bench/gpu_prepare.sh into a scratch folder, puts FFmpeg's
-# libraries on LD_LIBRARY_PATH, and runs bench/gpu_check.py within 8 minutes. Writes
-# gpu_check.json and gpu_check.log to $OUT (or bench/gpu_out).
+# One prepared command for a machine with one NVIDIA GPU, its driver, Python 3.10-3.13 with
+# torch, and no network: unpacks the bundle from bench/gpu_prepare.sh into a scratch folder, puts
+# FFmpeg's libraries (and an unversioned libnvcuvid.so, which SPDL's CUDA extension needs) on
+# LD_LIBRARY_PATH, writes what it found into gpu_check.json first, and runs bench/gpu_check.py
+# within 8 minutes. Writes gpu_check.json and gpu_check.log to $OUT (or bench/gpu_out).
 #   bench/gpu_check.sh [extra gpu_check.py flags, e.g. --device cpu --decoders ffmpeg]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -10,11 +11,10 @@ BUNDLE=${BUNDLE:-bench/gpu_bundle}
 OUT=${OUT:-bench/gpu_out}
 PY=${PYTHON:-python3}
 SITE=${SITE:-/tmp/gpu_check_site}
-mkdir -p "$OUT" "$SITE/ffmpeg"
+mkdir -p "$OUT" "$SITE/ffmpeg" "$SITE/links"
 
-[ -d "$BUNDLE/wheels" ] || { echo "error: no $BUNDLE: run bench/gpu_prepare.sh first" >&2; exit 2; }
-"$PY" -c "import torch, timm" || { echo "error: $PY lacks torch or timm" >&2; exit 2; }
-"$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$BUNDLE"/wheels/spdl*.whl || exit 2
+[ -f "$BUNDLE/spdl-site.zip" ] || { echo "error: no $BUNDLE: run bench/gpu_prepare.sh first" >&2; exit 2; }
+"$PY" -m zipfile -e "$BUNDLE/spdl-site.zip" "$SITE" || exit 2
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 # FFmpeg: the shared libraries inside PyAV's wheel, under the sonames SPDL asks for.
@@ -23,7 +23,7 @@ import pathlib, re, sys, zipfile
 bundle, dest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 with zipfile.ZipFile(next((bundle / "wheels").glob("av-*.whl"))) as wheel:
     for name in wheel.namelist():
-        if name.startswith("av.libs/"):
+        if name.startswith("av.libs/") and not name.endswith("/"):
             target = dest / pathlib.Path(name).name
             target.write_bytes(wheel.read(name))
             if m := re.match(r"(lib(?:av\w+|sw\w+|postproc))-[0-9a-f]+\.so\.(\d+)", target.name):
@@ -31,10 +31,48 @@ with zipfile.ZipFile(next((bundle / "wheels").glob("av-*.whl"))) as wheel:
                 link.unlink(missing_ok=True)
                 link.symlink_to(target.name)
 EOF
-export LD_LIBRARY_PATH="$SITE/ffmpeg${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# SPDL's CUDA extension needs libnvcuvid.so, unversioned; drivers (in containers especially) often
+# ship only libnvcuvid.so.1. A link on LD_LIBRARY_PATH, set before Python starts, is what works.
+nvcuvid=$(ldconfig -p 2>/dev/null | awk '/libnvcuvid\.so\.1 /{print $NF; exit}')
+[ -n "$nvcuvid" ] && ln -sf "$nvcuvid" "$SITE/links/libnvcuvid.so"
+export LD_LIBRARY_PATH="$SITE/ffmpeg:$SITE/links${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-{
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || echo "no nvidia-smi"
-    "$PY" -c "import torch, spdl.io.utils as u; print('torch', torch.__version__, 'cuda', torch.cuda.is_available()); print('ffmpeg', u.get_ffmpeg_versions(), 'nvjpeg', u.built_with_nvjpeg(), 'nvcodec', u.built_with_nvcodec())"
-} 2>&1 | tee "$OUT/environment.txt"
+# What this machine has, into gpu_check.json before anything can fail.
+"$PY" - "$OUT" <<'EOF'
+import ctypes, json, pathlib, platform, shutil, subprocess, sys
+env = {"python": platform.python_version(), "machine": platform.machine()}
+if shutil.which("nvidia-smi"):
+    query = "--query-gpu=name,driver_version,memory.total,compute_cap"
+    smi = subprocess.run(["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True)
+    env["nvidia_smi"] = (smi.stdout or smi.stderr).strip()
+else:
+    env["nvidia_smi"] = "not found"
+env["libraries"] = {}
+for name in ("libcuda.so.1", "libnvcuvid.so", "libnvcuvid.so.1", "libnvjpeg.so", "libcudart.so.13"):
+    try:
+        ctypes.CDLL(name)
+        env["libraries"][name] = "found"
+    except OSError as e:
+        env["libraries"][name] = str(e)
+try:
+    import torch
+    env["torch"] = f"{torch.__version__} (CUDA {torch.version.cuda}, available: {torch.cuda.is_available()})"
+except Exception as e:
+    env["torch"] = f"cannot import: {e}"
+try:
+    import spdl.io.lib
+    import spdl.io.utils
+    env["spdl_ffmpeg"] = str(spdl.io.utils.get_ffmpeg_versions())
+    spdl.io.lib._import_libspdl_cuda()
+    env["spdl_cuda"] = "loads"
+except Exception as e:
+    env["spdl_cuda"] = f"{type(e).__name__}: {e}"
+out = pathlib.Path(sys.argv[1])
+(out / "gpu_check.json").write_text(json.dumps({"machine": env}, indent=2) + "\n")
+(out / "environment.txt").write_text("\n".join(f"{k}: {v}" for k, v in env.items()) + "\n")
+print(json.dumps(env, indent=2))
+EOF
+# torch.compile in every leg with all the CPUs, sharing one cache: the first leg fills it.
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-$(nproc)}
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$SITE/inductor}
 timeout 480 "$PY" bench/gpu_check.py --bundle "$BUNDLE" --out "$OUT" "$@"

@@ -1,22 +1,50 @@
 #!/usr/bin/env bash
 # Fill bench/gpu_bundle/ (ignored by git) with what bench/gpu_check.sh needs on a GPU machine
-# that has torch and a driver but no network: SPDL's wheels for CPython 3.12, FFmpeg 6.1's
-# shared libraries inside PyAV's wheel (SPDL 0.8 binds FFmpeg 4 to 9), the real photos, and
-# EfficientNet-Lite0's ImageNet weights in float16 (timm and torchvision are on that machine).
+# that has torch and a driver but no network:
+# - spdl-site.zip: SPDL 0.8's Python packages with only the native modules for FFmpeg 6, for
+#   CPython 3.10 to 3.13 (whichever the GPU machine has), so the bundle stays small;
+# - PyAV's wheel, whose FFmpeg 6.1 shared libraries gpu_check.sh unpacks (SPDL binds FFmpeg 4 to 9);
+# - the real photos, and EfficientNet-Lite0's ImageNet weights in float16.
 # Run here, after `make test` set up .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-PYVER=${PYVER:-3.12}  # the GPU machine's Python; tests use this machine's
+PYVERS=${PYVERS:-"3.10 3.11 3.12 3.13"}  # the GPU machine's Python is one of these
 OUT=${BUNDLE:-bench/gpu_bundle}
 LIMIT_MB=60
 
 rm -rf "$OUT"
-mkdir -p "$OUT/wheels"
+mkdir -p "$OUT/wheels" "$OUT/download"
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux2014_x86_64)
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
-    "${platforms[@]}" -d "$OUT/wheels" spdl==0.8.0 spdl-io==0.8.0 spdl-core==0.8.0 av==12.3.0
+for v in $PYVERS; do
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$v" --implementation cp \
+        "${platforms[@]}" -d "$OUT/download/$v" spdl==0.8.0 spdl-io==0.8.0 spdl-core==0.8.0
+done
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${platforms[@]}" -d "$OUT/wheels" av==12.3.0
+
+# One site folder for every Python: the pure packages once, the shared FFmpeg-6 libraries once,
+# each version's extension modules for FFmpeg 6 (and SPDL's small helpers) beside them.
+"$PY" - "$OUT" $PYVERS <<'EOF'
+import pathlib, re, sys, zipfile
+out, versions = pathlib.Path(sys.argv[1]), sys.argv[2:]
+keep_lib = re.compile(r"spdl/io/lib/(lib\w+6\.so|_\w+?6?\.cpython-3\d+-x86_64-linux-gnu\.so)$")
+with zipfile.ZipFile(out / "spdl-site.zip", "w", zipfile.ZIP_DEFLATED) as site:
+    written = set()
+    for version in versions:
+        for wheel in sorted((out / "download" / version).glob("*.whl")):
+            with zipfile.ZipFile(wheel) as w:
+                for name in w.namelist():
+                    native = name.endswith(".so")
+                    if name in written or name.endswith("/") or (native and not keep_lib.match(name)):
+                        continue
+                    if native and re.search(r"_spdl_(ffmpeg|cuda)[0-57-9]\.", name):
+                        continue
+                    site.writestr(name, w.read(name))
+                    written.add(name)
+EOF
+rm -rf "$OUT/download"
 "$PY" scripts/make_demo_data.py "$OUT/photos" >/dev/null
 "$PY" scripts/convert_efficientnet_lite0.py --half "$OUT/efficientnet_lite0.pth" >/dev/null
 

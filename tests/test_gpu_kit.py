@@ -7,13 +7,15 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 
 from tests.conftest import ROOT
 
 
 def test_prepare_then_check_on_the_cpu(tmp_path):
+    # The bundle holds SPDL for several Pythons: this one and another, as the GPU machine may have.
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    env = {**os.environ, "BUNDLE": str(tmp_path / "bundle"), "PYVER": python, "PY": sys.executable,
+    env = {**os.environ, "BUNDLE": str(tmp_path / "bundle"), "PYVERS": f"{python} 3.13", "PY": sys.executable,
            "OUT": str(tmp_path / "out"), "SITE": str(tmp_path / "site"), "PYTHON": sys.executable}  # fmt: skip
     prepare = subprocess.run(["bash", str(ROOT / "bench" / "gpu_prepare.sh")], env=env, capture_output=True,
                              text=True, timeout=300)  # fmt: skip
@@ -29,7 +31,14 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
     assert check.returncode == 0, check.stderr
     # SPDL ran on FFmpeg 6.1 from PyAV's wheel in the bundle, not this machine's FFmpeg 5.1.
     assert "'libavcodec': (60," in (tmp_path / "out" / "environment.txt").read_text()
+    names = zipfile.ZipFile(tmp_path / "bundle" / "spdl-site.zip").namelist()
+    assert {
+        f"spdl/io/lib/_spdl_ffmpeg6.cpython-{v}-x86_64-linux-gnu.so" for v in (python.replace(".", ""), "313")
+    } <= set(names) and not any("ffmpeg5" in name for name in names)
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    machine = report["machine"]  # written first, before the check
+    assert machine["python"].startswith(python) and "libcuda.so.1" in machine["libraries"]
+    assert "cannot open shared object" in machine["spdl_cuda"] and machine["nvidia_smi"]
     ffmpeg, nvjpeg = report["legs"]["ffmpeg"], report["legs"]["nvjpeg"]
     assert ffmpeg["ok"] and ffmpeg["result"]["classified"] == 40 and "breakdown" in ffmpeg["result"]
     assert not nvjpeg["ok"] and "--use-nvjpeg decodes on a CUDA GPU" in nvjpeg["error"]
