@@ -694,14 +694,14 @@ def _label_from_path(text: str, where: str, labels: Labels | None) -> int:
 
 def _image_files(folder: str) -> Iterator[str]:
     """Image files under ``folder``, sorted by name at each level, hidden files and folders left
-    out; the entry's type comes from the directory listing, without a stat where it can."""
+    out; each entry's type comes from the directory listing, without a stat where it can."""
     with os.scandir(folder) as it:
-        entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+        entries = sorted((e for e in it if e.name[0] != "."), key=lambda e: e.name)
     for entry in entries:
-        if entry.is_dir():
-            yield from _image_files(entry.path)
-        elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
+        if entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
             yield entry.path
+        elif entry.is_dir():
+            yield from _image_files(entry.path)
 
 
 def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: Labels | None = None) -> ImageList:
@@ -719,41 +719,41 @@ def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: Lab
     root = str(root)
     if not os.path.isdir(root):
         raise FileListError(f"{root}: no such folder")
-    try:
-        with os.scandir(root) as it:
-            top = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
-    except OSError as e:
-        raise FileListError(f"{root}: cannot list it ({e.strerror or e})") from None
-    files = (path for path in _image_files(root))
-    if labels is None:
-        loose = next((e.name for e in top if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS)), None)
-        if loose is not None:
-            raise FileListError(
-                f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels"
-            )
-        mapping = _class_index()
-        for entry in top:
-            if entry.is_dir() and entry.name not in mapping:
-                raise FileListError(
-                    f"{entry.path}: the folder name is not one of the {NUM_CLASSES} ImageNet WordNet IDs"
-                )
     paths: list[str] = []
     classes: list[int] = []
     try:
-        for path in files:
+        for folder, label in _class_folders(root, labels):
             if max_samples is not None and len(paths) >= max_samples:
                 break
-            rel = os.path.relpath(path, root)
-            if labels is None:
-                classes.append(_class_index()[rel.split(os.sep, 1)[0]])
-            else:
-                classes.append(_label_from_path(path, path, labels))
-            paths.append(path)
+            for path in itertools.islice(
+                _image_files(folder), None if max_samples is None else max_samples - len(paths)
+            ):
+                paths.append(path)
+                classes.append(label if label is not None else _label_from_path(path, path, labels))
     except OSError as e:
         raise FileListError(f"{root}: cannot list it ({e.strerror or e})") from None
     if not paths:
         raise FileListError(f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) in it")
     return ImageList(tuple(paths), tuple(classes), root)
+
+
+def _class_folders(root: str, labels: Labels | None) -> list[tuple[str, int | None]]:
+    """``(folder, class index)`` to list: each class folder of ``root``, or ``root`` itself with
+    labels by file name (index None)."""
+    if labels is not None:
+        return [(root, None)]
+    with os.scandir(root) as it:
+        top = sorted((e for e in it if e.name[0] != "."), key=lambda e: e.name)
+    if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()), None):
+        raise FileListError(
+            f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels"
+        )
+    folders = []
+    for entry in (e for e in top if e.is_dir()):
+        if (label := _class_index().get(entry.name)) is None:
+            raise FileListError(f"{entry.path}: the folder name is not one of the {NUM_CLASSES} ImageNet WordNet IDs")
+        folders.append((entry.path, label))
+    return folders
 
 
 def _limit(max_samples: float | None) -> int | None:
