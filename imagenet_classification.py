@@ -145,6 +145,7 @@ __all__ = [
     # Model.
     "pretrained_config",
     "resolve_device",
+    "auto_dtype",
     "choose_dtype",
     # Loop, measurement, results.
     "RunResult",
@@ -2306,7 +2307,7 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def _auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tuple[torch.dtype, str]:
+def auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tuple[torch.dtype, str]:
     """The precision that suits the hardware, and why: bfloat16 where it is native, float16 on
     CUDA GPUs without it, float32 on CPUs without it (where bfloat16 is emulated, many times
     slower)."""
@@ -2326,8 +2327,8 @@ def choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.d
     if requested != "auto":
         return _DTYPES[requested], "asked for"
     if device.type == "cuda":
-        return _auto_dtype(torch.cuda.get_device_capability(device), False)
-    return _auto_dtype(None, torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return auto_dtype(torch.cuda.get_device_capability(device), False)
+    return auto_dtype(None, torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 # What torch.load raises for a file that is no checkpoint (text, empty, a cut zip, a refused pickle).

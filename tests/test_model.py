@@ -93,3 +93,19 @@ def test_checkpoint_loads_and_mismatch_names_key(tmp_path):
 def test_unknown_model_is_a_usage_error():
     with pytest.raises(ModelError, match="'no_such_model' is not a timm model"):
         get_model("no_such_model", "cpu", pretrained=False, compile=False)
+
+
+def test_auto_precision_follows_the_hardware():
+    # The decision, for hardware this machine does not have; and the real check on this CPU.
+    from imagenet_classification import auto_dtype, choose_dtype
+
+    assert auto_dtype((9, 0), False)[0] == auto_dtype((8, 0), False)[0] == torch.bfloat16  # H100, A100
+    assert auto_dtype((7, 5), False)[0] == auto_dtype((7, 0), False)[0] == torch.float16  # T4, V100
+    assert auto_dtype(None, True)[0] == torch.bfloat16 and auto_dtype(None, False)[0] == torch.float32
+    assert "lacks native bfloat16" in auto_dtype(None, False)[1] and "8.0" in auto_dtype((7, 5), False)[1]
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert choose_dtype(torch.device("cpu"))[0] == (torch.bfloat16 if native else torch.float32)
+    assert choose_dtype(torch.device("cpu"), "float16") == (torch.float16, "asked for")
+    assert get_model("test_efficientnet", "cpu", pretrained=False, compile=False).dtype == choose_dtype(
+        torch.device("cpu")
+    )[0]
