@@ -35,13 +35,17 @@ def test_sweep_on_real_photos_writes_table_json_and_plot(demo_photos, tmp_path):
     assert [(p["num_threads"], p["batch_size"]) for p in points] == [(1, 4), (1, 8), (2, 4), (2, 8)]
     assert sweep["images_per_setting"] == 20  # every setting timed on the same images
     assert all(p["loader_fps"] > 0 and p["model_fps"] > 0 for p in points)
-    measured = [p for p in points if p["e2e_fps"] is not None]
-    assert len(measured) == 2 and all(p["e2e_fps"] > 0 for p in measured)
     bound = max(min(p["loader_fps"], p["model_fps"]) for p in points)
+    key = ("num_threads", "batch_size", "queue_size")
+    candidates = sorted((p for p in points if min(p["loader_fps"], p["model_fps"]) >= 0.95 * bound),
+                        key=lambda p: [p[k] for k in key])  # fmt: skip
+    measured = [p for p in points if p["e2e_fps"] is not None]
+    assert 1 <= len(measured) <= 3 and all(p["e2e_fps"] > 0 for p in measured)
+    assert all(p in candidates for p in measured)  # only candidates are run end to end
     best = sweep["recommended"]
-    assert min(best["loader_fps"], best["model_fps"]) >= 0.95 * bound
-    smaller = [p for p in points if (p["num_threads"], p["batch_size"]) < (best["num_threads"], best["batch_size"])]
-    assert all(min(p["loader_fps"], p["model_fps"]) < 0.95 * bound for p in smaller)
+    top = max(p["e2e_fps"] for p in measured)
+    assert best in measured and best["e2e_fps"] >= 0.95 * top
+    assert all(p["e2e_fps"] < 0.95 * top for p in measured if [p[k] for k in key] < [best[k] for k in key])
     assert "threads  batch  queue    loader     model  end-to-end" in proc.stdout
     flags = f"--num-threads {best['num_threads']} --batch-size {best['batch_size']} --queue-size 16"
     assert f"The smallest setting within 5% of the best: {flags}" in proc.stdout
