@@ -3822,29 +3822,43 @@ class _Outcome:
 
 
 def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
-    """Run the timed loop over this rank's images; a run that stops early is an outcome too."""
+    """Run the timed loop over this rank's images; a run that stops early is an outcome too, and
+    so is one interrupted while its loader starts or stops."""
     images, policy = config.my_images, config.policy()
     progress = Progress(len(images)) if config.shard.rank == 0 else None
     warmup = _warmup_for_all_ranks(config.shard, len(config.images), config.batch_size, config.warmup_batches)
-    error: BaseException | None = None
-    with _open_loader(config, images, policy) as loader:
-        try:
-            with _tracing(config.trace if config.shard.rank == 0 else None):
-                result = benchmark(loader.batches, model, listed=len(images), warmup_batches=warmup, policy=policy,
-                                   sync_clocks=_clock_start_hook(config.shard, loader.stats), progress=progress,
-                                   predictions=config.predictions_file is not None)  # fmt: skip
-        except (RunStopped, RunInterrupted) as e:
-            result, error = e.result or RunResult(len(images), partial=True), e
-            loader.stop_at_once = isinstance(e, RunInterrupted)
-        finally:
-            if progress is not None:
-                progress.close()
-    stats = loader.stats.summary() if loader.stats else None
-    if loader.stats and result.timeline:
-        t = result.timeline
-        start, end, interval = t["started_at"], t["started_at"] + t["end_s"], t["interval_s"]
-        t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, interval)
-    return _Outcome(result, error, stats, loader.stopped_cleanly)
+    outcome, loader = _Outcome(RunResult(len(images), partial=True)), None
+    try:
+        with _open_loader(config, images, policy) as loader:
+            try:
+                with _tracing(config.trace if config.shard.rank == 0 else None):
+                    outcome.result = benchmark(
+                        loader.batches, model, listed=len(images), warmup_batches=warmup, policy=policy,
+                        sync_clocks=_clock_start_hook(config.shard, loader.stats), progress=progress,
+                        predictions=config.predictions_file is not None,
+                    )  # fmt: skip
+            except (RunStopped, RunInterrupted) as e:
+                outcome.result, outcome.error = e.result or outcome.result, e
+                loader.stop_at_once = isinstance(e, RunInterrupted)
+            finally:
+                if progress is not None:
+                    progress.close()
+    except RunInterrupted as e:  # while the loader started or stopped: what was measured stands
+        outcome.error, outcome.stopped_cleanly = outcome.error or e, False
+    if loader is not None:
+        _add_loader_stats(outcome, loader)
+    return outcome
+
+
+def _add_loader_stats(outcome: _Outcome, loader: _Loader) -> None:
+    """SPDL's stage statistics, and the sink queue's occupancy per second in the timeline."""
+    outcome.stopped_cleanly = outcome.stopped_cleanly and loader.stopped_cleanly
+    if loader.stats is None:
+        return
+    outcome.pipeline_stats = loader.stats.summary()
+    if t := outcome.result.timeline:
+        start, end = t["started_at"], t["started_at"] + t["end_s"]
+        t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, t["interval_s"])
 
 
 def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult) -> Breakdown:
