@@ -1,0 +1,644 @@
+"""Every number the benchmark reports, pinned to a value computed here, not by the module.
+
+- Accuracy: a real timm model (``test_efficientnet``) whose classifier weights are zero and whose
+  bias ranks the classes in a fixed order, so every image's logits put class 281 first, class
+  636 fifth and class 967 sixth; the file list decides which label lands at which rank.
+- Timing: a loader (a generator of real tensors) whose warm-up batches sleep 1 s and whose timed
+  batches sleep 0.05 s, so a window that took in any of the warm-up is seconds too long.
+- The bad-image policy at ``--max-bad``'s boundary, for N and for P%, with every bad image in
+  the first batch, so that where the run stops does not depend on the loader's timing.
+- Geometry against timm's own evaluation transform (torchvision's Resize and CenterCrop).
+- Shards and per-rank figures under torchrun.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import timm.data
+import torch
+from PIL import Image
+
+from imagenet_classification import (
+    BadImagePolicy,
+    Breakdown,
+    Classification,
+    EvalTransform,
+    ImageDecodeError,
+    ModelBundle,
+    Preprocessing,
+    RunReport,
+    RunResult,
+    Shard,
+    benchmark,
+    get_decode_func,
+    main,
+    measure_loader,
+    measure_model,
+    print_breakdown,
+    print_summary,
+    resize_region,
+    source,
+    write_results,
+)
+from tests.conftest import CLASSES, ROOT, read_json, run_cli, write_jpeg
+
+# Classes by rank, 1 first: every image's logits order them so (the rest come after, class 0 last).
+RANKING = [281, 1, 2, 3, 636, 967]
+AT_RANK_1, AT_RANK_2, AT_RANK_5, AT_RANK_6, LAST = 281, 1, 636, 967, 0
+WNID = {index: wnid for wnid, index in CLASSES.items()} | {1: "n01443537"}  # class 1: goldfish
+
+# The 17 good images' labels, in list order: 4 at rank 1, 1 at rank 2, 5 at rank 5, 6 at rank 6, 1 last.
+GOOD_LABELS = [281, 636, 967, 0, 281, 636, 967, 636, 967, 281, 636, 967, 1, 967, 281, 636, 967]
+TOP1_HITS = GOOD_LABELS.count(AT_RANK_1)  # 4
+TOP5_HITS = TOP1_HITS + GOOD_LABELS.count(AT_RANK_2) + GOOD_LABELS.count(AT_RANK_5)  # 10: rank 6 is one past
+BAD = 3  # bad images, all in the first batch of 4 (lines 2-4), after one good image
+
+# One decode thread: SPDL hands over batches as they complete, so with two a short batch could
+# overtake a full one and the warm-up (the first batch to arrive) would vary from run to run.
+RUN = ["--model", "test_efficientnet", "--device", "cpu", "--num-threads", "1", "--no-compile", "--no-bf16",
+       "--batch-size", "4", "--warmup-batches", "1"]  # fmt: skip
+
+
+def _ranking_bias(ranking: list[int] = RANKING, last: int = LAST) -> torch.Tensor:
+    """Logits that put ``ranking`` first, in its order, then the other classes, then ``last``."""
+    bias = torch.zeros(1000)
+    bias[ranking] = torch.arange(len(ranking), 0, -1, dtype=torch.float32)  # 6, 5, ..., 1; the rest 0
+    bias[last] = -1.0
+    return bias
+
+
+@pytest.fixture(scope="module")
+def ranked_checkpoint(tmp_path_factory) -> Path:
+    """test_efficientnet weights whose logits are the ranking bias, whatever the image."""
+    model = timm.create_model("test_efficientnet", pretrained=False)
+    state = model.state_dict()
+    state["classifier.weight"] = torch.zeros_like(state["classifier.weight"])
+    state["classifier.bias"] = _ranking_bias()
+    path = tmp_path_factory.mktemp("ranked") / "ranked.pth"
+    torch.save(state, path)
+    # The premise, checked on the real model: top 6 in RANKING's order, class 0 last.
+    model.load_state_dict(state)
+    with torch.inference_mode():
+        logits = model.eval()(torch.randn(2, 3, 160, 160))
+    assert logits.topk(6).indices.tolist() == [RANKING] * 2 and logits.argmin(dim=1).tolist() == [LAST] * 2
+    return path
+
+
+@pytest.fixture(scope="module")
+def ranked_set(tmp_path_factory) -> Path:
+    """20 lines: a good image, 3 bad ones (empty, not an image, truncated), 16 more good ones.
+
+    Returns the list of all 20 (``all.flist``); ``good.flist`` beside it lists the 17 good ones.
+    """
+    root = tmp_path_factory.mktemp("ranked_set")
+    good = []
+    for i, label in enumerate(GOOD_LABELS):
+        rel = f"val/{WNID[label]}/good_{i:02d}.JPEG"
+        write_jpeg(root / rel, ((200, 150), (150, 200), (180, 180))[i % 3], (90, 120, 60), seed=i)
+        good.append(rel)
+    bad = [f"val/{WNID[0]}/{name}.JPEG" for name in ("empty", "text", "truncated")]
+    (root / bad[0]).write_bytes(b"")
+    (root / bad[1]).write_text("<html>not an image</html>\n" * 20)
+    jpeg = (root / good[0]).read_bytes()
+    (root / bad[2]).write_bytes(jpeg[: len(jpeg) // 2])
+    (root / "all.flist").write_text("\n".join([good[0], *bad, *good[1:]]) + "\n")
+    (root / "good.flist").write_text("\n".join(good) + "\n")
+    return root / "all.flist"
+
+
+def _run_ranked(flist: Path, checkpoint: Path, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    return run_cli("--input-flist", flist, "--prefix", f"{flist.parent}/", *RUN, "--checkpoint", checkpoint, *args,
+                   timeout=timeout)  # fmt: skip
+
+
+# --- Accuracy, timing and accounting of a whole run, through the CLI ---------------------------
+
+
+def test_a_run_at_the_max_bad_limit_reports_exact_figures(ranked_set, ranked_checkpoint, tmp_path):
+    out = tmp_path / "r.json"
+    proc = _run_ranked(ranked_set, ranked_checkpoint, "--skip-bad", "--max-bad", str(BAD), "--breakdown",
+                       "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr  # exactly at the limit: 3 failed, 3 allowed
+    r = read_json(out)
+    classified = len(GOOD_LABELS)
+    assert (r["listed"], r["classified"], r["failed"], r["not_reached"]) == (20, classified, BAD, 0)
+    assert (r["top1_correct"], r["top5_correct"]) == (TOP1_HITS, TOP5_HITS)
+    assert r["top1"] == TOP1_HITS / classified and r["top5"] == TOP5_HITS / classified
+    assert r["partial"] is False and r["stop_reason"] is None and r["decoder_fallbacks"] == 0
+    assert sorted(Path(f["path"]).stem for f in r["failures"]) == ["empty", "text", "truncated"]
+    # Batches of 1 (the first batch's survivor), 4, 4, 4, 4: the warm-up batch is the first.
+    assert (r["batches"], r["frames_timed"], r["warmup_included"]) == (5, 16, False)
+    assert r["fps"] == 16 / r["elapsed_s"] and r["elapsed_s"] > 0
+    lines = proc.stdout.splitlines()
+    assert f"FPS={r['fps']:.2f} (16/{r['elapsed_s']:.2f})" in lines
+    assert "Accuracy (top1)=23.53% (4/17, 3 failed to decode)" in lines
+    assert "Accuracy (top5)=58.82% (10/17, 3 failed to decode)" in lines
+    assert "Images: listed=20 classified=17 failed=3 not_reached=0" in lines
+    # The breakdown: the bound is the slower side; on the CPU, the rate of taking turns, by hand.
+    b = r["breakdown"]
+    assert b["e2e_fps"] == r["fps"] and b["loader_fps"] > 0 and b["model_fps"] > 0
+    bound = min(b["loader_fps"], b["model_fps"])
+    shared = b["loader_fps"] * b["model_fps"] / (b["loader_fps"] + b["model_fps"])
+    assert b["bound_fps"] == bound and b["shared_fps"] == pytest.approx(shared, rel=1e-12)
+    assert b["efficiency"] == pytest.approx(r["fps"] / bound, rel=1e-12)
+    assert b["bottleneck"] == ("loader" if b["loader_fps"] < b["model_fps"] else "model")
+    assert (f"Breakdown (images/s): loader alone {b['loader_fps']:.1f} | model alone {b['model_fps']:.1f} | "
+            f"end-to-end {r['fps']:.1f}") in lines  # fmt: skip
+    noise = " (above 100 %: measurement noise)" if b["efficiency"] > 1 else ""
+    assert (f"Bound {b['bound_fps']:.1f} images/s, set by the {b['bottleneck']}; end-to-end reaches "
+            f"{b['efficiency']:.0%} of it{noise}") in lines  # fmt: skip
+    assert (f"On the CPU the two share the cores: taking turns, with no overlap, they would reach "
+            f"{shared:.1f} images/s") in lines  # fmt: skip
+
+
+@pytest.mark.parametrize("max_bad", ["2", "14.99%"], ids=["N", "percent"])
+def test_one_past_the_max_bad_limit_stops_at_the_first_batch(ranked_set, ranked_checkpoint, tmp_path, max_bad):
+    # 2, and 14.99% of 20 = 2.998 images, rounded down: 2 allowed, 3 failed. Every bad image is in
+    # the first batch, so the run stops as that batch arrives, before any image is classified.
+    out = tmp_path / "r.json"
+    proc = _run_ranked(ranked_set, ranked_checkpoint, "--skip-bad", "--max-bad", max_bad, "--results-file", out)
+    assert proc.returncode == 1, proc.stderr
+    assert "error: 3 images failed to decode, more than --max-bad allows (2)" in proc.stderr
+    r = read_json(out)
+    assert (r["listed"], r["classified"], r["failed"], r["not_reached"], r["partial"]) == (20, 0, 3, 17, True)
+    assert (r["top1_correct"], r["top5_correct"], r["top1"], r["top5"]) == (0, 0, 0.0, 0.0)
+    assert "Images: listed=20 classified=0 failed=3 not_reached=17 (PARTIAL RUN)" in proc.stdout.splitlines()
+
+
+def test_exactly_at_the_max_bad_percentage_goes_on(ranked_set, ranked_checkpoint, tmp_path):
+    out = tmp_path / "r.json"
+    proc = _run_ranked(ranked_set, ranked_checkpoint, "--skip-bad", "--max-bad", "15%", "--results-file", out)
+    assert proc.returncode == 0, proc.stderr  # 15% of 20 = 3 images allowed, 3 failed
+    r = read_json(out)
+    assert (r["classified"], r["failed"], r["not_reached"], r["top5_correct"]) == (17, 3, 0, TOP5_HITS)
+
+
+@pytest.mark.parametrize(
+    "value, accepted",
+    [("0", True), ("101", True), ("0%", True), ("100%", True), ("-1", False), ("-5%", False), ("100.5%", False),
+     ("2.5", False), ("x%", False)],
+)  # fmt: skip
+def test_max_bad_values_accepted_and_refused(tmp_path, capsys, value, accepted):
+    # In-process and cheap: an accepted value goes on to the file-list check, which stops the run.
+    try:
+        status = main(["--input-flist", str(tmp_path / "none.flist"), "--skip-bad", f"--max-bad={value}"])
+    except SystemExit as e:  # argparse refused it
+        status = e.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert ("none.flist: no such file" in err) is accepted and ("argument --max-bad" in err) is not accepted, err
+
+
+# --- Per-rank figures under torchrun ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "listed, batch_size, warmup, classified, timed, warmup_included",
+    [(17, 4, 2, (9, 8), (9, 8), True), (16, 7, 1, (8, 8), (1, 1), False)],
+    ids=["shortest-shard-within-the-warmup", "warmup-left-out"],
+)
+def test_torchrun_per_rank_figures(
+    ranked_set, ranked_checkpoint, tmp_path, listed, batch_size, warmup, classified, timed, warmup_included
+):
+    # Rank 0 takes lines 0, 2, 4, ..., rank 1 lines 1, 3, 5, ... 17 images in batches of 4 with a
+    # warm-up of 2: rank 1 has 2 batches, no more than the warm-up, so every rank times all of its
+    # batches (a barrier at the warm-up's end would wait for ever). 16 images in batches of 7 with
+    # a warm-up of 1: each rank has 2 batches, 7 images and 1, and times its last.
+    flist, out = ranked_set.with_name("good.flist"), tmp_path / "r.json"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    args = ["--input-flist", flist, "--prefix", f"{flist.parent}/", *RUN, "--checkpoint", ranked_checkpoint,
+            "--max-samples", listed, "--batch-size", batch_size, "--warmup-batches", warmup, "--timeout", "30",
+            "--results-file", out]  # fmt: skip
+    cmd = [*launcher, str(ROOT / "imagenet_classification.py"), *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    r = read_json(out)
+    ranks = {entry["rank"]: entry for entry in r["ranks"]}
+    assert r["world_size"] == 2 and sorted(ranks) == [0, 1]
+    assert (ranks[0]["classified"], ranks[1]["classified"]) == classified
+    assert all(entry["device"] == "cpu" and entry["elapsed_s"] > 0 for entry in ranks.values())
+    for rank, entry in ranks.items():
+        assert entry["fps"] == pytest.approx(timed[rank] / entry["elapsed_s"], rel=1e-12)
+    top1, top5 = TOP1_HITS, TOP5_HITS  # GOOD_LABELS[16], left out of 16, is at rank 6: no hit
+    assert (r["listed"], r["classified"], r["failed"], r["not_reached"]) == (listed, listed, 0, 0)
+    assert (r["top1_correct"], r["top5_correct"], r["top1"], r["top5"]) == (top1, top5, top1 / listed, top5 / listed)
+    assert (r["frames_timed"], r["warmup_included"], r["partial"]) == (sum(timed), warmup_included, False)
+    assert r["batches"] == sum(math.ceil(n / batch_size) for n in classified)
+    assert r["elapsed_s"] == max(entry["elapsed_s"] for entry in ranks.values())
+    assert r["fps"] == sum(timed) / r["elapsed_s"]
+    lines = proc.stdout.splitlines()  # rank 0 alone prints the job's summary
+    assert lines.count(f"Images: listed={listed} classified={listed} failed=0 not_reached=0") == 1
+    assert f"Accuracy (top1)={100 * top1 / listed:.2f}% ({top1}/{listed})" in lines
+    assert f"Accuracy (top5)={100 * top5 / listed:.2f}% ({top5}/{listed})" in lines
+
+
+# --- Shards -------------------------------------------------------------------------------------
+
+
+def test_each_rank_takes_every_nth_line_from_its_own(tmp_path):
+    lines = [f"val/{WNID[(0, 281, 636, 967)[i % 4]]}/{i}.JPEG" for i in range(30)]
+    flist = tmp_path / "l.flist"
+    flist.write_text("\n".join(lines) + "\n")
+    for world in range(1, 9):
+        for rank in range(world):
+            assert [p for p, _ in source(flist, rank=rank, world_size=world)] == lines[rank::world], (rank, world)
+    assert [p for p, _ in source(flist, max_samples=10, rank=1, world_size=3)] == lines[:10][1::3]
+    assert [label for _, label in source(flist, rank=2, world_size=4)] == [636] * 7
+
+
+def test_shard_sizes_by_hand(monkeypatch):
+    assert [Shard(r, 2).size_of(19) for r in range(2)] == [10, 9]
+    assert [Shard(r, 7).size_of(30) for r in range(7)] == [5, 5, 4, 4, 4, 4, 4]
+    assert [Shard(0, 7).size_of(30, rank=r) for r in range(7)] == [5, 5, 4, 4, 4, 4, 4]
+    assert [Shard(r, 4).size_of(3) for r in range(4)] == [1, 1, 1, 0]
+    assert Shard().size_of(17) == 17
+    assert (Shard().rank, Shard().world_size, Shard().local_rank) == (0, 1, 0)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert Shard.from_env() == Shard(0, 1, 0)
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert Shard.from_env() == Shard(5, 8, 1)
+
+
+# --- Top-1 and top-5, the timing window, the results, in the library -------------------------
+
+
+class RankedLogits(torch.nn.Module):
+    """A real module that ranks the classes in a fixed order, whatever the image; its bias is a
+    parameter so that the bundle has a device. Each call may first sleep, to make a model slow."""
+
+    def __init__(self, ranking: list[int] = RANKING, last: int = LAST, sleeps: list[float] | None = None) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(_ranking_bias(ranking, last), requires_grad=False)
+        self.sleeps = list(sleeps or [])
+        self.shapes: list[tuple[int, ...]] = []  # of each batch given
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.shapes.append(tuple(x.shape))
+        if self.sleeps:
+            time.sleep(self.sleeps.pop(0))
+        return x.mean(dim=(1, 2, 3))[:, None] * 0 + self.bias
+
+
+def _bundle(model: torch.nn.Module | None = None, batch_size: int | None = None) -> ModelBundle:
+    transform = EvalTransform(size=8)
+    pre = Preprocessing(transform.mean, transform.std)
+    model = model or RankedLogits()
+    return ModelBundle(pre, model, Classification(), torch.float32, transform, batch_size=batch_size)
+
+
+def _batch(labels: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros((len(labels), 3, 8, 8), dtype=torch.uint8), torch.tensor(labels, dtype=torch.int64).view(-1, 1)
+
+
+def test_top1_and_top5_with_labels_at_ranks_1_5_and_6():
+    logits = _ranking_bias().repeat(7, 1)
+    labels = torch.tensor([[AT_RANK_1], [AT_RANK_5], [AT_RANK_6], [LAST], [AT_RANK_1], [RANKING[3]], [AT_RANK_2]])
+    assert [int(v) for v in Classification()(logits, labels)] == [2, 5]  # ranks 1, 5, 1, 4, 2 in the top 5
+    # Fewer than 5 classes: top-5 is every class.
+    assert [int(v) for v in Classification()(torch.tensor([[0.0, 2.0, 1.0]]), torch.tensor([[0]]))] == [0, 1]
+    images, labels = _batch([AT_RANK_1, AT_RANK_6, AT_RANK_5])
+    assert [int(v) for v in _bundle()(images, labels)] == [1, 2]
+    # A bundle that pads short batches (as when compiled): the 5 padded rows never count, even
+    # with a model that ranks class 0, the label nearest to the padding's, first.
+    zero_first = RankedLogits(ranking=[0, 1, 2, 3, 4], last=999)
+    images, labels = _batch([0, 281, 0])
+    assert [int(v) for v in _bundle(zero_first, batch_size=8)(images, labels)] == [2, 2]
+
+
+def test_short_batches_are_padded_to_the_compiled_batch_size():
+    # A compiled model is given full batches only, so the last, short one compiles nothing new.
+    padded, pairs, unpadded = RankedLogits(), RankedLogits(), RankedLogits()
+    for n in (1, 3, 4):
+        _bundle(padded, batch_size=4)(*_batch([AT_RANK_1] * n))
+        _bundle(unpadded)(*_batch([AT_RANK_1] * n))
+    _bundle(pairs, batch_size=2)(*_batch([AT_RANK_1]))
+    rows = [[shape[0] for shape in model.shapes] for model in (padded, pairs, unpadded)]
+    assert rows == [[4, 4, 4], [2], [1, 3, 4]]
+
+
+def _slow_loader(*batches: tuple[float, list[int]]):
+    """Batches of real tensors, each ``(seconds, labels)``: the batch arrives after that long."""
+    for seconds, labels in batches:
+        time.sleep(seconds)
+        yield _batch(labels)
+
+
+def test_fps_window_leaves_out_a_slow_warmup():
+    # 2 warm-up batches of 5 images (2 s), then 4 timed batches of 3 (0.2 s of waiting for them).
+    warmup = [(1.0, [AT_RANK_1] * 5), (1.0, [AT_RANK_6] * 5)]
+    timed = [(0.05, [AT_RANK_1, AT_RANK_5, AT_RANK_6])] * 3 + [(0.05, [LAST, AT_RANK_5, AT_RANK_5])]
+    result = benchmark(_slow_loader(*warmup, *timed), _bundle(), listed=22, warmup_batches=2)
+    assert (result.classified, result.failed, result.not_reached, result.batches) == (22, 0, 0, 6)
+    assert (result.decoder_fallbacks, result.failures) == (0, [])
+    assert (result.top1_correct, result.top5_correct) == (5 + 3, 5 + 3 + 3 + 2)
+    assert (result.frames_timed, result.warmup_included, result.partial) == (12, False, False)
+    # The window holds the 4 timed batches' 0.2 s of waiting; any part of the warm-up adds 1 s or
+    # more. The 0.8 s of slack is for a loaded machine running a model that does no work.
+    assert 0.2 <= result.elapsed_s < 1.0, result.elapsed_s
+    assert result.fps == 12 / result.elapsed_s
+
+
+@pytest.mark.parametrize("warmup_batches", [2, 3])
+def test_fps_window_of_a_run_no_longer_than_the_warmup_covers_it_all(warmup_batches):
+    # 2 batches, each after 0.3 s: a warm-up of 2 (just as long) or of 3 (longer) covers them all.
+    loader = _slow_loader((0.3, [AT_RANK_1] * 4), (0.3, [AT_RANK_1] * 2))
+    result = benchmark(loader, _bundle(), listed=6, warmup_batches=warmup_batches)
+    assert (result.frames_timed, result.batches, result.warmup_included, result.top1_correct) == (6, 2, True, 6)
+    assert 0.6 <= result.elapsed_s < 1.5 and result.fps == 6 / result.elapsed_s
+
+
+def test_benchmark_defaults_to_the_clis_warmup_and_to_stopping_at_a_bad_image():
+    # A notebook's benchmark() times as the command line does by default: 20 warm-up batches.
+    result = benchmark((_batch([AT_RANK_1]) for _ in range(21)), _bundle(), listed=21)
+    assert (result.frames_timed, result.batches, result.warmup_included) == (1, 21, False)
+    result = benchmark((_batch([AT_RANK_1]) for _ in range(20)), _bundle(), listed=20)
+    assert (result.frames_timed, result.warmup_included) == (20, True)
+    # And stops at a bad image unless told to skip, naming the first of them.
+    policy = BadImagePolicy()
+    policy.record_failure(ImageDecodeError("bad.JPEG", "empty file (0 bytes)"))
+    policy.record_failure(ImageDecodeError("worse.JPEG", "is a directory, not an image file"))
+    with pytest.raises(Exception, match="cannot decode bad.JPEG: empty file") as info:
+        benchmark(iter([_batch([AT_RANK_1])]), _bundle(), listed=3, policy=policy)
+    assert (info.value.result.classified, info.value.result.failed, info.value.result.not_reached) == (0, 2, 1)
+
+
+def test_loader_alone_and_model_alone_are_timed_after_their_warmup():
+    # The loader: 2 warm-up batches of 100 images after 0.5 s each, then 4 batches of 1 image
+    # after 0.25 s each: 4 images in 1.0-1.5 s (0.5 s of slack for a loaded machine), 2.67-4
+    # images/s. Counting a warm-up batch's images would make it 70 or more; its time, 2.67 or less.
+    loader = _slow_loader(*[(0.5, [0] * 100)] * 2, *[(0.25, [0])] * 4)
+    assert 4 / 1.5 < measure_loader(loader, torch.device("cpu"), warmup_batches=2) <= 4 / 1.0
+    # The model: 2 warm-up calls of 1 s, then 4 of 0.25 s, on batches of 1 image: 2.67-4 images/s
+    # again. Counting a warm-up batch's image would make it more than 4, its time less than 2.67
+    # (both: 6 images in 3 s or more, 2 images/s).
+    model = RankedLogits(sleeps=[1.0, 1.0] + [0.25] * 4)
+    assert 4 / 1.5 < measure_model(_bundle(model), batch_size=1, num_batches=6, warmup_batches=2) <= 4 / 1.0
+    assert model.shapes == [(1, 3, 8, 8)] * 6  # 6 batches of the model's input size
+
+
+def test_results_and_their_rates_by_hand(tmp_path):
+    result = RunResult(listed=10, classified=7, failed=2, top1_correct=3, top5_correct=5, frames_timed=6,
+                       elapsed_s=1.5, batches=4, decoder_fallbacks=1)  # fmt: skip
+    d = result.to_dict()
+    assert (d["not_reached"], d["fps"], d["top1"], d["top5"]) == (1, 4.0, 3 / 7, 5 / 7)
+    assert (d["listed"], d["classified"], d["failed"], d["frames_timed"], d["elapsed_s"]) == (10, 7, 2, 6, 1.5)
+    assert (d["top1_correct"], d["top5_correct"], d["batches"], d["decoder_fallbacks"]) == (3, 5, 4, 1)
+    empty = RunResult(listed=4, failed=4).to_dict()
+    assert (empty["not_reached"], empty["fps"], empty["top1"], empty["top5"]) == (0, 0.0, 0.0, 0.0)
+    assert RunResult(listed=3).to_dict() == {
+        "listed": 3, "classified": 0, "failed": 0, "top1_correct": 0, "top5_correct": 0, "frames_timed": 0,
+        "elapsed_s": 0.0, "batches": 0, "decoder_fallbacks": 0, "warmup_included": False, "partial": False,
+        "stop_reason": None, "failures": [], "timeline": None, "not_reached": 3, "fps": 0.0, "top1": 0.0,
+        "top5": 0.0,
+    }  # fmt: skip
+    assert RunResult(listed=None, classified=3).not_reached == 0
+    result.record_failures([ImageDecodeError("a.JPEG", "empty file (0 bytes)"), ImageDecodeError("b.JPEG", "x")])
+    assert (result.failed, result.failures) == (2, [{"path": "a.JPEG", "reason": "empty file (0 bytes)"},
+                                                     {"path": "b.JPEG", "reason": "x"}])  # fmt: skip
+
+
+def test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_file(tmp_path):
+    # The decode function records failures and GPU-decoder fallbacks as batches are made; on this
+    # CPU-only machine a generator stands in for it, writing to a real policy.
+    policy = BadImagePolicy(skip=True)
+
+    def loader():
+        policy.record_fallback()
+        yield _batch([AT_RANK_1, AT_RANK_5])
+        policy.record_failure(ImageDecodeError("bad1.JPEG", "empty file (0 bytes)"))
+        policy.record_fallback()
+        policy.record_fallback()
+        yield _batch([AT_RANK_6])
+        policy.record_failure(ImageDecodeError("bad2.JPEG", "truncated JPEG (no end-of-image marker)"))
+        yield _batch([])  # every image of this batch failed
+
+    # 8 listed, 3 classified, 2 failed: the loader ended 3 images short.
+    model = RankedLogits()
+    with pytest.raises(Exception, match="before delivering every listed image") as info:
+        benchmark(loader(), _bundle(model), listed=8, warmup_batches=0, policy=policy)
+    assert [shape[0] for shape in model.shapes] == [2, 1]  # the empty batch never reaches the model
+    result = info.value.result
+    assert (result.listed, result.classified, result.failed, result.not_reached) == (8, 3, 2, 3)
+    assert (result.decoder_fallbacks, result.partial, result.top1_correct, result.top5_correct) == (3, True, 1, 2)
+    assert [f["path"] for f in result.failures] == ["bad1.JPEG", "bad2.JPEG"]
+    summary = io.StringIO()
+    print_summary(result, summary)
+    lines = summary.getvalue().splitlines()
+    assert "Images: listed=8 classified=3 failed=2 not_reached=3 (PARTIAL RUN)" in lines
+    assert (
+        "  3 images (100.0%) decoded on the CPU: the GPU decoder cannot take them; the figures are mostly the CPU's"
+        in lines
+    )
+    assert "Accuracy (top5)=66.67% (2/3, 2 failed to decode)" in lines
+    assert "  failed: bad2.JPEG: truncated JPEG (no end-of-image marker)" in lines
+    out = tmp_path / "r.json"
+    write_results(out, RunReport(result, {}, {}, [{"rank": 0}]))
+    written = read_json(out)
+    assert (written["decoder_fallbacks"], written["failed"], written["not_reached"]) == (3, 2, 3)
+    assert (written["top1"], written["top5"], written["world_size"]) == (1 / 3, 2 / 3, 1)
+
+
+@pytest.mark.parametrize("failed, more", [(10, None), (11, "  ... and 1 more (all in the results file)")])
+def test_summary_lists_ten_failures_then_counts_the_rest(failed, more):
+    result = RunResult(listed=failed)
+    result.record_failures([ImageDecodeError(f"{i}.JPEG", "empty file (0 bytes)") for i in range(failed)])
+    summary = io.StringIO()
+    print_summary(result, summary)
+    lines = summary.getvalue().splitlines()
+    listed = [line for line in lines if line.startswith("  failed: ")]
+    assert listed == [f"  failed: {i}.JPEG: empty file (0 bytes)" for i in range(10)]
+    assert [line for line in lines if line.startswith("  ... and")] == ([more] if more else [])
+    assert f"Accuracy (top1)=0.00% (0/0, {failed} failed to decode)" in lines
+
+
+def test_summary_of_a_run_without_failures_says_none():
+    summary = io.StringIO()
+    print_summary(RunResult(listed=5, classified=5, top1_correct=2, top5_correct=4, frames_timed=4, elapsed_s=2.0,
+                            batches=3), summary)  # fmt: skip
+    assert summary.getvalue().splitlines() == [
+        "FPS=2.00 (4/2.00)",
+        "Accuracy (top1)=40.00% (2/5)",
+        "Accuracy (top5)=80.00% (4/5)",
+        "Images: listed=5 classified=5 failed=0 not_reached=0",
+    ]
+
+
+def test_breakdown_bound_and_efficiency_by_hand():
+    # The bound is the slower side alone; on the CPU the rate of taking turns is 1 / (1/600 + 1/40).
+    cpu = Breakdown.from_rates(600.0, 40.0, 30.0, torch.device("cpu"))
+    assert (cpu.bound_fps, cpu.bottleneck, cpu.efficiency, cpu.shared_fps) == (40.0, "model", 0.75, 37.5)
+    cpu = Breakdown.from_rates(40.0, 600.0, 36.0, torch.device("cpu"))
+    assert (cpu.loader_fps, cpu.model_fps, cpu.e2e_fps) == (40.0, 600.0, 36.0)
+    assert (cpu.bound_fps, cpu.bottleneck, cpu.efficiency, cpu.shared_fps) == (40.0, "loader", 0.9, 37.5)
+    gpu = Breakdown.from_rates(3000.0, 1200.0, 900.0, torch.device("cuda", 0))
+    assert (gpu.bound_fps, gpu.bottleneck, gpu.efficiency) == (1200.0, "model", 0.75)
+    gpu = Breakdown.from_rates(1200.0, 3000.0, 900.0, torch.device("cuda", 0))
+    assert (gpu.bound_fps, gpu.bottleneck, gpu.efficiency) == (1200.0, "loader", 0.75)
+    for loader_fps, model_fps in ((0.0, 40.0), (40.0, 0.0)):  # a side that timed nothing: no bound
+        none = Breakdown.from_rates(loader_fps, model_fps, 30.0, torch.device("cpu"))
+        assert (none.bound_fps, none.efficiency, none.shared_fps) == (0.0, 0.0, 0.0)
+    printed = io.StringIO()
+    print_breakdown(cpu, printed)
+    assert printed.getvalue().splitlines() == [
+        "Breakdown (images/s): loader alone 40.0 | model alone 600.0 | end-to-end 36.0",
+        "Bound 40.0 images/s, set by the loader; end-to-end reaches 90% of it",
+        "On the CPU the two share the cores: taking turns, with no overlap, they would reach 37.5 images/s",
+    ]
+    over = io.StringIO()  # a figure above 100 % says what it is
+    print_breakdown(Breakdown.from_rates(40.0, 600.0, 41.0, torch.device("cuda", 0)), over)
+    assert over.getvalue().splitlines()[1] == (
+        "Bound 40.0 images/s, set by the loader; end-to-end reaches 102% of it (above 100 %: measurement noise)"
+    )
+
+
+# --- Geometry, against timm's own evaluation transform ----------------------------------------
+
+# (size, crop_pct) of common timm configs, read from timm below; size / crop_pct of several has a
+# fraction of .5 or more, where rounding and flooring the shorter side differ.
+TIMM_CONFIGS = [
+    "mobilenetv3_large_100.ra_in1k",  # 224 / 0.875 = 256
+    "resnet50.a1_in1k",  # 224 / 0.95 = 235.79
+    "vit_base_patch16_224.augreg2_in21k_ft_in1k",  # 224 / 0.9 = 248.89
+    "inception_v3.tv_in1k",  # 299 / 0.875 = 341.71
+    "tf_efficientnet_b3.ns_jft_in1k",  # 300 / 0.904 = 331.86
+    "tf_efficientnet_b6.ns_jft_in1k",  # 528 / 0.942 = 560.51
+    "convnext_tiny.fb_in1k",  # 224 / 0.875
+    "deit_small_patch16_224.fb_in1k",  # 224 / 0.875
+    "test_efficientnet.r160_in1k",  # 160 / 0.95 = 168.42
+]
+
+
+def _config(name: str) -> tuple[int, float]:
+    cfg = timm.models.get_pretrained_cfg(name)
+    return cfg.input_size[-1], cfg.crop_pct
+
+
+def _input_sizes(short: int) -> list[tuple[int, int]]:
+    """Input sizes for a resized shorter side ``short``: ImageNet's common ones, and ones whose
+    long side resizes to a fraction of exactly .5 (k + 0.5 with k odd, which round() and int()
+    take to different sides) or of .75."""
+    half = 2 * short + (3 if short % 2 == 0 else 1)  # short * half / (2 * short) = k + 0.5, k odd
+    three_quarters = 4 * short + 3  # short * (4 * short + 3) / (4 * short) = short + 0.75
+    return [(500, 375), (375, 500), (500, 333), (640, 427), (32, 24), (8, 8), (4000, 60),
+            (2 * short, half), (half, 2 * short), (4 * short, three_quarters), (three_quarters, 4 * short)]  # fmt: skip
+
+
+def _timm_geometry(size: int, crop_pct: float, width: int, height: int) -> tuple[int, int, int, int]:
+    """``(resized width, resized height, crop left, crop top)``, read off timm's transform: the size
+    its Resize gives an image, and the crop box its CenterCrop cuts from an image whose pixels
+    hold their own coordinates."""
+    transform = timm.data.create_transform(input_size=(3, size, size), crop_pct=crop_pct, interpolation="bicubic")
+    resize, crop = transform.transforms[:2]
+    assert type(resize).__name__ == "Resize" and type(crop).__name__ == "CenterCrop", transform
+    new_h, new_w = resize(torch.zeros(1, height, width)).shape[-2:]
+    coordinates = torch.arange(new_h * new_w).view(1, new_h, new_w)
+    box = crop(coordinates)
+    assert box.shape[-2:] == (size, size)
+    top, left = divmod(int(box[0, 0, 0]), new_w)
+    assert int(box[0, -1, -1]) == (top + size - 1) * new_w + left + size - 1
+    return new_w, new_h, left, top
+
+
+@pytest.mark.parametrize("name", TIMM_CONFIGS)
+def test_geometry_matches_timms_transform(name):
+    size, crop_pct = _config(name)
+    short = math.floor(size / crop_pct)
+    for width, height in _input_sizes(short):
+        ours = EvalTransform(size=size, crop_pct=crop_pct).geometry(width, height)
+        assert ours == _timm_geometry(size, crop_pct, width, height), (size, crop_pct, width, height)
+
+
+def test_geometry_cases_reach_the_fractions_that_tell_roundings_apart():
+    # The cases above would not catch a changed rounding unless they reach these fractions.
+    shorts = [size / crop_pct for size, crop_pct in map(_config, TIMM_CONFIGS)]
+    assert any(s % 1 >= 0.5 for s in shorts) and any(0 < s % 1 < 0.5 for s in shorts)
+    longs, offsets = [], []
+    for size, crop_pct in map(_config, TIMM_CONFIGS):
+        short = math.floor(size / crop_pct)
+        for width, height in _input_sizes(short):
+            long_side = short * max(width, height) / min(width, height)
+            longs.append(long_side % 1)
+            offsets += [(short - size) / 2 % 2, (math.floor(long_side) - size) / 2 % 2]
+    assert 0.5 in longs and any(f > 0.5 for f in longs)
+    assert 0.5 in offsets and 1.5 in offsets  # centre-crop offsets of k + 0.5, k even and k odd
+
+
+def test_geometry_refuses_an_empty_image():
+    for width, height in ((0, 10), (10, 0), (0, 0), (-1, 10)):
+        with pytest.raises(ValueError, match="invalid image size"):
+            EvalTransform().geometry(width, height)
+    assert EvalTransform().geometry(1, 1) == _timm_geometry(224, 0.875, 1, 1)
+
+
+def test_resize_region_stays_in_the_frame_and_samples_where_the_whole_frame_would():
+    # A sweep over sizes for the common configs: the region (when there is one) lies in the frame,
+    # with even start and length, and its crop samples the source within 0.06 px of where the
+    # whole frame's would: at (offset + k + 0.5) * length / resized - 0.5 for crop pixel k.
+    regions = 0
+    for size, crop_pct in map(_config, TIMM_CONFIGS):
+        for width in range(size // 2, 1100, 37):
+            for height in range(size // 2, 1100, 41):
+                new_w, new_h, left, top = _timm_geometry_fast(size, crop_pct, width, height)
+                for length, resized, offset in ((width, new_w, left), (height, new_h, top)):
+                    start, src_len, out, pad = resize_region(length, resized, offset, size)
+                    if (start, src_len, out, pad) == (0, length, resized, offset):
+                        continue  # the whole side
+                    regions += 1
+                    where = (size, crop_pct, width, height, length, (start, src_len, out, pad))
+                    assert 0 <= start and start + src_len <= length and start % 2 == src_len % 2 == 0, where
+                    assert pad >= 4 and out - pad - size >= 4, where
+                    for k in (0, size - 1):  # the error is linear in k: its ends bound it
+                        ours = start + (pad + k + 0.5) * src_len / out
+                        whole = (offset + k + 0.5) * length / resized
+                        assert abs(ours - whole) <= 0.06, where
+    assert regions > 3000  # 3862 sides of the sweep are cut to a region: it reaches them
+
+
+def _timm_geometry_fast(size: int, crop_pct: float, width: int, height: int) -> tuple[int, int, int, int]:
+    """timm's geometry as :py:func:`_timm_geometry` reads it, by hand, for a sweep: timm's shorter
+    side ``floor(size / crop_pct)``, torchvision's long side truncated and centre-crop offsets
+    rounded half to even. test_geometry_matches_timms_transform checks these against timm."""
+    short = math.floor(size / crop_pct)
+    long_side = int(short * max(width, height) / min(width, height))
+    new_w, new_h = (short, long_side) if width <= height else (long_side, short)
+    return new_w, new_h, round((new_w - size) / 2), round((new_h - size) / 2)
+
+
+@pytest.mark.parametrize("width, height", [(331, 276), (268, 356), (315, 321), (500, 375)])
+def test_decoded_pixels_match_timms_transform(tmp_path, width, height):
+    # Sizes where the region FFmpeg resizes is cut on one side and whole on the other. The
+    # reference is timm's own evaluation transform (PIL, bicubic) on the same decoded photo.
+    from make_demo_data import PHOTOS, photo_path
+
+    photo = Image.open(photo_path(next(iter(PHOTOS)))).convert("RGB").resize((width, height), Image.Resampling.LANCZOS)
+    path = tmp_path / "n01440764" / "photo.JPEG"
+    path.parent.mkdir()
+    photo.save(path, quality=95)
+    images, _ = get_decode_func("cpu", EvalTransform())([(str(path), 0)])
+    timm_eval = timm.data.create_transform(input_size=(3, 224, 224), crop_pct=0.875, interpolation="bicubic")
+    resize, crop = timm_eval.transforms[:2]
+    with Image.open(path) as decoded:
+        reference = np.asarray(crop(resize(decoded.convert("RGB"))), dtype=np.int16)
+    mad = np.abs(images[0].permute(1, 2, 0).numpy().astype(np.int16) - reference).mean()
+    assert 0 < mad < 1.2, mad  # tests/test_decode.py's PIL_PARITY_MAD
+
+
+def test_model_config_reaches_the_transform():
+    model = timm.create_model("test_efficientnet", pretrained=False)
+    cfg = timm.data.resolve_data_config({}, model=model)
+    t = EvalTransform.from_model(model)
+    assert (t.size, t.crop_pct, t.interpolation) == (cfg["input_size"][-1], cfg["crop_pct"], cfg["interpolation"])
+    assert (t.mean, t.std) == (tuple(cfg["mean"]), tuple(cfg["std"]))
+    assert t.geometry(200, 150) == _timm_geometry(160, 0.95, 200, 150)
