@@ -168,6 +168,7 @@ __all__ = [
 _LG = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "mobilenetv3_large_100"
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")
 NUM_CLASSES = 1000
 TRACE_BATCHES = 60  # --trace keeps traces small: only this many batches are run.
@@ -405,6 +406,9 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--no-pretrained", action="store_false", dest="pretrained", help="random weights")
     model.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     model.add_argument("--no-compile", action="store_false", dest="compile", help="skip torch.compile")
+    model.add_argument("--compile-mode", choices=COMPILE_MODES, default="max-autotune",
+                       help="torch.compile's mode; max-autotune tunes every kernel (minutes on a GPU, "
+                            "before the timed window), default compiles in seconds")  # fmt: skip
     model.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
                        help="the model's precision; auto: bfloat16 where the hardware has it (README)")  # fmt: skip
     model.add_argument("--no-bf16", action="store_const", const="float32", dest="dtype", help="same as --dtype float32")
@@ -1524,6 +1528,7 @@ def _ffmpeg_decode_func(
 
 NVDEC_CONCURRENCY = 4  # batches decoded at once with NVDEC: one hardware decoder per thread
 NVDEC_MIN_SIDE, NVDEC_MAX_SIZE = 64, (32768, 16384)  # JPEG on A100 / H100 (SPDL's capability table)
+FPS_WINDOW_SLACK = 0.1  # the most FPS may overstate a loader-bound rate without a warning
 DECODER_TOLERANCE = 3.0  # mean absolute difference (0-255) a GPU decoder may show against FFmpeg, per image
 
 
@@ -1668,8 +1673,16 @@ def _decode_nvjpeg(datas: list[bytes], transform: EvalTransform, device: torch.d
     return out
 
 
-def _decode_nvdec_one(data: bytes, transform: EvalTransform, config: spdl.io.CUDAConfig) -> Tensor | None:
+def _decode_nvdec_one(
+    data: bytes, transform: EvalTransform, config: spdl.io.CUDAConfig, bound: threading.local
+) -> Tensor | None:
     """One JPEG through NVDEC, or None if NVDEC cannot take it or fails on it.
+
+    SPDL keeps one NVDEC decoder per thread and keeps the CUDA config (stream, allocator) of
+    its first use for good (``NvDecDecoderCore::init_decoder`` takes a new one only for another
+    device). ``bound.config`` is the config this thread's decoder was made with: for another
+    (a new decode function, the start-up probe before it), the decoder is made afresh, so that
+    its NV12 buffers are allocated and copied on the stream that then reads them.
 
     NVDEC returns NV12 at the image's size made even (SPDL refuses odd sizes; a 1-pixel
     stretch), converted here with JPEG's colour matrix, then resized and cropped with the
@@ -1682,9 +1695,10 @@ def _decode_nvdec_one(data: bytes, transform: EvalTransform, config: spdl.io.CUD
         width, height = packets.width, packets.height
         even_w, even_h = width + width % 2, height + height % 2
         decoder = spdl.io.nvdec_decoder(
-            config, packets.codec,
+            config, packets.codec, use_cache=getattr(bound, "config", None) is config,
             scale_width=even_w if even_w != width else -1, scale_height=even_h if even_h != height else -1,
         )  # fmt: skip
+        bound.config = config
         nv12 = spdl.io.to_torch(decoder.decode_packets(packets))
     except _DECODER_ERRORS as e:
         _LG.debug("NVDEC left an image to the CPU: %s", _spdl_reason(e))
@@ -1760,8 +1774,10 @@ def _nvdec_decode_func(
     if device.type != "cuda":
         raise ValueError(f"nvdec decodes on a CUDA GPU, not on {device}")
 
+    bound = threading.local()  # the config each thread's NVDEC decoder was made with
+
     def decode_on_gpu(datas: list[bytes], config: spdl.io.CUDAConfig | None) -> list[Tensor | None]:
-        return [_decode_nvdec_one(data, transform, config) for data in datas]
+        return [_decode_nvdec_one(data, transform, config, bound) for data in datas]
 
     return _gpu_decode_func(decode_on_gpu, transform, device, policy, max_bytes)
 
@@ -2412,7 +2428,7 @@ def get_model(
     *,
     pretrained: bool = True,
     checkpoint: Path | str | None = None,
-    compile: bool = True,
+    compile: bool | str = True,
     dtype: torch.dtype | str = "auto",
     use_bf16: bool | None = None,
     batch_size: int | None = None,
@@ -2424,7 +2440,8 @@ def get_model(
         device: Where the model runs.
         pretrained: Load timm's pretrained weights (from the model hub or its cache).
         checkpoint: A local state dict to load instead; no hub access.
-        compile: ``torch.compile`` the model and the normalisation (mode ``max-autotune``).
+        compile: ``torch.compile`` the model and the normalisation: True for mode
+            ``max-autotune``, or one of :py:data:`COMPILE_MODES`.
         dtype: The model's precision: a torch dtype, its name, or ``auto`` (see :py:func:`choose_dtype`).
         use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
         batch_size: With ``compile``, pad smaller batches to this size (see ModelBundle).
@@ -2444,8 +2461,11 @@ def get_model(
     model = model.eval().to(device=device, dtype=dtype)
     preprocessing = Preprocessing(transform.mean, transform.std).to(device)
     if compile:
-        model = torch.compile(model, mode="max-autotune")
-        preprocessing = torch.compile(preprocessing, mode="max-autotune")
+        mode = "max-autotune" if compile is True else compile
+        if mode not in COMPILE_MODES:
+            raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
+        model = torch.compile(model, mode=mode)
+        preprocessing = torch.compile(preprocessing, mode=mode)
     return ModelBundle(
         preprocessing, model, Classification(), dtype, transform, batch_size=batch_size if compile else None
     )
@@ -2471,6 +2491,9 @@ class RunResult:
         decoder_fallbacks: Images a GPU decoder could not take, decoded on the CPU instead.
         warmup_included: The run had no more batches than the warm-up, so the FPS window
             covers them all.
+        batches_timed: Batches in the FPS window.
+        loader_lead: Batches the loader can have decoded or in progress ahead of the model
+            (its buffer and its concurrent decodes), when known: see ``fps_max_overstatement``.
         partial: The run stopped before every listed image was classified or failed.
         stop_reason: Why it stopped early, or None.
         failures: Path and reason of each image that failed.
@@ -2488,6 +2511,8 @@ class RunResult:
     batches: int = 0
     decoder_fallbacks: int = 0
     warmup_included: bool = False
+    batches_timed: int = 0
+    loader_lead: int | None = None
     partial: bool = False
     stop_reason: str | None = None
     failures: list[dict[str, str]] = field(default_factory=list)
@@ -2507,6 +2532,21 @@ class RunResult:
         return self.frames_timed / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
+    def fps_max_overstatement(self) -> float | None:
+        """How much FPS can overstate a loader-bound rate, as a share (0.1: up to 10 %).
+
+        When the FPS window opens, the loader may already hold ``loader_lead`` batches ready or
+        in progress; a window of T batches then needs only T - lead batches from the loader, so
+        FPS is at most T / (T - lead) times the loader's rate (inf: the window may be all
+        buffered, and FPS is then the model's rate). None when the lead is unknown or the
+        window includes the start (when nothing is buffered yet).
+        """
+        if self.loader_lead is None or self.warmup_included or not self.batches_timed:
+            return None
+        lead = self.loader_lead
+        return math.inf if self.batches_timed <= lead else lead / (self.batches_timed - lead)
+
+    @property
     def top1(self) -> float:
         return self.top1_correct / self.classified if self.classified else 0.0
 
@@ -2516,7 +2556,10 @@ class RunResult:
 
     def to_dict(self) -> dict:
         fields = {k: v for k, v in asdict(self).items() if k != "predictions"}
-        return {**fields, "not_reached": self.not_reached, "fps": self.fps, "top1": self.top1, "top5": self.top5}
+        over = self.fps_max_overstatement
+        over = "unbounded" if over == math.inf else over  # valid JSON
+        return {**fields, "not_reached": self.not_reached, "fps": self.fps, "fps_max_overstatement": over,
+                "top1": self.top1, "top5": self.top5}  # fmt: skip
 
 
 class _Clock:
@@ -2654,6 +2697,7 @@ def benchmark(
     sync_clocks: Callable[[], None] | None = None,
     progress: Callable[[int, Tensor], None] | None = None,
     predictions: bool = False,
+    loader_lead: int | None = None,
 ) -> RunResult:
     """Run the model over every batch and measure throughput and accuracy.
 
@@ -2671,6 +2715,8 @@ def benchmark(
         progress: Called after each batch with the images classified so far and the running
             top-1 count (a device tensor), e.g. a :py:class:`Progress`.
         predictions: Keep each image's top-5 classes and probabilities (``result.predictions``).
+        loader_lead: Batches the loader can hold ahead of the model (see
+            :py:func:`loader_lead`), for ``result.fps_max_overstatement``.
 
     Returns:
         A RunResult, with its ``timeline``.
@@ -2680,7 +2726,7 @@ def benchmark(
             partial result. RunInterrupted likewise for SIGINT / SIGTERM / Ctrl-C.
     """
     policy = policy or BadImagePolicy()
-    loop = _Loop(model, RunResult(listed=listed), warmup_batches, sync_clocks, predictions)
+    loop = _Loop(model, RunResult(listed=listed, loader_lead=loader_lead), warmup_batches, sync_clocks, predictions)
     seen: list[ImageDecodeError] | None = []  # None once a batch does not say its failures
     try:
         with _stopped_runs(loop.result, policy), torch.inference_mode():
@@ -2752,6 +2798,7 @@ class _Loop:
         result, window = self.result, self.window
         result.frames_timed, result.elapsed_s, result.warmup_included = window.close()
         result.batches = window.batches
+        result.batches_timed = window.batches if result.warmup_included else window.batches - window.warmup_batches
         result.top1_correct, result.top5_correct = int(self.top1), int(self.top5)
         # The failures of the batches received first, in that order (the one that stopped a
         # strict run leads), then those of batches decoded but not received.
@@ -2894,6 +2941,8 @@ def init_distributed(device: torch.device, timeout_s: float) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {}
     if device.type == "cuda":
+        if device.index is None:  # NCCL's device_id needs an index
+            device = torch.device("cuda", torch.cuda.current_device())
         # Collectives on objects (all_gather_object) use the current device, which device_id
         # does not set: without this, every rank would use cuda:0.
         torch.cuda.set_device(device)
@@ -2944,7 +2993,7 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
 
     on = device if device.type == "cuda" else torch.device("cpu")
     fields = ("listed", "classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches",
-              "decoder_fallbacks")  # fmt: skip
+              "batches_timed", "decoder_fallbacks")  # fmt: skip
     counts = torch.tensor([getattr(result, f) for f in fields], dtype=torch.int64, device=on)
     dist.all_reduce(counts, op=dist.ReduceOp.SUM)
     flags = torch.tensor(
@@ -2960,6 +3009,8 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     rows = [rank.pop("predictions") for rank in gathered]
     total.predictions = None if any(r is None for r in rows) else [row for r in rows for row in r]
     total.timeline = result.timeline  # rank 0's
+    if result.loader_lead is not None:  # every rank's loader holds as many batches ahead
+        total.loader_lead = result.loader_lead * shard.world_size
     return total, gathered
 
 
@@ -3223,6 +3274,12 @@ def print_summary(result: RunResult, file: TextIO | None = None) -> None:
     file = file or sys.stdout
     if result.warmup_included:
         print(f"WARNING: only {result.batches} batch(es), not more than the warm-up: FPS includes it", file=file)
+    over = result.fps_max_overstatement
+    if over is not None and over > FPS_WINDOW_SLACK:
+        bound = "the window may be all buffered" if over == math.inf else f"FPS is up to {over:.0%} high"
+        print(f"WARNING: the FPS window holds {result.batches_timed} batches and the loader may have had "
+              f"{result.loader_lead} ready or under way when it opened: if the loader is the bottleneck, {bound}; "
+              f"list more images", file=file)  # fmt: skip
     print(f"FPS={result.fps:.2f} ({result.frames_timed}/{result.elapsed_s:.2f})", file=file)
     skipped = f", {result.failed} failed to decode" if result.failed else ""
     for k, correct, acc in (("1", result.top1_correct, result.top1), ("5", result.top5_correct, result.top5)):
@@ -3548,7 +3605,7 @@ class RunConfig:
     checkpoint: Path | None
     dtype: torch.dtype
     dtype_reason: str
-    compile: bool
+    compile: bool | str
     warmup_batches: int
     skip_bad: bool
     max_bad: tuple[float, bool] | None
@@ -3569,6 +3626,14 @@ class RunConfig:
     def my_images(self) -> ImageList:
         """This rank's shard of the images."""
         return self.images.shard(self.shard.rank, self.shard.world_size)
+
+    @property
+    def loader_lead(self) -> int:
+        """Batches the loader can hold ahead of the model: SPDL's sink buffer and the batches
+        decoded at once; the DataLoader's prefetch (2 per worker)."""
+        if self.loader == "torch":
+            return 2 * self.loader_workers
+        return self.queue_size + self.decode_concurrency
 
     def policy(self) -> BadImagePolicy:
         """A fresh bad-image policy as the flags ask."""
@@ -3704,7 +3769,7 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         decode_concurrency=min(args.num_threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else args.num_threads,
         loader_workers=args.num_threads, queue_size=args.queue_size, model=args.model,
         weights=str(args.checkpoint) if args.checkpoint else "pretrained" if args.pretrained else "random",
-        checkpoint=args.checkpoint, dtype=dtype, dtype_reason=dtype_reason, compile=args.compile,
+        checkpoint=args.checkpoint, dtype=dtype, dtype_reason=dtype_reason, compile=args.compile and args.compile_mode,
         warmup_batches=args.warmup_batches, skip_bad=args.skip_bad, max_bad=args.max_bad,
         max_image_bytes=args.max_image_mb << 20, timeout=args.timeout, breakdown=args.breakdown,
         parity=args.parity, check_decoder=0 if torch_loader else args.check_decoder,
@@ -3835,7 +3900,7 @@ def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
                     outcome.result = benchmark(
                         loader.batches, model, listed=len(images), warmup_batches=warmup, policy=policy,
                         sync_clocks=_clock_start_hook(config.shard, loader.stats), progress=progress,
-                        predictions=config.predictions_file is not None,
+                        predictions=config.predictions_file is not None, loader_lead=config.loader_lead,
                     )  # fmt: skip
             except (RunStopped, RunInterrupted) as e:
                 outcome.result, outcome.error = e.result or outcome.result, e
@@ -3894,6 +3959,10 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
     _LG.info("Model %s on %s in %s (%s), %s loader, decoder %s, %d images listed.", config.model, config.device,
              str(config.dtype).removeprefix("torch."), config.dtype_reason, config.loader, config.decoder,
              len(config.my_images))  # fmt: skip
+    if config.compile and config.device.type == "cuda":
+        _LG.info("torch.compile (mode %s) compiles during the warm-up%s.", config.compile,
+                 ": minutes on a GPU the first time (then cached); --compile-mode default takes seconds"
+                 if config.compile == "max-autotune" else "")  # fmt: skip
     parity = None
     if config.parity and config.shard.rank == 0:
         decode = get_decode_func(config.device, config.transform, config.decoder, BadImagePolicy(skip=True))

@@ -47,9 +47,14 @@ def run_leg(name: str, args: list[str], out: Path, timeout: float, log) -> dict:
     started = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {timeout:g} s"}
+    except subprocess.TimeoutExpired as e:  # what it printed so far says where it was
+        partial = [(x.decode(errors="replace") if isinstance(x, bytes) else x) or "" for x in (e.stdout, e.stderr)]
+        log.write(f"### {name} (timed out after {timeout:g} s): {' '.join(cmd)}\n{''.join(partial)}\n")
+        log.flush()
+        tail = "".join(partial).strip().splitlines()[-3:]
+        return {"ok": False, "error": f"timed out after {timeout:g} s", "output_tail": tail}
     log.write(f"### {name}: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}\n")
+    log.flush()
     entry = {"ok": proc.returncode == 0, "exit": proc.returncode, "wall_s": time.monotonic() - started}
     if results.exists():
         entry["result"] = json.loads(results.read_text())
@@ -130,18 +135,125 @@ def agreement(photos: Path, checkpoint: Path, device: str, decoders: list[str], 
     return out
 
 
+def decode_rates(flist: Path) -> dict:
+    """FFmpeg decode-only images/s in one thread and in every core's thread, as the loader
+    decodes (the yardstick of the target: the loader at 0.75 x cores x the one-core rate)."""
+    import os
+
+    from compare_loaders import decode_only_rate
+
+    paths = [str(flist.parent / line) for line in flist.read_text().split()][:1600]
+    cores = os.cpu_count() or 1
+    one = decode_only_rate(paths[:400], 1, as_loader=True)
+    return {"cores": cores, "one_core_fps": one, "all_cores_fps": decode_only_rate(paths, cores, as_loader=True),
+            "target_loader_fps": 0.75 * cores * one}  # fmt: skip
+
+
+def _ffmpeg_plane(data: bytes, plane: str):
+    """One plane (y, u or v) of FFmpeg's decode of a JPEG, as a numpy array."""
+    import spdl.io
+
+    import imagenet_classification as ic
+
+    frames = spdl.io.decode_packets(spdl.io.demux_image(ic._first_image(data)), filter_desc=f"extractplanes={plane}")
+    height, width = frames.height, frames.width
+    return spdl.io.to_numpy(spdl.io.convert_frames([frames])).reshape(height, width)
+
+
+def _fit(ours, reference) -> list[float]:
+    """Slope and intercept of ``ours`` against ``reference`` (least squares): 219/255 and 16
+    would be a limited-range output, 1 and 0 the same range."""
+    x, y = reference.flatten().double(), ours.flatten().double()
+    slope = ((x - x.mean()) * (y - y.mean())).mean() / x.var(unbiased=False).clamp_min(1e-9)
+    return [round(slope.item(), 4), round((y.mean() - slope * x.mean()).item(), 3)]
+
+
+def nvdec_planes(paths: list[Path], device: str) -> dict:
+    """Per image, NVDEC's NV12 planes against FFmpeg's Y, U and V planes (mean absolute
+    difference): tells a wrong decode from a wrong conversion."""
+    import spdl.io
+    import torch
+
+    import imagenet_classification as ic
+
+    config = ic._cuda_config(torch.device(device))
+    out = {}
+    for path in paths:
+        data = path.read_bytes()
+        try:
+            packets = spdl.io.demux_video(ic._first_image(data))
+            width, height = packets.width, packets.height
+            decoder = spdl.io.nvdec_decoder(config, packets.codec)
+            nv12 = spdl.io.to_torch(decoder.decode_packets(packets))[0].cpu()
+            y, u, v = (torch.from_numpy(_ffmpeg_plane(data, p).copy()).float() for p in "yuv")
+            h, w = y.shape
+            entry = {"size": [width, height], "nv12_shape": list(nv12.shape), "nv12_stride": list(nv12.stride())}
+            if nv12.shape[0] >= h + h // 2 and nv12.shape[1] >= w:
+                uv = nv12[h : h + (h + 1) // 2, : w + w % 2].reshape((h + 1) // 2, -1, 2).float()
+                entry["mad_y"] = (nv12[:h, :w].float() - y).abs().mean().item()
+                entry["mad_u"] = (uv[: u.shape[0], : u.shape[1], 0] - u).abs().mean().item()
+                entry["mad_v"] = (uv[: v.shape[0], : v.shape[1], 1] - v).abs().mean().item()
+                entry["y_fit"] = _fit(nv12[:h, :w].float(), y)  # NVDEC's Y as a linear function of FFmpeg's
+                entry["u_fit"] = _fit(uv[: u.shape[0], : u.shape[1], 0], u)
+                entry["y_range"] = [
+                    nv12[:h, :w].min().item(),
+                    nv12[:h, :w].max().item(),
+                    y.min().item(),
+                    y.max().item(),
+                ]
+            out[path.name] = entry
+        except Exception as e:  # recorded per image
+            out[path.name] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def nccl_one_rank(device: str) -> dict:
+    """The torchrun code path on one rank: NCCL's process group on this GPU, the exact sums and
+    the gathered per-rank rows (reduce_results), then the group's teardown."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import imagenet_classification as ic
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    dev = torch.device(device)  # "cuda" too: init_distributed picks the current GPU
+    ic.init_distributed(dev, 60)
+    try:
+        result = ic.RunResult(listed=10, classified=9, failed=1, top1_correct=7, top5_correct=8,
+                              frames_timed=8, elapsed_s=0.5, batches=3)  # fmt: skip
+        result.predictions = [{"path": "a", "top1": 1}]
+        total, ranks = ic.reduce_results(result, ic.Shard(0, 1, 0), dev)
+        ok = (total.classified, total.top5_correct, total.elapsed_s, len(ranks)) == (9, 8, 0.5, 1)
+        return {"ok": ok, "backend": dist.get_backend(), "total": total.to_dict(), "ranks": ranks}
+    finally:
+        dist.destroy_process_group()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", type=Path, default=ROOT / "bench" / "gpu_bundle")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--scratch",
+        type=Path,
+        default=Path("/tmp/gpu_check_scratch"),
+        help="where the generated images go (not --out: only the reports come back)",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--images", type=int, default=4000)
+    parser.add_argument("--unchecked", default="", help="decoders timed without their colour self-check")
+    parser.add_argument("--repeat", type=int, default=10, help="times each leg lists the image set")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--decoders", default="ffmpeg,nvjpeg,nvdec")
     parser.add_argument("--leg-timeout", type=float, default=120, help="seconds per leg; the first gets twice")
     parser.add_argument("--time-budget", type=float, default=450, help="seconds for the whole check")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--compile-mode", default="default", help="default: max-autotune took over 200 s to compile on an H200 (seen)"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     decoders = args.decoders.split(",")
@@ -150,7 +262,11 @@ def main() -> None:
 
     photos = args.bundle / "photos" / "val.flist"
     sources = [(photos.parent / line, line.split("/")[1]) for line in photos.read_text().split()]
-    flist = make_image_set(args.out / "images", args.images, photos=sources)
+    flist = make_image_set(args.scratch / "images", args.images, photos=sources)
+    # Each leg lists the set ``--repeat`` times (the page cache holds it, as for a warm ImageNet):
+    # a FPS window of seconds, not a tenth of one, at GPU rates.
+    listed = flist.with_name(f"{flist.stem}x{args.repeat}.flist")
+    listed.write_text(flist.read_text() * args.repeat)
     checkpoint = args.bundle / "efficientnet_lite0.pth"
     import torch
 
@@ -162,12 +278,16 @@ def main() -> None:
     report.update({"device": args.device, "images": args.images, "legs": {}})
     report["env"] = ic.environment(torch.device(args.device))
     deadline = time.monotonic() + args.time_budget - AGREEMENT_RESERVE_S
+    report["decode_rates"] = decode_rates(flist)
+    print(f"FFmpeg decode-only: {report['decode_rates']}", flush=True)
+    write_report(report, args.out)
     with open(args.out / "gpu_check.log", "w") as log:
         for i, decoder in enumerate(decoders):
-            common = ["--input-flist", str(flist), "--prefix", f"{flist.parent}/", "--device", args.device,
+            common = ["--input-flist", str(listed), "--prefix", f"{flist.parent}/", "--device", args.device,
                       "--batch-size", str(args.batch_size), "--num-threads", str(args.threads),
                       "--model", "mobilenetv3_large_100", "--no-pretrained", "--breakdown",
-                      *([] if args.compile else ["--no-compile"]), *DECODER_FLAGS[decoder]]  # fmt: skip
+                      *(["--compile-mode", args.compile_mode] if args.compile else ["--no-compile"]),
+                      *DECODER_FLAGS[decoder], *(["--check-decoder", "0"] if decoder in args.unchecked.split(",") else [])]  # fmt: skip  # noqa: E501
             timeout = min(args.leg_timeout * (2 if i == 0 else 1), deadline - time.monotonic())
             if timeout < 10:
                 report["legs"][decoder] = {"ok": False, "error": "not run: the time budget was spent"}
@@ -176,12 +296,28 @@ def main() -> None:
             print(f"{decoder}: {summary(report['legs'][decoder])}", flush=True)
             write_report(report, args.out)
         try:
-            report["unusual_images"] = unusual_images(args.out / "unusual", args.device, decoders, log)
+            report["unusual_images"] = unusual_images(args.scratch / "unusual", args.device, decoders, log)
             verdicts = {k: v["ok"] for k, v in report["unusual_images"].items() if k != "images"}
         except Exception as e:  # e.g. FFmpeg on the CPU failing one: recorded, the agreement still runs
             report["unusual_images"] = verdicts = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         print(f"unusual images, each decoder against FFmpeg on the CPU: {verdicts}", flush=True)
         write_report(report, args.out)
+        if args.device.startswith("cuda") and "nvdec" in decoders:
+            some = [args.scratch / "unusual" / n for n in ("huge.JPEG", "two-images.JPEG", "trailer.JPEG")]
+            some += [photos.parent / line for line in photos.read_text().split()[:3]]
+            try:
+                report["nvdec_planes"] = nvdec_planes(some, args.device)
+            except Exception as e:  # recorded; the rest still runs
+                report["nvdec_planes"] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"NVDEC planes against FFmpeg's: {report['nvdec_planes']}", flush=True)
+            write_report(report, args.out)
+        if args.device.startswith("cuda"):
+            try:
+                report["nccl_one_rank"] = nccl_one_rank(args.device)
+            except Exception as e:  # recorded; the agreement still runs
+                report["nccl_one_rank"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            print(f"NCCL on one rank: {report['nccl_one_rank'].get('ok')}", flush=True)
+            write_report(report, args.out)
         report["agreement"] = agreement(photos, checkpoint, args.device, decoders, log)
         print(f"top-1 agreement with FFmpeg on {report['agreement']['photos']} photos: "
               f"{ {k: v for k, v in report['agreement'].items() if k != 'photos'} }", flush=True)  # fmt: skip

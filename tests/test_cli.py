@@ -10,11 +10,13 @@ import time
 import pytest
 import torch
 
+from imagenet_classification import get_model, main
 from tests.conftest import ROOT, TINY, read_json, run_cli
 
 RESULT_KEYS = {
     "fps", "elapsed_s", "frames_timed", "listed", "classified", "failed", "not_reached",
-    "top1_correct", "top5_correct", "top1", "top5", "partial", "config", "env",
+    "top1_correct", "top5_correct", "top1", "top5", "partial", "config", "env", "batches_timed", "loader_lead",
+    "fps_max_overstatement",
 }  # fmt: skip
 CONFIG_KEYS = {
     "model", "weights", "batch_size", "num_threads", "decoder", "device", "dtype", "compile",
@@ -60,9 +62,22 @@ def test_default_compile_and_bf16_with_short_run_warns(jpeg_set, tmp_path):
     assert "not more than the warm-up: FPS includes it" in proc.stdout
     result = read_json(out)
     native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # --dtype auto follows the hardware
-    assert (result["config"]["compile"], result["config"]["dtype"]) == (True, "bfloat16" if native_bf16 else "float32")
+    expected = ("max-autotune", "bfloat16" if native_bf16 else "float32")
+    assert (result["config"]["compile"], result["config"]["dtype"]) == expected
     assert (result["listed"], result["classified"], result["frames_timed"]) == (10, 10, 10)  # last batch: 2 images
     assert result["warmup_included"] is True
+
+
+def test_compile_modes_accepted_and_refused(jpeg_set, capsys):
+    # The CLI offers torch.compile's modes; the library takes True (max-autotune), False or a mode.
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error
+        main(["--input-flist", str(jpeg_set), *TINY, "--compile-mode", "fast"])
+    assert refused.value.code == 2
+    assert "--compile-mode: invalid choice: 'fast'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="compile='fast': True, False or one of default, reduce-overhead"):
+        get_model("test_efficientnet", "cpu", pretrained=False, compile="fast")
+    bundle = get_model("test_efficientnet", "cpu", pretrained=False, compile="default", dtype="float32")
+    assert type(bundle.model).__name__ == "OptimizedModule"  # compiled lazily, on the first batch
 
 
 def test_trace_writes_both_traces(jpeg_set, tmp_path):

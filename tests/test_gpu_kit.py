@@ -25,7 +25,8 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
 
     check = subprocess.run(
         ["bash", str(ROOT / "bench" / "gpu_check.sh"), "--device", "cpu", "--decoders", "ffmpeg,nvjpeg",
-         "--images", "40", "--batch-size", "8", "--threads", "2", "--no-compile"],
+         "--images", "40", "--repeat", "2", "--batch-size", "8", "--threads", "2", "--no-compile",
+         "--scratch", tmp_path / "scratch"],
         env=env, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert check.returncode == 0, check.stderr
@@ -40,7 +41,13 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
     assert machine["python"].startswith(python) and "libcuda.so.1" in machine["libraries"]
     assert "cannot open shared object" in machine["spdl_cuda"] and machine["nvidia_smi"]
     ffmpeg, nvjpeg = report["legs"]["ffmpeg"], report["legs"]["nvjpeg"]
-    assert ffmpeg["ok"] and ffmpeg["result"]["classified"] == 40 and "breakdown" in ffmpeg["result"]
+    # Each leg lists the 40 images twice; the images stay in the scratch folder, out of OUT.
+    assert ffmpeg["ok"] and ffmpeg["result"]["classified"] == 80 and "breakdown" in ffmpeg["result"]
+    assert ffmpeg["result"]["config"]["compile"] is False and ffmpeg["result"]["loader_lead"] == 16 + 2
+    assert not (tmp_path / "out" / "images").exists() and (tmp_path / "scratch" / "images" / "val40.flist").exists()
+    rates = report["decode_rates"]
+    assert rates["one_core_fps"] > 0 and rates["target_loader_fps"] == 0.75 * rates["cores"] * rates["one_core_fps"]
+    assert "nccl_one_rank" not in report and "nvdec_planes" not in report  # GPU steps only
     assert not nvjpeg["ok"] and "--use-nvjpeg decodes on a CUDA GPU" in nvjpeg["error"]
     assert report["agreement"]["photos"] == 40 and report["agreement"]["nvjpeg"]["ok"] is False
     # Unusual images through the bundle's FFmpeg 6.1: each decodes (FFmpeg against itself: identical).
@@ -54,10 +61,22 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
     env["OUT"] = str(tmp_path / "out2")
     short = subprocess.run(
         ["bash", str(ROOT / "bench" / "gpu_check.sh"), "--device", "cpu", "--decoders", "ffmpeg",
-         "--images", "40", "--no-compile", "--time-budget", "65"],
+         "--images", "40", "--no-compile", "--time-budget", "65", "--scratch", tmp_path / "scratch"],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert short.returncode == 0, short.stderr
     report = json.loads((tmp_path / "out2" / "gpu_check.json").read_text())
     assert report["legs"]["ffmpeg"] == {"ok": False, "error": "not run: the time budget was spent"}
     assert report["agreement"]["photos"] == 40 and "torch" in report["env"]
+
+
+def test_the_torchrun_path_on_one_rank(tmp_path):
+    # gpu_check's one-rank step, on the CPU: Gloo's process group, the exact sums, the per-rank
+    # rows and the teardown (on a GPU the same code runs NCCL). A process of its own: it joins a group.
+    code = "import sys; sys.argv = ['x']; import gpu_check, json; print(json.dumps(gpu_check.nccl_one_rank('cpu')))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "bench", capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ok"] and out["backend"] == "gloo" and out["ranks"][0]["classified"] == 9
+    assert (out["total"]["top5_correct"], out["total"]["fps"]) == (8, 16.0)

@@ -350,6 +350,59 @@ def test_fps_window_leaves_out_a_slow_warmup():
     assert result.fps == 12 / result.elapsed_s
 
 
+def test_fps_of_a_window_the_loader_had_buffered_stays_within_its_stated_bound():
+    # A loader at 10 batches/s that had 3 batches ready when the window opened (decoded during
+    # a slow warm-up): a window of 6 batches takes 0.3 s, not 0.6 s, so FPS is twice the
+    # loader's rate, and the result says FPS may be up to 3 / (6 - 3) = 100 % high.
+    warmup = [(1.0, [AT_RANK_1] * 2), (1.0, [AT_RANK_1] * 2)]
+    buffered, produced = [(0.0, [AT_RANK_1] * 2)] * 3, [(0.1, [AT_RANK_1] * 2)] * 3
+    result = benchmark(_slow_loader(*warmup, *buffered, *produced), _bundle(), listed=16, warmup_batches=2,
+                       loader_lead=3)  # fmt: skip
+    assert (result.batches, result.batches_timed, result.loader_lead) == (8, 6, 3)
+    assert result.fps_max_overstatement == 1.0
+    loader_rate = 2 / 0.1  # images/s the loader makes
+    assert result.fps > 1.5 * loader_rate  # the buffered batches inflate FPS ...
+    assert result.fps <= loader_rate * (1 + result.fps_max_overstatement) * 1.01  # ... within the bound
+    out = io.StringIO()
+    print_summary(result, out)
+    assert "the FPS window holds 6 batches and the loader may have had 3 ready" in out.getvalue()
+    assert "FPS is up to 100% high" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("timed", "lead", "included", "expected", "in_json"),
+    [(100, 20, False, 0.25, 0.25), (20, 20, False, math.inf, "unbounded"), (5, 20, False, math.inf, "unbounded"),
+     (5, 20, True, None, None), (100, None, False, None, None), (0, 4, False, None, None)],
+)  # fmt: skip
+def test_fps_overstatement_bound_by_hand(timed, lead, included, expected, in_json):
+    result = RunResult(listed=1000, batches_timed=timed, loader_lead=lead, warmup_included=included)
+    assert result.fps_max_overstatement == expected
+    assert result.to_dict()["fps_max_overstatement"] == in_json
+    out = io.StringIO()
+    print_summary(result, out)
+    warned = "the FPS window holds" in out.getvalue()
+    assert warned == (expected is not None and expected > 0.1)
+    assert ("the window may be all buffered" in out.getvalue()) == (expected == math.inf)
+
+
+def test_a_run_states_its_loaders_lead_and_the_bound(tmp_path):
+    # SPDL's lead is the sink buffer plus the batches decoded at once: 3 + 2 here.
+    flist = tmp_path / "val.flist"
+    lines = []
+    for i in range(12):
+        write_jpeg(tmp_path / f"val/n01440764/{i}.JPEG", (80, 60), (120, 90, 60), seed=i)
+        lines.append(f"val/n01440764/{i}.JPEG")
+    flist.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r.json"
+    proc = run_cli("--input-flist", flist, "--prefix", f"{tmp_path}/", "--model", "test_efficientnet", "--device",
+                   "cpu", "--no-pretrained", "--no-compile", "--no-bf16", "--batch-size", "1", "--num-threads", "2",
+                   "--queue-size", "3", "--warmup-batches", "2", "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    r = read_json(out)
+    assert (r["loader_lead"], r["batches_timed"], r["fps_max_overstatement"]) == (5, 10, 5 / (10 - 5))
+    assert "the FPS window holds 10 batches and the loader may have had 5 ready" in proc.stdout
+
+
 @pytest.mark.parametrize("warmup_batches", [2, 3])
 def test_fps_window_of_a_run_no_longer_than_the_warmup_covers_it_all(warmup_batches):
     # 2 batches, each after 0.3 s: a warm-up of 2 (just as long) or of 3 (longer) covers them all.
@@ -399,9 +452,9 @@ def test_results_and_their_rates_by_hand(tmp_path):
     assert (empty["not_reached"], empty["fps"], empty["top1"], empty["top5"]) == (0, 0.0, 0.0, 0.0)
     assert RunResult(listed=3).to_dict() == {
         "listed": 3, "classified": 0, "failed": 0, "top1_correct": 0, "top5_correct": 0, "frames_timed": 0,
-        "elapsed_s": 0.0, "batches": 0, "decoder_fallbacks": 0, "warmup_included": False, "partial": False,
-        "stop_reason": None, "failures": [], "timeline": None, "not_reached": 3, "fps": 0.0, "top1": 0.0,
-        "top5": 0.0,
+        "elapsed_s": 0.0, "batches": 0, "decoder_fallbacks": 0, "warmup_included": False, "batches_timed": 0,
+        "loader_lead": None, "partial": False, "stop_reason": None, "failures": [], "timeline": None,
+        "not_reached": 3, "fps": 0.0, "fps_max_overstatement": None, "top1": 0.0, "top5": 0.0,
     }  # fmt: skip
     assert RunResult(listed=None, classified=3).not_reached == 0
     result.record_failures([ImageDecodeError("a.JPEG", "empty file (0 bytes)"), ImageDecodeError("b.JPEG", "x")])
