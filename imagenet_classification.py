@@ -3308,7 +3308,9 @@ def print_breakdown(breakdown: Breakdown, file: TextIO | None = None) -> None:
     b, file = breakdown, file or sys.stdout
     print(f"Breakdown (images/s): loader alone {b.loader_fps:.1f} | model alone {b.model_fps:.1f} | "
           f"end-to-end {b.e2e_fps:.1f}", file=file)  # fmt: skip
-    noise = " (above 100 %: measurement noise)" if b.efficiency > 1 else ""
+    noise = (
+        " (above 100 %: measurement noise, or a window too short for the loader's buffer)" if b.efficiency > 1 else ""
+    )
     print(f"Bound {b.bound_fps:.1f} images/s, set by the {b.bottleneck}; end-to-end reaches "
           f"{b.efficiency:.0%} of it{noise}", file=file)  # fmt: skip
     if b.shared_fps is not None:

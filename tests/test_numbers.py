@@ -153,7 +153,11 @@ def test_a_run_at_the_max_bad_limit_reports_exact_figures(ranked_set, ranked_che
     assert b["bottleneck"] == ("loader" if b["loader_fps"] < b["model_fps"] else "model")
     assert (f"Breakdown (images/s): loader alone {b['loader_fps']:.1f} | model alone {b['model_fps']:.1f} | "
             f"end-to-end {r['fps']:.1f}") in lines  # fmt: skip
-    noise = " (above 100 %: measurement noise)" if b["efficiency"] > 1 else ""
+    noise = (
+        " (above 100 %: measurement noise, or a window too short for the loader's buffer)"
+        if b["efficiency"] > 1
+        else ""
+    )
     assert (f"Bound {b['bound_fps']:.1f} images/s, set by the {b['bottleneck']}; end-to-end reaches "
             f"{b['efficiency']:.0%} of it{noise}") in lines  # fmt: skip
     assert (f"On the CPU the two share the cores: taking turns, with no overlap, they would reach "
@@ -552,7 +556,8 @@ def test_breakdown_bound_and_efficiency_by_hand():
     over = io.StringIO()  # a figure above 100 % says what it is
     print_breakdown(Breakdown.from_rates(40.0, 600.0, 41.0, torch.device("cuda", 0)), over)
     assert over.getvalue().splitlines()[1] == (
-        "Bound 40.0 images/s, set by the loader; end-to-end reaches 102% of it (above 100 %: measurement noise)"
+        "Bound 40.0 images/s, set by the loader; end-to-end reaches 102% of it "
+        "(above 100 %: measurement noise, or a window too short for the loader's buffer)"
     )
 
 
