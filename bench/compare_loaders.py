@@ -1,18 +1,23 @@
 """Compare image loaders on identical work, side by side, in one run.
 
 Generates an ImageNet-like JPEG set (real photographs cropped to ImageNet's common sizes and
-qualities), then measures, interleaved and repeated:
+qualities; with ``--mix imagenet``, sizes and kinds drawn as in ImageNet's validation set as far as
+published: see bench/README.md, "A realistic mix"), then measures, interleaved and repeated:
 
 - FFmpeg decode-only rate (demux + decode, no resize) at 1..N threads: the ceiling per core;
 - the SPDL loader (decode, resize, crop, batch) at 1..N threads;
 - the PyTorch DataLoader with PIL at 1..N worker processes, same transform and batching;
 - the model alone and end-to-end, on a subset;
 - a scaling check: the SPDL loader over 1k and 8k listed images, in fresh processes, comparing
-  throughput and peak RSS.
+  throughput and peak RSS;
+- per kind of image (baseline or progressive, greyscale, CMYK, 4:2:0 or 4:4:4 chroma, small or
+  large, a common size or one of its own), one thread: FFmpeg decode alone against the loader's
+  decode + resize + crop of each image, one right after the other.
 
 Writes ``OUT/results.json`` and ``OUT/loaders.png`` and prints the ratios. Usage::
 
     python bench/compare_loaders.py --out bench/out --images 2000 --repeats 5
+    python bench/compare_loaders.py --out bench/out-imagenet --mix imagenet
 """
 
 from __future__ import annotations
@@ -28,14 +33,16 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
 from make_demo_data import PHOTOS, photo_path  # noqa: E402
+from parity_set import _crop_to_shape  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -44,18 +51,74 @@ import imagenet_classification as ic  # noqa: E402
 SIZES = [(500, 375)] * 8 + [(375, 500)] * 3 + [(500, 333)] * 3 + [(333, 500), (500, 500), (400, 300), (640, 480)]
 
 
-def make_image_set(root: Path, count: int, seed: int = 0, photos: list[tuple[Path, str]] | None = None) -> Path:
+@dataclass(frozen=True)
+class ImageMix:
+    """How the images of a generated set are drawn: each field is the chance that an image has
+    that property. bench/README.md ("A realistic mix") gives the source of each figure, or says
+    that there is none and where the figure comes from instead.
+
+    Attributes:
+        common_size: One of :py:data:`SIZES`; otherwise a size of its own (:py:func:`own_size`).
+        progressive: Progressive JPEG, else baseline.
+        chroma_444: A colour image without chroma subsampling (4:4:4), else 4:2:0.
+        quality_96: Saved at quality 96, else at 75, 85, 90 or 95.
+        grey: Greyscale (one component).
+        cmyk: CMYK (four components, as Photoshop saves them).
+    """
+
+    common_size: float
+    progressive: float
+    chroma_444: float
+    quality_96: float
+    grey: float
+    cmyk: float
+
+
+IMAGENET_MIX = ImageMix(common_size=0.6, progressive=0.2, chroma_444=0.75, quality_96=0.75, grey=0.05, cmyk=0.001)
+MIXES = {"default": None, "imagenet": IMAGENET_MIX}  # default: the set make_image_set has always made
+
+
+def own_size(rng: random.Random) -> tuple[int, int]:
+    """A size that few other images share: the long side 500 (half the time) or any from 333 to
+    800, the short side any from 0.56 of it (16:9) to all of it, landscape three times in four."""
+    long = 500 if rng.random() < 0.5 else rng.randint(333, 800)
+    short = rng.randint(max(250, round(0.56 * long)), long)
+    return (long, short) if rng.random() < 0.75 else (short, long)
+
+
+def _save_in_mix(image: Image.Image, path: Path, mix: ImageMix, rng: random.Random) -> None:
+    """Save an RGB image as JPEG, as one of the mix's kinds."""
+    kind = rng.random()
+    options = {"quality": 96 if rng.random() < mix.quality_96 else rng.choice([75, 85, 90, 95]),
+               "progressive": rng.random() < mix.progressive}  # fmt: skip
+    if kind < mix.cmyk:
+        image = image.convert("CMYK")
+    elif kind < mix.cmyk + mix.grey:
+        image = image.convert("L")
+    else:
+        options["subsampling"] = "4:4:4" if rng.random() < mix.chroma_444 else "4:2:0"
+    image.save(path, format="JPEG", **options)
+
+
+def make_image_set(
+    root: Path, count: int, seed: int = 0, photos: list[tuple[Path, str]] | None = None, mix: str = "default"
+) -> Path:
     """Write ``count`` JPEGs under ``root/val/<wnid>/`` and their list; reuse an existing set.
+    The same arguments give the same files.
 
     Args:
         photos: ``(image path, wnid)`` pairs to cut from; default scikit-image's demo photos.
+        mix: ``default`` (the common sizes, baseline 4:2:0 colour JPEGs, quality 70-95) or a name
+            in :py:data:`MIXES`.
     """
-    flist = root / f"val{count}.flist"
+    flist = root / (f"val{count}.flist" if mix == "default" else f"{mix}{count}.flist")
     if flist.exists():
         return flist
     rng = random.Random(seed)
     photos = photos or [(photo_path(name), wnid) for name, wnid in PHOTOS.items()]
     sources = [(Image.open(path).convert("RGB"), wnid) for path, wnid in photos]
+    if MIXES[mix] is not None:
+        return _make_mixed_set(root, flist, count, sources, MIXES[mix], rng)
     lines = []
     for i in range(count):
         image, wnid = rng.choice(sources)
@@ -68,6 +131,22 @@ def make_image_set(root: Path, count: int, seed: int = 0, photos: list[tuple[Pat
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         crop = image.crop((left, top, left + cw, top + ch)).resize(size, Image.Resampling.BICUBIC)
         crop.save(root / rel, quality=rng.choice([70, 80, 85, 90, 95]))
+        lines.append(str(rel))
+    flist.write_text("\n".join(lines) + "\n")
+    return flist
+
+
+def _make_mixed_set(
+    root: Path, flist: Path, count: int, sources: list, mix: ImageMix, rng: random.Random
+) -> Path:  # fmt: skip
+    """The images of a mix: each a random crop of a photo, with its size's aspect ratio."""
+    lines = []
+    for i in range(count):
+        image, wnid = rng.choice(sources)
+        size = rng.choice(SIZES) if rng.random() < mix.common_size else own_size(rng)
+        rel = Path("val") / wnid / f"{wnid}_{i:06d}.JPEG"
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        _save_in_mix(_crop_to_shape(image, size, rng), root / rel, mix, rng)
         lines.append(str(rel))
     flist.write_text("\n".join(lines) + "\n")
     return flist
@@ -96,6 +175,80 @@ def decode_only_rate(paths: list[str], threads: int = 1, as_loader: bool = False
         started = time.perf_counter()
         list(pool.map(run, shares))
         return len(paths) / (time.perf_counter() - started)
+
+
+def image_kinds(data: bytes) -> list[str]:
+    """The kinds one JPEG counts in, read from its frame header (``whole mix`` for every one)."""
+    header = ic.parse_jpeg_header(data)
+    kinds = ["whole mix", "progressive" if header.frame_type == 0xC2 else "baseline"]
+    if header.components == 3:
+        kinds.append("colour 4:2:0" if header.chroma_420 else "colour 4:4:4" if header.sampling[0] == (1, 1)
+                     else "colour, other chroma")  # fmt: skip
+    else:
+        kinds.append({1: "greyscale", 4: "CMYK"}.get(header.components, f"{header.components} components"))
+    kinds.append("small (long side <= 500)" if max(header.width, header.height) <= 500 else "large (> 500)")
+    common = (header.width, header.height) in SIZES
+    kinds.append("one of the common sizes" if common else "a size of its own")
+    return kinds
+
+
+def _decode_and_load_s(path: str, data: bytes, graphs: ic.FilterGraphCache, load_first: bool) -> tuple[float, float]:
+    """Seconds for FFmpeg to decode one image alone (FFmpeg's defaults, the format probed), and
+    for the loader's own work on it (the module's decode, resize and crop), one right after the
+    other."""
+
+    def decode() -> None:
+        spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None)
+
+    def load() -> None:
+        ic._crop_on_cpu(path, data, graphs)
+
+    spent = {}
+    for step in (load, decode) if load_first else (decode, load):
+        started = time.perf_counter()
+        step()
+        spent[step] = time.perf_counter() - started
+    return spent[decode], spent[load]
+
+
+def per_kind_rates(paths: list[str], repeats: int) -> dict[str, dict]:
+    """Per kind of image (:py:func:`image_kinds`), one thread, from bytes in memory: FFmpeg decode
+    alone (the strict yardstick of :py:func:`decode_only_rate`) against the loader's own work on
+    each image, the two timed one right after the other on each image (which goes first
+    alternates between passes), over the list in its order. The loader's cache of filter graphs
+    starts empty on every pass, as each loader thread's does.
+
+    Returns:
+        ``{kind: {"images", "decode_only_fps", "loader_fps", "ratio"}}``: medians over the
+        ``repeats`` passes; ``ratio`` is the median of each pass's loader rate over its
+        decode-only rate.
+    """
+    datas = [Path(path).read_bytes() for path in paths]
+    kinds = [image_kinds(data) for data in datas]
+    names = list(dict.fromkeys(kind for of_image in kinds for kind in of_image))
+    warm = ic.FilterGraphCache(ic.EvalTransform())
+    for path, data in list(zip(paths, datas, strict=True))[:50]:  # untimed: the code paths, the allocator
+        _decode_and_load_s(path, data, warm, False)
+    passes: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        graphs, spent = ic.FilterGraphCache(ic.EvalTransform()), {name: [0.0, 0.0] for name in names}
+        for path, data, of_image in zip(paths, datas, kinds, strict=True):
+            decode_s, load_s = _decode_and_load_s(path, data, graphs, load_first=repeat % 2 == 1)
+            for kind in of_image:
+                spent[kind][0] += decode_s
+                spent[kind][1] += load_s
+        for name, (decode_s, load_s) in spent.items():
+            passes[name].append((decode_s, load_s))
+    counts = {name: sum(name in of_image for of_image in kinds) for name in names}
+    return {
+        name: {
+            "images": counts[name],
+            "decode_only_fps": statistics.median(counts[name] / d for d, _ in passes[name]),
+            "loader_fps": statistics.median(counts[name] / lo for _, lo in passes[name]),
+            "ratio": statistics.median(d / lo for d, lo in passes[name]),
+        }
+        for name in names
+    }
 
 
 @contextlib.contextmanager
@@ -200,13 +353,15 @@ def main() -> None:
     parser.add_argument("--model", default="mobilenetv3_large_100")
     parser.add_argument("--model-images", type=int, default=256, help="images for model-only and end-to-end")
     parser.add_argument("--no-plot", action="store_false", dest="plot", help="skip the PNG (no matplotlib needed)")
+    parser.add_argument("--mix", choices=sorted(MIXES), default="default",
+                        help="the set's sizes and kinds: default, or imagenet (see bench/README.md)")  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    flist = make_image_set(args.out / "images", args.images)
+    flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
     threads = list(range(1, args.max_threads + 1))
     by_threads = lambda: {str(t): [] for t in threads}  # noqa: E731
-    results = {"images": args.images, "threads": threads, "decode_only": by_threads(),
+    results = {"images": args.images, "mix": args.mix, "threads": threads, "decode_only": by_threads(),
                "decode_only_as_loader": by_threads(),
                "loaders": {"spdl": by_threads(), "torch": by_threads()}}  # fmt: skip
     warmup = 5
@@ -217,6 +372,7 @@ def main() -> None:
             for kind in ("spdl", "torch"):
                 results["loaders"][kind][str(t)].append(loader_rate(kind, flist, t, args.batch_size, warmup))
         print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
+    results["per_kind"] = per_kind_rates(paths, args.repeats)
     subset = flist.with_name("model_subset.flist")
     subset.write_text("\n".join(flist.read_text().splitlines()[: args.model_images]) + "\n")
     results["model"] = model_rates(subset, args.model, args.batch_size, args.max_threads, 1)
@@ -262,6 +418,10 @@ def main() -> None:
           f"({args.model}, float32, CPU)")  # fmt: skip
     for name, value in results["ratios"].items():
         print(f"{name:46s} {value:.2f}")
+    print("Per kind, one thread (images/s): FFmpeg decode only | the loader's decode + resize + crop | ratio")
+    for kind, rates in results["per_kind"].items():
+        print(f"  {kind:28s} {rates['images']:5d} images  {rates['decode_only_fps']:6.0f} | "
+              f"{rates['loader_fps']:6.0f} | {rates['ratio']:.2f}")  # fmt: skip
     print(f"wrote {args.out / 'results.json'}" + (f" and {args.out / 'loaders.png'}" if args.plot else ""))
 
 
