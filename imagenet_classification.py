@@ -963,7 +963,11 @@ class EvalTransform:
         # exact=1: keep an odd full side as it is (the other side's region is even-sized).
         region = "" if (src_w, src_h) == (width, height) else f"crop={src_w}:{src_h}:{x0}:{y0}:exact=1,"
         crop = f"crop={self.size}:{self.size}:{pad_x}:{pad_y}"
-        return f"{region}scale={out_w}:{out_h}:flags={flags},format=gbrp,{crop},format=rgb24"
+        # in_range=full: JPEG and PNG data are full range, as their frames say. Told so, swscale
+        # is set up once per graph; otherwise it sets itself up again on the first frame, when it
+        # learns the frame's range: the same pixels, at twice the cost of a new graph.
+        scale = f"scale={out_w}:{out_h}:flags={flags}:in_range=full"
+        return f"{region}{scale},format=gbrp,{crop},format=rgb24"
 
 
 REGION_TOLERANCE = 0.06  # source pixels
@@ -1255,32 +1259,48 @@ _PNG_START = b"\x89PNG\r\n\x1a\n"
 class FilterGraphCache:
     """Per-thread FFmpeg filter graphs for one transform, one per input size and pixel format.
 
-    Setting up a filter graph costs more than decoding a typical ImageNet JPEG, and ImageNet's
-    images come in few sizes, so each thread keeps the graphs it built and feeds them frame
-    after frame (output identical to a new graph per image). The least recently used graph
-    beyond ``capacity`` per thread is dropped, so memory does not grow with the list.
+    Setting up a filter graph costs about as much as decoding a typical ImageNet JPEG, so each
+    thread keeps the graphs of the sizes it meets again and feeds them frame after frame (output
+    identical to a new graph per image). ImageNet's images come in a few common sizes and a long
+    tail of sizes met once, so a size's graph is kept only from its second image on: the first
+    image of a size gets a graph of its own, used once, and sizes met once never push the common
+    sizes' graphs out. The least recently used graph beyond ``capacity`` per thread is dropped,
+    so memory does not grow with the list; the last ``remembered`` sizes met once are remembered.
     """
 
-    def __init__(self, transform: EvalTransform, capacity: int = 32) -> None:
-        self.transform, self.capacity = transform, capacity
+    def __init__(self, transform: EvalTransform, capacity: int = 32, remembered: int = 4096) -> None:
+        self.transform, self.capacity, self.remembered = transform, capacity, remembered
         self._local = threading.local()
 
     def apply(self, frames: spdl.io.ImageFrames) -> spdl.io.VideoFrames:
         """Resize, convert and crop one decoded frame into a ``size x size`` RGB frame."""
-        graphs: dict = self._local.__dict__.setdefault("graphs", {})
+        state = self._local.__dict__
+        graphs: dict = state.setdefault("graphs", {})  # the dict's order is the LRU order
+        seen: dict = state.setdefault("seen", {})  # sizes met once, oldest first
         key = (frames.width, frames.height, frames.pix_fmt)
-        graph = graphs.pop(key, None)  # re-inserted below: the dict's order is the LRU order
+        graph = graphs.pop(key, None)
+        keep = graph is not None or seen.pop(key, False) is None
         if graph is None:
-            source = f"buffer=video_size={key[0]}x{key[1]}:pix_fmt={key[2]}:time_base=1/25:pixel_aspect=1/1"
-            graph = spdl.io.FilterGraph(f"{source},{self.transform.ffmpeg_filter(key[0], key[1])},buffersink")
-            if len(graphs) >= self.capacity:
-                del graphs[next(iter(graphs))]
+            graph = _filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
         graph.add_frames(frames)
         output = graph.get_frames()
-        graphs[key] = graph  # only a graph that worked goes back into the cache
+        if keep:  # only a graph that worked goes into the cache
+            graphs[key] = graph
+            if len(graphs) > self.capacity:
+                del graphs[next(iter(graphs))]
+        else:
+            seen[key] = None
+            if len(seen) > self.remembered:
+                del seen[next(iter(seen))]
         if output is None:
             raise RuntimeError("the filter graph produced no frame")
         return output
+
+
+def _filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.FilterGraph:
+    """A filter graph from frames of this size and pixel format through ``chain``."""
+    source = f"buffer=video_size={width}x{height}:pix_fmt={pix_fmt}:time_base=1/25:pixel_aspect=1/1"
+    return spdl.io.FilterGraph(f"{source},{chain},buffersink")
 
 
 @functools.cache

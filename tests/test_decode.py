@@ -28,7 +28,7 @@ from imagenet_classification import (
     resize_region,
     source,
 )
-from tests.conftest import label_colour
+from tests.conftest import label_colour, write_jpeg
 
 # Mean absolute difference (0-255 scale) between this decoder and PIL's decode + bicubic
 # resize + crop of the same JPEGs, measured on the 20 demo photos: at most 0.99, mean 0.46
@@ -93,6 +93,39 @@ def test_cached_filter_graphs_equal_a_fresh_graph_per_image(jpeg_set):
         expected = spdl.io.to_numpy(spdl.io.convert_frames([fresh]))
         assert np.array_equal(spdl.io.to_numpy(spdl.io.convert_frames([cached])).reshape(expected.shape), expected)
     assert len(graphs._local.graphs) == 2
+
+
+def test_a_sizes_graph_is_kept_from_its_second_image_on(tmp_path):
+    # Sizes met once (most of ImageNet's long tail) must not push the common sizes' graphs out.
+    common = write_jpeg(tmp_path / "common.JPEG", (500, 375), (90, 120, 150))
+    once = [write_jpeg(tmp_path / f"once{i}.JPEG", (400 + i, 300), (90, 120, 150)) for i in range(4)]
+    graphs = FilterGraphCache(EvalTransform(), capacity=2)
+    for path in [common, *once, common, *once[:1]]:
+        graphs.apply(decode_frames(path.read_bytes()))
+    assert set(graphs._local.graphs) == {(500, 375, "yuvj420p"), (400, 300, "yuvj420p")}
+    assert set(graphs._local.seen) == {(400 + i, 300, "yuvj420p") for i in range(1, 4)}
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGB 4:4:4", "L", "CMYK", "PNG L", "PNG RGB"])
+def test_telling_swscale_the_input_is_full_range_changes_no_pixel(tmp_path, mode):
+    # The filter chain says in_range=full, so that swscale is set up once per graph: the same
+    # pixels as when it learns the range from the frame.
+    from make_demo_data import PHOTOS, photo_path
+
+    photo = Image.open(photo_path(next(iter(PHOTOS)))).resize((500, 333))
+    path = tmp_path / "photo.JPEG"
+    fmt, pil_mode = ("PNG", mode[4:]) if mode.startswith("PNG") else ("JPEG", mode.split()[0])
+    photo.convert(pil_mode).save(path, format=fmt, **({"subsampling": 0} if "4:4:4" in mode else {}))
+    told = EvalTransform().ffmpeg_filter(500, 333)
+    assert ":in_range=full" in told
+    outputs = []
+    for chain in (told, told.replace(":in_range=full", "")):
+        frames = decode_frames(path.read_bytes())
+        source = f"buffer=video_size=500x333:pix_fmt={frames.pix_fmt}:time_base=1/25:pixel_aspect=1/1"
+        graph = spdl.io.FilterGraph(f"{source},{chain},buffersink")
+        graph.add_frames(frames)
+        outputs.append(spdl.io.to_numpy(spdl.io.convert_frames([graph.get_frames()])))
+    assert np.array_equal(*outputs)
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the Xvid IDCT is used on x86-64")
