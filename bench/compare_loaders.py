@@ -211,12 +211,12 @@ def _decode_and_load_s(path: str, data: bytes, graphs: ic.FilterGraphCache, load
     return spent[decode], spent[load]
 
 
-def per_kind_rates(paths: list[str], repeats: int) -> dict[str, dict]:
+def per_kind_rates(paths: list[str], repeats: int, first_pass: int = 0) -> dict[str, dict]:
     """Per kind of image (:py:func:`image_kinds`), one thread, from bytes in memory: FFmpeg decode
     alone (the strict yardstick of :py:func:`decode_only_rate`) against the loader's own work on
     each image, the two timed one right after the other on each image (which goes first
-    alternates between passes), over the list in its order. The loader's cache of filter graphs
-    starts empty on every pass, as each loader thread's does.
+    alternates between passes, counted from ``first_pass``), over the list in its order. The
+    loader's cache of filter graphs starts empty on every pass, as each loader thread's does.
 
     Returns:
         ``{kind: {"images", "decode_only_fps", "loader_fps", "ratio"}}``: medians over the
@@ -230,7 +230,7 @@ def per_kind_rates(paths: list[str], repeats: int) -> dict[str, dict]:
     for path, data in list(zip(paths, datas, strict=True))[:50]:  # untimed: the code paths, the allocator
         _decode_and_load_s(path, data, warm, False)
     passes: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-    for repeat in range(repeats):
+    for repeat in range(first_pass, first_pass + repeats):
         graphs, spent = ic.FilterGraphCache(ic.EvalTransform()), {name: [0.0, 0.0] for name in names}
         for path, data, of_image in zip(paths, datas, kinds, strict=True):
             decode_s, load_s = _decode_and_load_s(path, data, graphs, load_first=repeat % 2 == 1)

@@ -1,0 +1,193 @@
+"""Where the loader falls behind FFmpeg's decode alone on the realistic mix, and what closes it.
+
+The module's decode path in several variants, side by side in one run, on the ``--mix imagenet``
+set of ``compare_loaders.py``: per kind of image, one thread, FFmpeg decode alone against each
+variant's decode + resize + crop of every image, timed one right after the other
+(``compare_loaders.per_kind_rates``), the variants taking turns round after round; and each
+variant's agreement with PIL (decode, bicubic resize, crop) on the first images of the set.
+
+- ``before``: the path as it was before issue #17: a filter graph per size, which also packs
+  the crop to RGB24, kept in a per-thread LRU cache of 32 from the first image of the size on;
+  swscale told nothing of the input's colour range;
+- ``in_range``: the scale filter told that the input is full range (JPEG, PNG);
+- ``current`` (the module now): that, and a size's graph kept only from its second image on;
+- ``one packer``: the current path, with the crops of every size packed to RGB24 in one graph
+  per thread, so that a size's graph stops at the crop in planar RGB;
+- ``grey kept grey``: the current path, with greyscale frames resized as grey and expanded to
+  RGB only after the crop;
+- ``lowres``: the current path, with JPEGs whose short side is at least twice the resize's
+  decoded at half size by FFmpeg (``lowres=1``).
+
+Usage::
+
+    python bench/mix_variants.py --out bench/out --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
+
+import numpy as np  # noqa: E402
+import spdl.io  # noqa: E402
+import torch  # noqa: E402
+from compare_loaders import make_image_set, per_kind_rates  # noqa: E402
+
+import imagenet_classification as ic  # noqa: E402
+
+CURRENT_FILTER, CURRENT_DECODE = ic.EvalTransform.ffmpeg_filter, ic.decode_frames
+
+
+class _OneStageCache(ic.FilterGraphCache):
+    """The cache before issue #17 (``admit_second = False``): a graph per size that also packs
+    the crop to RGB24, kept from the first image of its size on; or kept from the second."""
+
+    admit_second = False
+
+    def apply(self, frames: spdl.io.ImageFrames) -> spdl.io.VideoFrames:
+        graphs: dict = self._local.__dict__.setdefault("graphs", {})
+        seen: dict = self._local.__dict__.setdefault("seen", {})
+        key = (frames.width, frames.height, frames.pix_fmt)
+        graph = graphs.pop(key, None)
+        keep = graph is not None or not self.admit_second or seen.pop(key, False) is None
+        if graph is None:
+            graph = ic._filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
+        graph.add_frames(frames)
+        output = graph.get_frames()
+        if keep:
+            graphs[key] = graph
+            if len(graphs) > self.capacity:
+                del graphs[next(iter(graphs))]
+        else:
+            seen[key] = None
+        return output
+
+
+class _TwoStageCache(ic.FilterGraphCache):
+    """The current cache, with every size's graph stopping at the crop in planar RGB and one
+    graph per thread, set up once, packing the crops of all sizes to RGB24."""
+
+    def apply(self, frames: spdl.io.ImageFrames) -> spdl.io.VideoFrames:
+        planar = super().apply(frames)
+        if not hasattr(self._local, "packer"):
+            size = self.transform.size
+            self._local.packer = ic._filter_graph(size, size, "gbrp", "format=rgb24")
+        self._local.packer.add_frames(planar)
+        return self._local.packer.get_frames()
+
+
+def _planar_filter(transform: ic.EvalTransform, width: int, height: int) -> str:
+    return CURRENT_FILTER(transform, width, height).removesuffix(",format=rgb24")
+
+
+def _range_untold_filter(transform: ic.EvalTransform, width: int, height: int) -> str:
+    return CURRENT_FILTER(transform, width, height).replace(":in_range=full", "")
+
+
+_grey = threading.local()  # whether the frame whose chain is being made is greyscale
+
+
+class _GreyAwareCache(ic.FilterGraphCache):
+    def apply(self, frames: spdl.io.ImageFrames) -> spdl.io.VideoFrames:
+        _grey.now = frames.pix_fmt == "gray"
+        return super().apply(frames)
+
+
+def _grey_kept_filter(transform: ic.EvalTransform, width: int, height: int) -> str:
+    chain = CURRENT_FILTER(transform, width, height)
+    if getattr(_grey, "now", False):
+        return chain.replace("in_range=full", "in_range=full:out_range=full").replace(",format=gbrp,", ",format=gray,")
+    return chain
+
+
+def _lowres_decode(data: bytes) -> spdl.io.ImageFrames:
+    size = ic._image_size(data)
+    if not data.startswith(b"\xff\xd8") or size is None or min(size) < 2 * ic.EvalTransform().resize_short:
+        return CURRENT_DECODE(data)
+    options = {"err_detect": "explode", "lowres": "1"} | ({"idct": "xvid"} if ic.platform.machine() == "x86_64" else {})
+    packets = spdl.io.demux_image(data, demux_config=ic.ffmpeg_jpeg_configs()[0])
+    decode_config = spdl.io.decode_config(decoder_options=options)
+    return spdl.io.decode_packets(packets, filter_desc=None, decode_config=decode_config, num_frames=1)
+
+
+# name: (filter graph cache class, filter chain, decode function)
+VARIANTS: dict[str, tuple[type, Callable, Callable]] = {
+    "before": (_OneStageCache, _range_untold_filter, CURRENT_DECODE),
+    "in_range": (_OneStageCache, CURRENT_FILTER, CURRENT_DECODE),
+    "current": (ic.FilterGraphCache, CURRENT_FILTER, CURRENT_DECODE),
+    "one packer": (_TwoStageCache, _planar_filter, CURRENT_DECODE),
+    "grey kept grey": (_GreyAwareCache, _grey_kept_filter, CURRENT_DECODE),
+    "lowres": (ic.FilterGraphCache, CURRENT_FILTER, _lowres_decode),
+}
+
+
+@contextlib.contextmanager
+def variant(name: str) -> Iterator[None]:
+    """The module patched to decode as ``name`` does, for the duration."""
+    cache, chain, decode = VARIANTS[name]
+    saved = ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames
+    ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames = cache, chain, decode
+    try:
+        yield
+    finally:
+        ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames = saved
+
+
+def pil_agreement(paths: list[str]) -> dict[str, float]:
+    """Mean and largest per-image mean absolute difference (0-255) from PIL's decode, bicubic
+    resize and crop, with the module as patched now."""
+    transform, graphs, mads = ic.EvalTransform(), ic.FilterGraphCache(ic.EvalTransform()), []
+    for path in paths:
+        crop = ic._crop_on_cpu(path, Path(path).read_bytes(), graphs)
+        ours = spdl.io.to_numpy(spdl.io.convert_frames([crop]))[0, 0].astype(np.int16)
+        mads.append(float(np.abs(ours - ic.decode_pil(path, transform).astype(np.int16)).mean()))
+    return {"mean": float(np.mean(mads)), "max": max(mads)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
+    parser.add_argument("--images", type=int, default=2000, help="images in the generated mix")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--agreement-images", type=int, default=400)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    args = parser.parse_args()
+    flist = make_image_set(args.out / "images", args.images, mix="imagenet")
+    paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
+    rounds: dict[str, list[dict]] = {name: [] for name in args.variants}
+    for round_ in range(args.rounds):  # the variants take turns, so drifts hit them alike
+        for name in args.variants:
+            with variant(name):
+                rounds[name].append(per_kind_rates(paths, 1, first_pass=round_))
+        print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
+    agreement = {}
+    for name in args.variants:
+        with variant(name):
+            agreement[name] = pil_agreement(paths[: args.agreement_images])
+    kinds = list(rounds[args.variants[0]][0])
+    fields = ("ratio", "loader_fps", "decode_only_fps")
+    table = {name: {kind: {field: statistics.median(r[kind][field] for r in rounds[name]) for field in fields}
+                    | {"images": rounds[name][0][kind]["images"]} for kind in kinds}
+             for name in args.variants}  # fmt: skip
+    print("loader / decode-only, one thread, medians of the rounds:")
+    print(f"  {'':28s}" + "".join(f"{name:>16s}" for name in args.variants))
+    for kind in kinds:
+        print(f"  {kind:28s}" + "".join(f"{table[name][kind]['ratio']:16.2f}" for name in args.variants))
+    print(f"  {'PIL agreement, MAD mean/max':28s}" + "".join(
+        f"{agreement[name]['mean']:>10.3f}/{agreement[name]['max']:.2f}" for name in args.variants))  # fmt: skip
+    out = {"variants": table, "rounds": rounds, "pil_agreement": agreement, "env": ic.environment(torch.device("cpu"))}
+    (args.out / "mix_variants.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out / 'mix_variants.json'}")
+
+
+if __name__ == "__main__":
+    main()
