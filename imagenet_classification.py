@@ -1156,7 +1156,11 @@ def read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
             mib = info.st_size / 2**20
             raise ImageDecodeError(path, f"file of {mib:.1f} MiB, over the {max_bytes / 2**20:g} MiB limit")
         with open(fd, "rb", buffering=0, closefd=False) as f:
-            data = f.read(max_bytes + 1)
+            # As many bytes as the file has, and one more to see if it grew: asking for
+            # max_bytes at once would allocate that much for every image.
+            data = f.read(min(info.st_size, max_bytes) + 1)
+            if len(data) > info.st_size:
+                data += f.read(max_bytes + 1 - len(data))
     except OSError as e:
         raise ImageDecodeError(path, e.strerror or str(e)) from None
     finally:

@@ -25,6 +25,7 @@ from imagenet_classification import (
     get_decode_func,
     nvdec_can_take,
     parse_jpeg_header,
+    read_image_bytes,
     resize_region,
     source,
 )
@@ -93,6 +94,17 @@ def test_cached_filter_graphs_equal_a_fresh_graph_per_image(jpeg_set):
         expected = spdl.io.to_numpy(spdl.io.convert_frames([fresh]))
         assert np.array_equal(spdl.io.to_numpy(spdl.io.convert_frames([cached])).reshape(expected.shape), expected)
     assert len(graphs._local.graphs) == 2
+
+
+def test_image_files_are_read_whole_in_one_read_of_their_size(tmp_path):
+    # One read of the size fstat gives, and a byte more: a file that grew is still read whole (or
+    # refused over the limit), and so is one whose size says 0 although it has data, as /proc's.
+    path = write_jpeg(tmp_path / "a.JPEG", (64, 48), (10, 20, 30))
+    assert read_image_bytes(str(path)) == path.read_bytes()
+    with pytest.raises(ImageDecodeError, match="over the"):
+        read_image_bytes(str(path), max_bytes=100)
+    if Path("/proc/self/status").is_file():
+        assert read_image_bytes("/proc/self/status").startswith(b"Name:")
 
 
 def test_a_sizes_graph_is_kept_from_its_second_image_on(tmp_path):
