@@ -18,9 +18,13 @@ variant's agreement with PIL (decode, bicubic resize, crop) on the first images 
 - ``lowres``: the current path, with JPEGs whose short side is at least twice the resize's
   decoded at half size by FFmpeg (``lowres=1``).
 
+With ``--pipeline-repeats N``, also the whole loader (the SPDL pipeline as the CLI builds it) of
+``before`` (which also reads files as before issue #17) and ``current`` at 1..``--max-threads``
+threads, against one thread's FFmpeg decode alone measured just before each.
+
 Usage::
 
-    python bench/mix_variants.py --out bench/out --rounds 5
+    python bench/mix_variants.py --out bench/out --rounds 5 --pipeline-repeats 5
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import threading
@@ -40,11 +45,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from compare_loaders import make_image_set, per_kind_rates  # noqa: E402
+from compare_loaders import decode_only_rate, loader_rate, make_image_set, per_kind_rates  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
 
-CURRENT_FILTER, CURRENT_DECODE = ic.EvalTransform.ffmpeg_filter, ic.decode_frames
+CURRENT_FILTER, CURRENT_DECODE, CURRENT_READ = ic.EvalTransform.ffmpeg_filter, ic.decode_frames, ic.read_image_bytes
 
 
 class _OneStageCache(ic.FilterGraphCache):
@@ -119,6 +124,20 @@ def _lowres_decode(data: bytes) -> spdl.io.ImageFrames:
     return spdl.io.decode_packets(packets, filter_desc=None, decode_config=decode_config, num_frames=1)
 
 
+def _read_up_to_the_limit(path: str, max_bytes: int = ic.MAX_IMAGE_MB << 20) -> bytes:
+    """The file read before issue #17, as it went for a valid image: the same system calls, and
+    one read asking for up to the limit."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        os.fstat(fd)
+        with open(fd, "rb", buffering=0, closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    ic._jpeg_truncated(data)
+    return data
+
+
 # name: (filter graph cache class, filter chain, decode function)
 VARIANTS: dict[str, tuple[type, Callable, Callable]] = {
     "before": (_OneStageCache, _range_untold_filter, CURRENT_DECODE),
@@ -132,14 +151,17 @@ VARIANTS: dict[str, tuple[type, Callable, Callable]] = {
 
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
-    """The module patched to decode as ``name`` does, for the duration."""
+    """The module patched to decode as ``name`` does, for the duration. ``before`` also reads
+    files as before, which only the loader does (``per_kind_rates`` has the bytes in memory)."""
     cache, chain, decode = VARIANTS[name]
-    saved = ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames
-    ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames = cache, chain, decode
+    read = _read_up_to_the_limit if name == "before" else CURRENT_READ
+    saved = ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames, ic.read_image_bytes
+    ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames, ic.read_image_bytes = (
+        cache, chain, decode, read)  # fmt: skip
     try:
         yield
     finally:
-        ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames = saved
+        ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames, ic.read_image_bytes = saved
 
 
 def pil_agreement(paths: list[str]) -> dict[str, float]:
@@ -153,6 +175,30 @@ def pil_agreement(paths: list[str]) -> dict[str, float]:
     return {"mean": float(np.mean(mads)), "max": max(mads)}
 
 
+def pipeline_rates(flist: Path, names: list[str], threads: list[int], repeats: int) -> dict:
+    """The whole loader (SPDL pipeline as the CLI builds it, batches of 32, files read from disk)
+    of each variant at each thread count, against FFmpeg decode alone measured just before it,
+    on one thread (the strict yardstick: the loader's rate over ``threads`` times it) and on as
+    many threads as the loader; the variants take turns.
+
+    Returns:
+        ``{variant: {threads: {"loader_fps", "strict", "same_threads"}}}``: medians over the
+        repeats of the loader's rate and of its ratios to the two yardsticks.
+    """
+    paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
+    runs: dict = {name: {t: [] for t in threads} for name in names}
+    for _ in range(repeats):
+        for t in threads:
+            for name in names:
+                one, same = decode_only_rate(paths[:1000], 1), decode_only_rate(paths[: 1000 * t], t)
+                with variant(name):
+                    runs[name][t].append((loader_rate("spdl", flist, t, 32, 5), one * t, same))
+    return {name: {str(t): {"loader_fps": statistics.median(r for r, _, _ in rs),
+                            "strict": statistics.median(r / one for r, one, _ in rs),
+                            "same_threads": statistics.median(r / same for r, _, same in rs)}
+                   for t, rs in by_t.items()} for name, by_t in runs.items()}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
@@ -160,6 +206,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--agreement-images", type=int, default=400)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--pipeline-repeats", type=int, default=0,
+                        help="also time the whole loader of 'before' and 'current' at 1..max threads")  # fmt: skip
+    parser.add_argument("--max-threads", type=int, default=2)
     args = parser.parse_args()
     flist = make_image_set(args.out / "images", args.images, mix="imagenet")
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
@@ -185,6 +234,13 @@ def main() -> None:
     print(f"  {'PIL agreement, MAD mean/max':28s}" + "".join(
         f"{agreement[name]['mean']:>10.3f}/{agreement[name]['max']:.2f}" for name in args.variants))  # fmt: skip
     out = {"variants": table, "rounds": rounds, "pil_agreement": agreement, "env": ic.environment(torch.device("cpu"))}
+    if args.pipeline_repeats:
+        threads = list(range(1, args.max_threads + 1))
+        out["pipeline"] = pipeline_rates(flist, ["before", "current"], threads, args.pipeline_repeats)
+        print("the loader: images/s, over threads x one thread's decode-only rate, over decode-only on as many threads")
+        for name, by_t in out["pipeline"].items():
+            print(f"  {name:8s} " + "; ".join(f"{t} thread(s) {r['loader_fps']:.0f}, {r['strict']:.2f}, "
+                                             f"{r['same_threads']:.2f}" for t, r in by_t.items()))  # fmt: skip
     (args.out / "mix_variants.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out / 'mix_variants.json'}")
 
