@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from compare_loaders import decode_only_rate, loader_rate, make_image_set, per_kind_rates  # noqa: E402
+from compare_loaders import MIXES, decode_only_rate, loader_rate, make_image_set, per_kind_rates  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
 
@@ -202,7 +202,8 @@ def pipeline_rates(flist: Path, names: list[str], threads: list[int], repeats: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
-    parser.add_argument("--images", type=int, default=2000, help="images in the generated mix")
+    parser.add_argument("--images", type=int, default=2000, help="images in the generated set")
+    parser.add_argument("--mix", choices=sorted(MIXES), default="imagenet", help="the set (compare_loaders.py --mix)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--agreement-images", type=int, default=400)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
@@ -210,7 +211,7 @@ def main() -> None:
                         help="also time the whole loader of 'before' and 'current' at 1..max threads")  # fmt: skip
     parser.add_argument("--max-threads", type=int, default=2)
     args = parser.parse_args()
-    flist = make_image_set(args.out / "images", args.images, mix="imagenet")
+    flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
     rounds: dict[str, list[dict]] = {name: [] for name in args.variants}
     for round_ in range(args.rounds):  # the variants take turns, so drifts hit them alike
@@ -233,7 +234,8 @@ def main() -> None:
         print(f"  {kind:28s}" + "".join(f"{table[name][kind]['ratio']:16.2f}" for name in args.variants))
     print(f"  {'PIL agreement, MAD mean/max':28s}" + "".join(
         f"{agreement[name]['mean']:>10.3f}/{agreement[name]['max']:.2f}" for name in args.variants))  # fmt: skip
-    out = {"variants": table, "rounds": rounds, "pil_agreement": agreement, "env": ic.environment(torch.device("cpu"))}
+    out = {"mix": args.mix, "variants": table, "rounds": rounds, "pil_agreement": agreement,
+           "env": ic.environment(torch.device("cpu"))}  # fmt: skip
     if args.pipeline_repeats:
         threads = list(range(1, args.max_threads + 1))
         out["pipeline"] = pipeline_rates(flist, ["before", "current"], threads, args.pipeline_repeats)
