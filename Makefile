@@ -53,6 +53,7 @@ demo: ffmpeg $(VENV)/.installed $(DEMO)/val.flist $(DEMO)/efficientnet_lite0.pth
 # Loaders side by side on this machine; figures and plot in bench/out/ (see bench/README.md).
 bench: ffmpeg $(VENV)/.installed
 	$(PY) bench/compare_loaders.py --out bench/out
+	$(PY) bench/compare_loaders.py --out bench/out/imagenet-mix --mix imagenet
 	$(PY) bench/decode_paths.py --out bench/out
 
 lint: $(VENV)/.installed

@@ -19,8 +19,9 @@ variant's agreement with PIL (decode, bicubic resize, crop) on the first images 
   decoded at half size by FFmpeg (``lowres=1``).
 
 With ``--pipeline-repeats N``, also the whole loader (the SPDL pipeline as the CLI builds it) of
-``before`` (which also reads files as before issue #17) and ``current`` at 1..``--max-threads``
-threads, against one thread's FFmpeg decode alone measured just before each.
+``--pipeline-variants`` (default ``before``, which also reads files as before issue #17, and
+``current``; ``old read`` is the current path reading files as before) at 1..``--max-threads``
+threads, against FFmpeg decode alone measured just before each.
 
 Usage::
 
@@ -138,23 +139,24 @@ def _read_up_to_the_limit(path: str, max_bytes: int = ic.MAX_IMAGE_MB << 20) -> 
     return data
 
 
-# name: (filter graph cache class, filter chain, decode function)
-VARIANTS: dict[str, tuple[type, Callable, Callable]] = {
-    "before": (_OneStageCache, _range_untold_filter, CURRENT_DECODE),
-    "in_range": (_OneStageCache, CURRENT_FILTER, CURRENT_DECODE),
-    "current": (ic.FilterGraphCache, CURRENT_FILTER, CURRENT_DECODE),
-    "one packer": (_TwoStageCache, _planar_filter, CURRENT_DECODE),
-    "grey kept grey": (_GreyAwareCache, _grey_kept_filter, CURRENT_DECODE),
-    "lowres": (ic.FilterGraphCache, CURRENT_FILTER, _lowres_decode),
+# name: (filter graph cache class, filter chain, decode function, file read)
+VARIANTS: dict[str, tuple[type, Callable, Callable, Callable]] = {
+    "before": (_OneStageCache, _range_untold_filter, CURRENT_DECODE, _read_up_to_the_limit),
+    "in_range": (_OneStageCache, CURRENT_FILTER, CURRENT_DECODE, CURRENT_READ),
+    "current": (ic.FilterGraphCache, CURRENT_FILTER, CURRENT_DECODE, CURRENT_READ),
+    "one packer": (_TwoStageCache, _planar_filter, CURRENT_DECODE, CURRENT_READ),
+    "grey kept grey": (_GreyAwareCache, _grey_kept_filter, CURRENT_DECODE, CURRENT_READ),
+    "lowres": (ic.FilterGraphCache, CURRENT_FILTER, _lowres_decode, CURRENT_READ),
+    "old read": (ic.FilterGraphCache, CURRENT_FILTER, CURRENT_DECODE, _read_up_to_the_limit),
 }
+PER_IMAGE_VARIANTS = [name for name in VARIANTS if name != "old read"]  # the same per image as current
 
 
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
-    """The module patched to decode as ``name`` does, for the duration. ``before`` also reads
-    files as before, which only the loader does (``per_kind_rates`` has the bytes in memory)."""
-    cache, chain, decode = VARIANTS[name]
-    read = _read_up_to_the_limit if name == "before" else CURRENT_READ
+    """The module patched to decode as ``name`` does, for the duration. Only the loader reads
+    files (``per_kind_rates`` has the bytes in memory)."""
+    cache, chain, decode, read = VARIANTS[name]
     saved = ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames, ic.read_image_bytes
     ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames, ic.read_image_bytes = (
         cache, chain, decode, read)  # fmt: skip
@@ -199,6 +201,32 @@ def pipeline_rates(flist: Path, names: list[str], threads: list[int], repeats: i
                    for t, rs in by_t.items()} for name, by_t in runs.items()}  # fmt: skip
 
 
+def per_kind_table(paths: list[str], names: list[str], rounds: int, agreement_images: int) -> dict:
+    """Each variant's per-kind rates (``compare_loaders.per_kind_rates``, one pass a round, the
+    variants taking turns so that drifts hit them alike) and PIL agreement; prints the table."""
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for round_ in range(rounds):
+        for name in names:
+            with variant(name):
+                runs[name].append(per_kind_rates(paths, 1, first_pass=round_))
+        print(f"round {round_ + 1}/{rounds} done", file=sys.stderr)
+    agreement = {}
+    for name in names:
+        with variant(name):
+            agreement[name] = pil_agreement(paths[:agreement_images])
+    kinds, fields = list(runs[names[0]][0]), ("ratio", "loader_fps", "decode_only_fps")
+    table = {name: {kind: {field: statistics.median(r[kind][field] for r in runs[name]) for field in fields}
+                    | {"images": runs[name][0][kind]["images"]} for kind in kinds}
+             for name in names}  # fmt: skip
+    print("loader / decode-only, one thread, medians of the rounds:")
+    print(f"  {'':28s}" + "".join(f"{name:>16s}" for name in names))
+    for kind in kinds:
+        print(f"  {kind:28s}" + "".join(f"{table[name][kind]['ratio']:16.2f}" for name in names))
+    print(f"  {'PIL agreement, MAD mean/max':28s}" + "".join(
+        f"{agreement[name]['mean']:>10.3f}/{agreement[name]['max']:.2f}" for name in names))  # fmt: skip
+    return {"variants": table, "rounds": runs, "pil_agreement": agreement}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
@@ -206,39 +234,19 @@ def main() -> None:
     parser.add_argument("--mix", choices=sorted(MIXES), default="imagenet", help="the set (compare_loaders.py --mix)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--agreement-images", type=int, default=400)
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    parser.add_argument("--pipeline-repeats", type=int, default=0,
-                        help="also time the whole loader of 'before' and 'current' at 1..max threads")  # fmt: skip
+    parser.add_argument("--variants", nargs="*", choices=PER_IMAGE_VARIANTS, default=PER_IMAGE_VARIANTS)
+    parser.add_argument("--pipeline-repeats", type=int, default=0, help="also time the whole loader so often")
+    parser.add_argument("--pipeline-variants", nargs="+", choices=list(VARIANTS), default=["before", "current"])
     parser.add_argument("--max-threads", type=int, default=2)
     args = parser.parse_args()
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
-    rounds: dict[str, list[dict]] = {name: [] for name in args.variants}
-    for round_ in range(args.rounds):  # the variants take turns, so drifts hit them alike
-        for name in args.variants:
-            with variant(name):
-                rounds[name].append(per_kind_rates(paths, 1, first_pass=round_))
-        print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
-    agreement = {}
-    for name in args.variants:
-        with variant(name):
-            agreement[name] = pil_agreement(paths[: args.agreement_images])
-    kinds = list(rounds[args.variants[0]][0])
-    fields = ("ratio", "loader_fps", "decode_only_fps")
-    table = {name: {kind: {field: statistics.median(r[kind][field] for r in rounds[name]) for field in fields}
-                    | {"images": rounds[name][0][kind]["images"]} for kind in kinds}
-             for name in args.variants}  # fmt: skip
-    print("loader / decode-only, one thread, medians of the rounds:")
-    print(f"  {'':28s}" + "".join(f"{name:>16s}" for name in args.variants))
-    for kind in kinds:
-        print(f"  {kind:28s}" + "".join(f"{table[name][kind]['ratio']:16.2f}" for name in args.variants))
-    print(f"  {'PIL agreement, MAD mean/max':28s}" + "".join(
-        f"{agreement[name]['mean']:>10.3f}/{agreement[name]['max']:.2f}" for name in args.variants))  # fmt: skip
-    out = {"mix": args.mix, "variants": table, "rounds": rounds, "pil_agreement": agreement,
-           "env": ic.environment(torch.device("cpu"))}  # fmt: skip
+    out = {"mix": args.mix, "env": ic.environment(torch.device("cpu"))}
+    if args.variants and args.rounds:
+        out |= per_kind_table(paths, args.variants, args.rounds, args.agreement_images)
     if args.pipeline_repeats:
         threads = list(range(1, args.max_threads + 1))
-        out["pipeline"] = pipeline_rates(flist, ["before", "current"], threads, args.pipeline_repeats)
+        out["pipeline"] = pipeline_rates(flist, args.pipeline_variants, threads, args.pipeline_repeats)
         print("the loader: images/s, over threads x one thread's decode-only rate, over decode-only on as many threads")
         for name, by_t in out["pipeline"].items():
             print(f"  {name:8s} " + "; ".join(f"{t} thread(s) {r['loader_fps']:.0f}, {r['strict']:.2f}, "
