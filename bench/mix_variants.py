@@ -211,7 +211,7 @@ def per_kind_table(paths: list[str], names: list[str], rounds: int, agreement_im
                 runs[name].append(per_kind_rates(paths, 1, first_pass=round_))
         print(f"round {round_ + 1}/{rounds} done", file=sys.stderr)
     agreement = {}
-    for name in names:
+    for name in names if agreement_images else []:
         with variant(name):
             agreement[name] = pil_agreement(paths[:agreement_images])
     kinds, fields = list(runs[names[0]][0]), ("ratio", "loader_fps", "decode_only_fps")
@@ -222,8 +222,9 @@ def per_kind_table(paths: list[str], names: list[str], rounds: int, agreement_im
     print(f"  {'':28s}" + "".join(f"{name:>16s}" for name in names))
     for kind in kinds:
         print(f"  {kind:28s}" + "".join(f"{table[name][kind]['ratio']:16.2f}" for name in names))
-    print(f"  {'PIL agreement, MAD mean/max':28s}" + "".join(
-        f"{agreement[name]['mean']:>10.3f}/{agreement[name]['max']:.2f}" for name in names))  # fmt: skip
+    if agreement:
+        print(f"  {'PIL agreement, MAD mean/max':28s}" + "".join(
+            f"{agreement[name]['mean']:>10.3f}/{agreement[name]['max']:.2f}" for name in names))  # fmt: skip
     return {"variants": table, "rounds": runs, "pil_agreement": agreement}
 
 
