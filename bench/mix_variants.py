@@ -16,7 +16,9 @@ variant's agreement with PIL (decode, bicubic resize, crop) on the first images 
 - ``grey kept grey``: the current path, with greyscale frames resized as grey and expanded to
   RGB only after the crop;
 - ``lowres``: the current path, with JPEGs whose short side is at least twice the resize's
-  decoded at half size by FFmpeg (``lowres=1``).
+  decoded at half size by FFmpeg (``lowres=1``);
+- ``all prebuilt`` (asked for by name only): a bound, the current graphs of every size in the set
+  set up before the clock starts.
 
 With ``--pipeline-repeats N``, also the whole loader (the SPDL pipeline as the CLI builds it) of
 ``--pipeline-variants`` (default ``before``, which also reads files as before issue #17, and
@@ -95,6 +97,27 @@ def _planar_filter(transform: ic.EvalTransform, width: int, height: int) -> str:
     return CURRENT_FILTER(transform, width, height).removesuffix(",format=rgb24")
 
 
+class _PrebuiltCache(ic.FilterGraphCache):
+    """A bound, not a path: the current graphs, all set up before the clock starts (by
+    :py:meth:`prebuild`), so that no image pays for setting up a graph."""
+
+    graphs: dict = {}
+
+    @classmethod
+    def prebuild(cls, paths: list[str]) -> None:
+        transform = ic.EvalTransform()
+        for path in paths:
+            frames = ic.decode_frames(Path(path).read_bytes())
+            key = (frames.width, frames.height, frames.pix_fmt)
+            if key not in cls.graphs:
+                cls.graphs[key] = ic._filter_graph(*key, transform.ffmpeg_filter(key[0], key[1]))
+
+    def apply(self, frames: spdl.io.ImageFrames) -> spdl.io.VideoFrames:
+        graph = self.graphs[(frames.width, frames.height, frames.pix_fmt)]
+        graph.add_frames(frames)
+        return graph.get_frames()
+
+
 def _range_untold_filter(transform: ic.EvalTransform, width: int, height: int) -> str:
     return CURRENT_FILTER(transform, width, height).replace(":in_range=full", "")
 
@@ -148,8 +171,10 @@ VARIANTS: dict[str, tuple[type, Callable, Callable, Callable]] = {
     "grey kept grey": (_GreyAwareCache, _grey_kept_filter, CURRENT_DECODE, CURRENT_READ),
     "lowres": (ic.FilterGraphCache, CURRENT_FILTER, _lowres_decode, CURRENT_READ),
     "old read": (ic.FilterGraphCache, CURRENT_FILTER, CURRENT_DECODE, _read_up_to_the_limit),
+    "all prebuilt": (_PrebuiltCache, CURRENT_FILTER, CURRENT_DECODE, CURRENT_READ),
 }
 PER_IMAGE_VARIANTS = [name for name in VARIANTS if name != "old read"]  # the same per image as current
+DEFAULT_VARIANTS = [name for name in PER_IMAGE_VARIANTS if name != "all prebuilt"]
 
 
 @contextlib.contextmanager
@@ -204,6 +229,8 @@ def pipeline_rates(flist: Path, names: list[str], threads: list[int], repeats: i
 def per_kind_table(paths: list[str], names: list[str], rounds: int, agreement_images: int) -> dict:
     """Each variant's per-kind rates (``compare_loaders.per_kind_rates``, one pass a round, the
     variants taking turns so that drifts hit them alike) and PIL agreement; prints the table."""
+    if "all prebuilt" in names:
+        _PrebuiltCache.prebuild(paths)
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for round_ in range(rounds):
         for name in names:
@@ -235,7 +262,7 @@ def main() -> None:
     parser.add_argument("--mix", choices=sorted(MIXES), default="imagenet", help="the set (compare_loaders.py --mix)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--agreement-images", type=int, default=400)
-    parser.add_argument("--variants", nargs="*", choices=PER_IMAGE_VARIANTS, default=PER_IMAGE_VARIANTS)
+    parser.add_argument("--variants", nargs="*", choices=PER_IMAGE_VARIANTS, default=DEFAULT_VARIANTS)
     parser.add_argument("--pipeline-repeats", type=int, default=0, help="also time the whole loader so often")
     parser.add_argument("--pipeline-variants", nargs="+", choices=list(VARIANTS), default=["before", "current"])
     parser.add_argument("--max-threads", type=int, default=2)
