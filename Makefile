@@ -12,7 +12,7 @@ PINS := torch==2.14.1 torchvision==0.29.1 spdl==0.8.0 timm==1.0.31 numpy==2.4.6 
         matplotlib==3.11.2
 FFMPEG_DEBS := libavcodec59 libavformat59 libavfilter8 libavdevice59 libavutil57
 
-.PHONY: all test demo bench lint format ffmpeg clean
+.PHONY: all test demo bench mutate lint format ffmpeg clean
 
 all: test
 
@@ -56,6 +56,11 @@ bench: ffmpeg $(VENV)/.installed
 	$(PY) bench/compare_loaders.py --out bench/out/imagenet-mix --mix imagenet
 	$(PY) bench/decode_paths.py --out bench/out
 
+# Mutation testing of the measurement core (README.md, "Testing"): about 25 minutes on 2 cores,
+# not part of `make test`. Report in build/mutate/report.json.
+mutate: ffmpeg $(VENV)/.installed
+	$(PY) scripts/mutate.py
+
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -64,4 +69,4 @@ format: $(VENV)/.installed
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) $(DEMO) .pytest_cache
+	rm -rf $(VENV) $(DEMO) .pytest_cache build/mutate
