@@ -80,6 +80,7 @@ GROUPS: dict[str, Group] = {
             "tests/test_model.py::test_classification_counts_equal_direct_topk",
             "tests/test_model.py::test_padding_label_never_counts",
             "tests/test_model.py::test_bundle_counts_match_manual_forward_and_padding_changes_nothing",
+            "tests/test_gpu_paths.py::test_a_compiled_model_does_not_recompile_for_a_padded_or_planar_batch",
         ],
         [
             "tests/test_model.py::test_classification_counts_equal_direct_topk",
@@ -106,6 +107,7 @@ GROUPS: dict[str, Group] = {
             "test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_file",
             "test_benchmark_defaults_to_the_clis_warmup_and_to_stopping_at_a_bad_image",
             "test_fps_window_leaves_out_a_slow_warmup",
+            "test_timeline_by_hand",
             "test_loader_alone_and_model_alone_are_timed_after_their_warmup",
             "test_fps_of_a_window_the_loader_had_buffered_stays_within_its_stated_bound",
         )
@@ -130,6 +132,8 @@ GROUPS: dict[str, Group] = {
             "test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_file",
             "test_fps_window_of_a_run_no_longer_than_the_warmup_covers_it_all",
             "test_fps_overstatement_bound_by_hand",
+            "test_fallback_share_in_the_summary_by_hand",
+            "test_reduce_results_keeps_failures_predictions_and_the_lead",
             "test_a_run_at_the_max_bad_limit_reports_exact_figures",
             "test_a_run_states_its_loaders_lead_and_the_bound",
             "test_torchrun_per_rank_figures",
@@ -188,6 +192,7 @@ GROUPS: dict[str, Group] = {
         ["_max_bad", "BadImagePolicy", "_decode_items"],
         _numbers(
             "test_max_bad_values_accepted_and_refused",
+            "test_bad_image_policy_bookkeeping_by_hand",
             "test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_file",
             "test_benchmark_defaults_to_the_clis_warmup_and_to_stopping_at_a_bad_image",
         )
@@ -253,6 +258,12 @@ _REGION = (
     "another region (or the whole side) is chosen, and still only if its crop samples the source within "
     "REGION_TOLERANCE of where the whole frame's does: a speed choice (tests sweep the bound over sizes)"
 )
+_GPU = "NOT equivalent: a GPU-only line (CUDA events), which no CPU test can run; a GPU run's timeline would show it"
+_CLOCKS = (
+    "on the CPU both marks read CLOCK_MONOTONIC (time.monotonic and time.perf_counter on Linux) microseconds "
+    "apart at the window's start; on a GPU the mark is a CUDA event and the mutant raises (an error, not a figure)"
+)
+_FLOOR = "times are never negative: for t >= 0, int(t // i), round(t // i) and int(t / i) are the same bin"
 _BOUND = "any count above every shard's batches does: no rank reaches it, every rank times all of its batches"
 _FILTER = (
     "it only decides whether to write the crop of a region that is the whole frame (a no-op); dropping a "
@@ -264,19 +275,13 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "logits are N x C: dim 1 is dim -1"),
     ("Classification.forward", "top = logits.topk(min(5, logits.shape[1]), dim=-1).indices",
      "logits are N x C: shape[1] is shape[-1]"),
-    ("ModelBundle.forward", "if self.batch_size is not None and 0 <= images.shape[0] < self.batch_size:",
-     "only an empty batch differs, padded with rows that never count; benchmark gives the model no empty batch"),
-    ("ModelBundle.forward", "if self.batch_size is not None and -1 < images.shape[0] < self.batch_size:",
-     "only an empty batch differs, padded with rows that never count; benchmark gives the model no empty batch"),
-    ("ModelBundle.forward", "if self.batch_size is not None and 0 < images.shape[0] <= self.batch_size:",
+    ("ModelBundle.logits", "if self.batch_size is not None and 0 <= n < self.batch_size:",
+     "only an empty batch differs, padded with rows that are cut off again; benchmark gives the model no empty batch"),
+    ("ModelBundle.logits", "if self.batch_size is not None and -1 < n < self.batch_size:",
+     "only an empty batch differs, padded with rows that are cut off again; benchmark gives the model no empty batch"),
+    ("ModelBundle.logits", "if self.batch_size is not None and 0 < n <= self.batch_size:",
      "a full batch gets 0 rows of padding: the same tensors"),
-    ("ModelBundle.forward", "labels = torch.cat([labels, labels.new_full((pad, 1), -2)])",
-     "-2, like -1, is no class index: padded rows never count"),
-    ("EvalTransform.from_model", 'size=int(cfg["input_size"][1]),',
-     "timm's eval input sizes are square (3, S, S), and EvalTransform crops a square"),
-    ("EvalTransform.from_model", 'size=int(cfg["input_size"][-2]),',
-     "timm's eval input sizes are square (3, S, S), and EvalTransform crops a square"),
-    ("EvalTransform.geometry", "if width < height:", "only a square image differs, and both branches give S x S"),
+    ("EvalTransform.geometry", "elif width < height:", "only a square image differs, and both branches give S x S"),
     ("EvalTransform.ffmpeg_filter",
      'region = "" if (new_w, src_h) == (width, height) else f"crop={src_w}:{src_h}:{x0}:{y0}:exact=1,"', _FILTER),
     ("EvalTransform.ffmpeg_filter",
@@ -312,6 +317,27 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "the error is linear in k: bounded at k = 0 and k = crop, it is bounded at crop - 1. " + _REGION),
     ("resize_region", "best, best_out = (start, src_len, out, pad), best_out", _REGION),
     ("_TimingWindow", "elif self.batches >= self.warmup_batches:", "the equal case is taken by the `if` above"),
+    ("_TimingWindow", "event = torch.cuda.Event(enable_timing=False)", _GPU),
+    ("_TimingWindow", "times = [self._start_mark.elapsed_time(event) * 1e3 for event, _ in self.marks]", _GPU),
+    ("_TimingWindow", "times = [self._start_mark.elapsed_time(event) / 1001.0 for event, _ in self.marks]", _GPU),
+    ("_TimingWindow", "times = [self._mark.elapsed_time(event) / 1e3 for event, _ in self.marks]", _GPU),
+    ("_TimingWindow", "times = [self.t_start.elapsed_time(event) / 1e3 for event, _ in self.marks]", _GPU),
+    ("_TimingWindow", "return self.frames_all, self.t_end - self._start_mark, True", _CLOCKS),
+    ("_TimingWindow", "times = [t - self.t_start for t, _ in self.marks]", _CLOCKS),
+    ("_TimingWindow", '"warmup_end_s": (self.t_warm - self._start_mark) if timed else 0.0,', _CLOCKS),
+    ("_TimingWindow", '"end_s": self.t_end - self._start_mark,', _CLOCKS),
+    ("_TimingWindow", "images = [0] * (round(max(times, default=0.0) // interval) + 1)", _FLOOR),
+    ("_TimingWindow", "images = [0] * (int(max(times, default=0.0) / interval) + 1)", _FLOOR),
+    ("_TimingWindow", "images[round(t // interval)] += frames", _FLOOR),
+    ("_TimingWindow", "images[int(t / interval)] += frames", _FLOOR),
+    ("_TimingWindow", "for t, frames in zip(times, (f for _, f in self.marks), strict=False):",
+     "both come from self.marks: always the same length"),
+    ("_TimingWindow", '"batch_end_s": [round(t, 7) for t in times],',
+     "the batch ends are kept to the microsecond; 10 us more or less is far below what a batch's end means"),
+    ("_TimingWindow", '"batch_end_s": [round(t, 5) for t in times],',
+     "the batch ends are kept to the microsecond; 10 us more or less is far below what a batch's end means"),
+    ("RunResult", "predictions: list[dict] | None = field(default=None, repr=True)",
+     "repr only: no figure, and the results file leaves predictions out"),
     ("Breakdown.from_rates", 'bottleneck = "loader" if loader_fps <= model_fps else "model"',
      "only a tie of two measured rates differs, where neither side is the bottleneck"),
     ("_timed_rate", "return frames / seconds if seconds >= 0 else 0.0",

@@ -14,9 +14,12 @@
 from __future__ import annotations
 
 import io
+import json
 import math
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +41,8 @@ from imagenet_classification import (
     RunReport,
     RunResult,
     Shard,
+    _decode_items,
+    _TimingWindow,
     benchmark,
     get_decode_func,
     main,
@@ -186,6 +191,47 @@ def test_exactly_at_the_max_bad_percentage_goes_on(ranked_set, ranked_checkpoint
     assert (r["classified"], r["failed"], r["not_reached"], r["top5_correct"]) == (17, 3, 0, TOP5_HITS)
 
 
+def test_bad_image_policy_bookkeeping_by_hand():
+    # A limit without skipping is a mistake in the caller's code, refused at once.
+    for limits in ({"max_bad": 3}, {"max_bad_percent": 10.0}):
+        with pytest.raises(ValueError, match="only when they are skipped"):
+            BadImagePolicy(**limits)
+    with pytest.raises(ValueError, match="not both"):
+        BadImagePolicy(skip=True, max_bad=3, max_bad_percent=10.0)
+    policy = BadImagePolicy(skip=True)
+    # The first error that is not an image's fault is the one the run's error names.
+    policy.record_unexpected("a.JPEG", MemoryError())
+    policy.record_unexpected("b.JPEG", RuntimeError())
+    assert policy.unexpected[0] == "a.JPEG" and isinstance(policy.unexpected[1], MemoryError)
+    # A stalled run names the image in progress for the longest time, and for how long.
+    assert policy.oldest_in_progress() is None
+    entered, release = [threading.Event(), threading.Event()], threading.Event()
+
+    def work(path: str, i: int) -> None:
+        with policy.working_on(path):
+            entered[i].set()
+            release.wait(10)
+
+    threads = [threading.Thread(target=work, args=("slow.JPEG", 0))]
+    threads[0].start()
+    entered[0].wait(10)
+    time.sleep(0.3)
+    threads.append(threading.Thread(target=work, args=("later.JPEG", 1)))
+    threads[1].start()
+    entered[1].wait(10)
+    path, seconds = policy.oldest_in_progress()
+    release.set()
+    for thread in threads:
+        thread.join()
+    assert path == "slow.JPEG" and 0.3 <= seconds < 5
+    assert policy.oldest_in_progress() is None  # each thread's mark is gone once it is done
+    # An error that is not the image's fault, in a decode function with a policy: raised, and named.
+    fresh = BadImagePolicy(skip=True)
+    with pytest.raises(ZeroDivisionError):
+        _decode_items([("ok.JPEG", 0), ("bug.JPEG", 1)], lambda path: 1 / (path == "ok.JPEG"), fresh, [])
+    assert fresh.unexpected[0] == "bug.JPEG" and fresh.failed == 0
+
+
 @pytest.mark.parametrize(
     "value, accepted",
     [("0", True), ("101", True), ("0%", True), ("100%", True), ("-1", False), ("-5%", False), ("100.5%", False),
@@ -239,10 +285,39 @@ def test_torchrun_per_rank_figures(
     assert r["batches"] == sum(math.ceil(n / batch_size) for n in classified)
     assert r["elapsed_s"] == max(entry["elapsed_s"] for entry in ranks.values())
     assert r["fps"] == sum(timed) / r["elapsed_s"]
+    per_rank = [math.ceil(n / batch_size) - (0 if warmup_included else warmup) for n in classified]
+    assert (r["batches_timed"], r["loader_lead"]) == (sum(per_rank), 2 * (16 + 1))  # each rank: queue 16, 1 thread
     lines = proc.stdout.splitlines()  # rank 0 alone prints the job's summary
     assert lines.count(f"Images: listed={listed} classified={listed} failed=0 not_reached=0") == 1
     assert f"Accuracy (top1)={100 * top1 / listed:.2f}% ({top1}/{listed})" in lines
     assert f"Accuracy (top5)={100 * top5 / listed:.2f}% ({top5}/{listed})" in lines
+
+
+REDUCE_ONE_RANK = """
+import json, os
+import torch
+import imagenet_classification as ic
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+ic.init_distributed(torch.device("cpu"), 60)
+result = ic.RunResult(listed=5, classified=3, failed=2, frames_timed=3, elapsed_s=1.0, batches=2, batches_timed=1,
+                      loader_lead=4)
+result.record_failures([ic.ImageDecodeError("a.JPEG", "empty"), ic.ImageDecodeError("b.JPEG", "cut")])
+result.predictions = [dict(path="c.JPEG", top1=1)]
+total, ranks = ic.reduce_results(result, ic.Shard(0, 1, 0), torch.device("cpu"))
+print(json.dumps(dict(failures=total.failures, predictions=total.predictions, lead=total.loader_lead,
+                      timed=total.batches_timed, ranks=ranks)))
+"""
+
+
+def test_reduce_results_keeps_failures_predictions_and_the_lead(tmp_path):
+    # One Gloo rank in a process of its own: what reduce_results gathers comes back whole.
+    code = REDUCE_ONE_RANK.format(port=29500 + os.getpid() % 500)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["failures"] == [{"path": "a.JPEG", "reason": "empty"}, {"path": "b.JPEG", "reason": "cut"}]
+    assert (out["predictions"], out["lead"], out["timed"]) == ([{"path": "c.JPEG", "top1": 1}], 4, 1)
+    assert out["ranks"] == [{"rank": 0, "classified": 3, "fps": 3.0, "elapsed_s": 1.0, "device": "cpu"}]
 
 
 # --- Shards -------------------------------------------------------------------------------------
@@ -375,7 +450,8 @@ def test_fps_of_a_window_the_loader_had_buffered_stays_within_its_stated_bound()
 
 @pytest.mark.parametrize(
     ("timed", "lead", "included", "expected", "in_json"),
-    [(100, 20, False, 0.25, 0.25), (20, 20, False, math.inf, "unbounded"), (5, 20, False, math.inf, "unbounded"),
+    [(100, 20, False, 0.25, 0.25), (110, 10, False, 0.1, 0.1), (20, 20, False, math.inf, "unbounded"),
+     (5, 20, False, math.inf, "unbounded"),
      (5, 20, True, None, None), (100, None, False, None, None), (0, 4, False, None, None)],
 )  # fmt: skip
 def test_fps_overstatement_bound_by_hand(timed, lead, included, expected, in_json):
@@ -407,6 +483,32 @@ def test_a_run_states_its_loaders_lead_and_the_bound(tmp_path):
     assert "the FPS window holds 10 batches and the loader may have had 5 ready" in proc.stdout
 
 
+def test_timeline_by_hand():
+    # Batches of 2, 3, 4 and 5 images end about 0.2, 0.5, 1.5 and 2.5 s into the run (each at
+    # least 0.3 s from a second's edge, for a loaded machine): per second 5, 4 and 5 images.
+    loader = _slow_loader((0.2, [AT_RANK_1] * 2), (0.3, [AT_RANK_1] * 3), (1.0, [AT_RANK_1] * 4),
+                          (1.0, [AT_RANK_1] * 5))  # fmt: skip
+    result = benchmark(loader, _bundle(), listed=14, warmup_batches=1)
+    t = result.timeline
+    assert (t["interval_s"], t["images"], t["images_per_s"], t["batch_images"]) == (1.0, [5, 4, 5], [5.0, 4.0, 5.0],
+                                                                                   [2, 3, 4, 5])  # fmt: skip
+    assert t["batch_end_s"] == pytest.approx([0.2, 0.5, 1.5, 2.5], abs=0.25)
+    assert t["warmup_end_s"] == pytest.approx(0.2, abs=0.25) and t["end_s"] == pytest.approx(2.5, abs=0.25)
+    assert t["end_s"] - t["warmup_end_s"] == pytest.approx(result.elapsed_s, abs=0.01)
+    # A run no longer than its warm-up: the window starts at 0. A run of no batch: one empty second.
+    short = benchmark(_slow_loader((0.2, [AT_RANK_1] * 2)), _bundle(), listed=2, warmup_batches=1).timeline
+    assert (short["warmup_end_s"], short["images"]) == (0.0, [2])
+    assert benchmark(iter([]), _bundle(), listed=0).timeline["images"] == [0]
+    # Another interval: half-seconds, 4 images in the second of them, 6 in the fourth.
+    window = _TimingWindow(torch.device("cpu"), warmup_batches=0)
+    for seconds, frames in ((0.7, 4), (1.0, 6)):
+        time.sleep(seconds)
+        window.add(frames)
+    window.close()
+    half = window.timeline(0.5)
+    assert (half["interval_s"], half["images"], half["images_per_s"]) == (0.5, [0, 4, 0, 6], [0.0, 8.0, 0.0, 12.0])
+
+
 @pytest.mark.parametrize("warmup_batches", [2, 3])
 def test_fps_window_of_a_run_no_longer_than_the_warmup_covers_it_all(warmup_batches):
     # 2 batches, each after 0.3 s: a warm-up of 2 (just as long) or of 3 (longer) covers them all.
@@ -414,12 +516,14 @@ def test_fps_window_of_a_run_no_longer_than_the_warmup_covers_it_all(warmup_batc
     result = benchmark(loader, _bundle(), listed=6, warmup_batches=warmup_batches)
     assert (result.frames_timed, result.batches, result.warmup_included, result.top1_correct) == (6, 2, True, 6)
     assert 0.6 <= result.elapsed_s < 1.5 and result.fps == 6 / result.elapsed_s
+    assert (result.batches_timed, result.fps_max_overstatement) == (2, None)  # the whole run is timed
 
 
 def test_benchmark_defaults_to_the_clis_warmup_and_to_stopping_at_a_bad_image():
     # A notebook's benchmark() times as the command line does by default: 20 warm-up batches.
     result = benchmark((_batch([AT_RANK_1]) for _ in range(21)), _bundle(), listed=21)
     assert (result.frames_timed, result.batches, result.warmup_included) == (1, 21, False)
+    assert (result.predictions, result.loader_lead) == (None, None)  # no rows kept unless asked
     result = benchmark((_batch([AT_RANK_1]) for _ in range(20)), _bundle(), listed=20)
     assert (result.frames_timed, result.warmup_included) == (20, True)
     # And stops at a bad image unless told to skip, naming the first of them.
@@ -461,6 +565,7 @@ def test_results_and_their_rates_by_hand(tmp_path):
         "not_reached": 3, "fps": 0.0, "fps_max_overstatement": None, "top1": 0.0, "top5": 0.0,
     }  # fmt: skip
     assert RunResult(listed=None, classified=3).not_reached == 0
+    assert RunResult(listed=3, classified=4).not_reached == 0  # never negative
     result.record_failures([ImageDecodeError("a.JPEG", "empty file (0 bytes)"), ImageDecodeError("b.JPEG", "x")])
     assert (result.failed, result.failures) == (2, [{"path": "a.JPEG", "reason": "empty file (0 bytes)"},
                                                      {"path": "b.JPEG", "reason": "x"}])  # fmt: skip
@@ -520,6 +625,22 @@ def test_summary_lists_ten_failures_then_counts_the_rest(failed, more):
     assert f"Accuracy (top1)=0.00% (0/0, {failed} failed to decode)" in lines
 
 
+MOSTLY_CPU = "; the figures are mostly the CPU's"
+
+
+@pytest.mark.parametrize(
+    ("classified", "fallbacks", "line"),
+    [(80, 4, "  4 images (5.0%) decoded on the CPU: the GPU decoder cannot take them"),
+     (80, 5, "  5 images (6.2%) decoded on the CPU: the GPU decoder cannot take them" + MOSTLY_CPU),
+     (0, 2, "  2 images (100.0%) decoded on the CPU: the GPU decoder cannot take them" + MOSTLY_CPU)],
+)  # fmt: skip
+def test_fallback_share_in_the_summary_by_hand(classified, fallbacks, line):
+    # The share is of the classified images; over 5 % (not at it) the summary says so.
+    out = io.StringIO()
+    print_summary(RunResult(listed=100, classified=classified, failed=7, decoder_fallbacks=fallbacks), out)
+    assert line in out.getvalue().splitlines()
+
+
 def test_summary_of_a_run_without_failures_says_none():
     summary = io.StringIO()
     print_summary(RunResult(listed=5, classified=5, top1_correct=2, top5_correct=4, frames_timed=4, elapsed_s=2.0,
@@ -539,6 +660,11 @@ def test_breakdown_bound_and_efficiency_by_hand():
     cpu = Breakdown.from_rates(40.0, 600.0, 36.0, torch.device("cpu"))
     assert (cpu.loader_fps, cpu.model_fps, cpu.e2e_fps) == (40.0, 600.0, 36.0)
     assert (cpu.bound_fps, cpu.bottleneck, cpu.efficiency, cpu.shared_fps) == (40.0, "loader", 0.9, 37.5)
+    slow = Breakdown.from_rates(0.5, 0.5, 0.2, torch.device("cpu"))  # under one image/s: still a rate
+    assert (slow.shared_fps, slow.efficiency) == (0.25, 0.4)
+    exact = io.StringIO()  # exactly the bound: no note
+    print_breakdown(Breakdown.from_rates(40.0, 600.0, 40.0, torch.device("cuda", 0)), exact)
+    assert exact.getvalue().splitlines()[1] == "Bound 40.0 images/s, set by the loader; end-to-end reaches 100% of it"
     gpu = Breakdown.from_rates(3000.0, 1200.0, 900.0, torch.device("cuda", 0))
     assert (gpu.bound_fps, gpu.bottleneck, gpu.efficiency) == (1200.0, "model", 0.75)
     gpu = Breakdown.from_rates(1200.0, 3000.0, 900.0, torch.device("cuda", 0))
