@@ -106,6 +106,7 @@ def test_auto_precision_follows_the_hardware():
     native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
     assert choose_dtype(torch.device("cpu"))[0] == (torch.bfloat16 if native else torch.float32)
     assert choose_dtype(torch.device("cpu"), "float16") == (torch.float16, "asked for")
-    assert get_model("test_efficientnet", "cpu", pretrained=False, compile=False).dtype == choose_dtype(
-        torch.device("cpu")
-    )[0]
+    assert (
+        get_model("test_efficientnet", "cpu", pretrained=False, compile=False).dtype
+        == choose_dtype(torch.device("cpu"))[0]
+    )
