@@ -124,13 +124,20 @@ __all__ = [
     "read_image_bytes",
     "JpegHeader",
     "parse_jpeg_header",
+    "jpeg_truncated",
+    "image_size",
     "decode_frames",
+    "filter_graph",
     "FilterGraphCache",
+    "crop_on_cpu",
+    "decode_items",
     "decode_cpu_image",
     "decode_pil",
     "ffmpeg_jpeg_configs",
     "Batch",
+    "spdl_cuda_config",
     "nvdec_can_take",
+    "first_jpeg_image",
     "nv12_to_rgb",
     "resize_crop_on_device",
     "check_gpu_decoder",
@@ -149,6 +156,7 @@ __all__ = [
     "choose_dtype",
     # Loop, measurement, results.
     "RunResult",
+    "TimingWindow",
     "Progress",
     "Breakdown",
     "measure_loader",
@@ -1169,7 +1177,7 @@ def read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
         raise ImageDecodeError(path, f"file over the {max_bytes / 2**20:g} MiB limit")
     if not data:
         raise ImageDecodeError(path, "empty file (0 bytes)")
-    if data[:2] == b"\xff\xd8" and _jpeg_truncated(data):
+    if data[:2] == b"\xff\xd8" and jpeg_truncated(data):
         raise ImageDecodeError(path, "truncated JPEG (no end-of-image marker)")
     return data
 
@@ -1242,7 +1250,7 @@ def parse_jpeg_header(data: bytes) -> JpegHeader | None:
     return None
 
 
-def _jpeg_truncated(data: bytes) -> bool:
+def jpeg_truncated(data: bytes) -> bool:
     """Whether JPEG data ends before its image does: it does not end with the end-of-image
     marker, and none follows the start of the image's first scan. Data after the image's end (a
     camera's trailer, a second image) is fine, as PIL has it."""
@@ -1285,7 +1293,7 @@ class FilterGraphCache:
         graph = graphs.pop(key, None)
         keep = graph is not None or seen.pop(key, False) is None
         if graph is None:
-            graph = _filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
+            graph = filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
         graph.add_frames(frames)
         output = graph.get_frames()
         if keep:  # only a graph that worked goes into the cache
@@ -1301,7 +1309,7 @@ class FilterGraphCache:
         return output
 
 
-def _filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.FilterGraph:
+def filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.FilterGraph:
     """A filter graph from frames of this size and pixel format through ``chain``."""
     source = f"buffer=video_size={width}x{height}:pix_fmt={pix_fmt}:time_base=1/25:pixel_aspect=1/1"
     return spdl.io.FilterGraph(f"{source},{chain},buffersink")
@@ -1388,7 +1396,7 @@ def _ffmpeg_takes(data: bytes) -> bool:
 _ARITHMETIC_SOF = frozenset({0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 
 
-def _image_size(data: bytes) -> tuple[int, int] | None:
+def image_size(data: bytes) -> tuple[int, int] | None:
     """``(width, height)`` from a JPEG's frame header or a PNG's IHDR, before any decoding."""
     if data.startswith(_PNG_START) and len(data) >= 24:
         return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
@@ -1423,12 +1431,12 @@ def _pil_rgb(image: Any) -> Any:
     return image.convert("RGB")
 
 
-def _crop_on_cpu(path: str, data: bytes, graphs: FilterGraphCache) -> spdl.io.VideoFrames | Any:
+def crop_on_cpu(path: str, data: bytes, graphs: FilterGraphCache) -> spdl.io.VideoFrames | Any:
     """One image decoded, resized and cropped on the CPU: an RGB frame from FFmpeg, or a numpy
     array from PIL for the data FFmpeg is not used for (see :py:func:`_ffmpeg_takes`)."""
     if not _ffmpeg_takes(data):
         return decode_pil(path, graphs.transform, data)
-    _check_size(path, _image_size(data), graphs.transform)
+    _check_size(path, image_size(data), graphs.transform)
     with _decoder_errors(path, "FFmpeg"):
         frames = decode_frames(data)
         # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion.
@@ -1459,7 +1467,7 @@ def decode_cpu_image(path: str, graphs: FilterGraphCache, device: torch.device, 
         ImageDecodeError: the image cannot be read or decoded.
     """
     data = read_image_bytes(path) if data is None else data
-    return _image_tensor(_crop_on_cpu(path, data, graphs)).permute(2, 0, 1).to(device)
+    return _image_tensor(crop_on_cpu(path, data, graphs)).permute(2, 0, 1).to(device)
 
 
 ################################################################################
@@ -1493,7 +1501,7 @@ def _empty_batch(transform: EvalTransform, device: torch.device, failures: Seque
     return Batch(images.permute(0, 3, 1, 2), _label_tensor([], device), (), failures)
 
 
-def _decode_items(
+def decode_items(
     items: Sequence[tuple[str, int]],
     decode_one: Callable[[str], Any],
     policy: BadImagePolicy | None,
@@ -1524,15 +1532,15 @@ def _decode_items(
 def _ffmpeg_decode_func(
     transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int
 ) -> Callable[[Sequence[tuple[str, int]]], Batch]:
-    cuda_config = _cuda_config(device) if device.type == "cuda" else None
+    cuda_config = spdl_cuda_config(device) if device.type == "cuda" else None
     graphs = FilterGraphCache(transform)
 
     def decode_one(path: str) -> Any:
-        return _crop_on_cpu(path, read_image_bytes(path, max_bytes), graphs)
+        return crop_on_cpu(path, read_image_bytes(path, max_bytes), graphs)
 
     def decode_batch_ffmpeg(items: Sequence[tuple[str, int]]) -> Batch:
         failures: list[ImageDecodeError] = []
-        crops, labels, paths = _decode_items(items, decode_one, policy, failures)
+        crops, labels, paths = decode_items(items, decode_one, policy, failures)
         if not crops:
             return _empty_batch(transform, device, failures)
         if cuda_config is not None and all(isinstance(c, spdl.io.VideoFrames) for c in crops):
@@ -1574,7 +1582,7 @@ def _spdl_cuda_error() -> str | None:
     return None
 
 
-def _cuda_config(device: torch.device, stream: torch.cuda.Stream | None = None) -> spdl.io.CUDAConfig:
+def spdl_cuda_config(device: torch.device, stream: torch.cuda.Stream | None = None) -> spdl.io.CUDAConfig:
     """SPDL's CUDA config: allocations through torch's caching allocator, work on ``stream``
     (default: SPDL's per-thread default stream)."""
     kwargs = {} if stream is None else {"stream": stream.cuda_stream}
@@ -1600,7 +1608,7 @@ class _ThreadStreams:
             return None, None
         if not hasattr(self._local, "stream"):
             self._local.stream = torch.cuda.Stream(self.device)
-            self._local.config = _cuda_config(self.device, self._local.stream)
+            self._local.config = spdl_cuda_config(self.device, self._local.stream)
         return self._local.stream, self._local.config
 
     @contextlib.contextmanager
@@ -1663,7 +1671,7 @@ def _nvjpeg_can_take(header: JpegHeader | None) -> bool:
     return header is not None and header.frame_type in (0xC0, 0xC1, 0xC2) and header.components in (1, 3)
 
 
-def _first_image(data: bytes) -> bytes:
+def first_jpeg_image(data: bytes) -> bytes:
     """JPEG data cut after its first image's end: NVDEC gets neither a second image (an MPO, a
     gain map) nor a trailer, as FFmpeg decodes only the first."""
     scan = next((offset for marker, offset in _jpeg_segments(data) if marker == _SOS), 2)
@@ -1715,7 +1723,7 @@ def _decode_nvdec_one(
     if not nvdec_can_take(parse_jpeg_header(data)):
         return None
     try:
-        packets = spdl.io.demux_video(_first_image(data))
+        packets = spdl.io.demux_video(first_jpeg_image(data))
         width, height = packets.width, packets.height
         even_w, even_h = width + width % 2, height + height % 2
         decoder = spdl.io.nvdec_decoder(
@@ -1735,7 +1743,7 @@ def _fall_back(
     failures: list[ImageDecodeError],
 ) -> Tensor | None:  # fmt: skip
     """An image a GPU decoder left, decoded on the CPU and counted; None if it is a bad image."""
-    decoded, _, _ = _decode_items([(path, 0)], lambda p: decode_cpu_image(p, graphs, device, data), policy, failures)
+    decoded, _, _ = decode_items([(path, 0)], lambda p: decode_cpu_image(p, graphs, device, data), policy, failures)
     if not decoded:
         return None
     if policy is not None:
@@ -1760,9 +1768,7 @@ def _gpu_decode_func(
         stream, config = streams.get()
         failures: list[ImageDecodeError] = []
         with streams.on(stream):
-            datas, labels, paths = _decode_items(
-                items, lambda path: read_image_bytes(path, max_bytes), policy, failures
-            )
+            datas, labels, paths = decode_items(items, lambda path: read_image_bytes(path, max_bytes), policy, failures)
             with policy.working_on(paths[0]) if policy and paths else contextlib.nullcontext():
                 on_gpu = decode_on_gpu(datas, config)
             images, kept = [], []
@@ -2598,7 +2604,7 @@ class _Clock:
         return time.perf_counter()
 
 
-class _TimingWindow:
+class TimingWindow:
     """The FPS window: from the end of the warm-up to the last batch, and a timeline of the run.
 
     If the run has no more batches than the warm-up, the window covers every batch. ``sync``
@@ -2798,7 +2804,7 @@ class _Loop:
         device = _model_device(model)
         self.model, self.result = model, result
         self.top1, self.top5 = (torch.zeros((), dtype=torch.int64, device=device) for _ in range(2))
-        self.window = _TimingWindow(device, warmup_batches, sync_clocks)
+        self.window = TimingWindow(device, warmup_batches, sync_clocks)
         self.kept = _Predictions() if predictions else None
 
     def classify(self, batch: tuple[Tensor, Tensor]) -> None:
@@ -2922,7 +2928,7 @@ class Breakdown:
 
 def _timed_rate(steps: Iterable[int], warmup_batches: int, device: torch.device) -> float:
     """Images/s over ``steps`` (each yields its batch's image count), in :py:func:`benchmark`'s window."""
-    window = _TimingWindow(device, warmup_batches)
+    window = TimingWindow(device, warmup_batches)
     for frames in steps:
         window.add(frames)
     frames, seconds, _ = window.close()

@@ -201,7 +201,7 @@ def _decode_and_load_s(path: str, data: bytes, graphs: ic.FilterGraphCache, load
         spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None)
 
     def load() -> None:
-        ic._crop_on_cpu(path, data, graphs)
+        ic.crop_on_cpu(path, data, graphs)
 
     spent = {}
     for step in (load, decode) if load_first else (decode, load):

@@ -155,7 +155,9 @@ def _ffmpeg_plane(data: bytes, plane: str):
 
     import imagenet_classification as ic
 
-    frames = spdl.io.decode_packets(spdl.io.demux_image(ic._first_image(data)), filter_desc=f"extractplanes={plane}")
+    frames = spdl.io.decode_packets(
+        spdl.io.demux_image(ic.first_jpeg_image(data)), filter_desc=f"extractplanes={plane}"
+    )
     height, width = frames.height, frames.width
     return spdl.io.to_numpy(spdl.io.convert_frames([frames])).reshape(height, width)
 
@@ -176,12 +178,12 @@ def nvdec_planes(paths: list[Path], device: str) -> dict:
 
     import imagenet_classification as ic
 
-    config = ic._cuda_config(torch.device(device))
+    config = ic.spdl_cuda_config(torch.device(device))
     out = {}
     for path in paths:
         data = path.read_bytes()
         try:
-            packets = spdl.io.demux_video(ic._first_image(data))
+            packets = spdl.io.demux_video(ic.first_jpeg_image(data))
             width, height = packets.width, packets.height
             decoder = spdl.io.nvdec_decoder(config, packets.codec)
             nv12 = spdl.io.to_torch(decoder.decode_packets(packets))[0].cpu()

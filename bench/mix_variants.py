@@ -68,7 +68,7 @@ class _OneStageCache(ic.FilterGraphCache):
         graph = graphs.pop(key, None)
         keep = graph is not None or not self.admit_second or seen.pop(key, False) is None
         if graph is None:
-            graph = ic._filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
+            graph = ic.filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
         graph.add_frames(frames)
         output = graph.get_frames()
         if keep:
@@ -88,7 +88,7 @@ class _TwoStageCache(ic.FilterGraphCache):
         planar = super().apply(frames)
         if not hasattr(self._local, "packer"):
             size = self.transform.size
-            self._local.packer = ic._filter_graph(size, size, "gbrp", "format=rgb24")
+            self._local.packer = ic.filter_graph(size, size, "gbrp", "format=rgb24")
         self._local.packer.add_frames(planar)
         return self._local.packer.get_frames()
 
@@ -110,7 +110,7 @@ class _PrebuiltCache(ic.FilterGraphCache):
             frames = ic.decode_frames(Path(path).read_bytes())
             key = (frames.width, frames.height, frames.pix_fmt)
             if key not in cls.graphs:
-                cls.graphs[key] = ic._filter_graph(*key, transform.ffmpeg_filter(key[0], key[1]))
+                cls.graphs[key] = ic.filter_graph(*key, transform.ffmpeg_filter(key[0], key[1]))
 
     def apply(self, frames: spdl.io.ImageFrames) -> spdl.io.VideoFrames:
         graph = self.graphs[(frames.width, frames.height, frames.pix_fmt)]
@@ -139,7 +139,7 @@ def _grey_kept_filter(transform: ic.EvalTransform, width: int, height: int) -> s
 
 
 def _lowres_decode(data: bytes) -> spdl.io.ImageFrames:
-    size = ic._image_size(data)
+    size = ic.image_size(data)
     if not data.startswith(b"\xff\xd8") or size is None or min(size) < 2 * ic.EvalTransform().resize_short:
         return CURRENT_DECODE(data)
     options = {"err_detect": "explode", "lowres": "1"} | ({"idct": "xvid"} if ic.platform.machine() == "x86_64" else {})
@@ -158,7 +158,7 @@ def _read_up_to_the_limit(path: str, max_bytes: int = ic.MAX_IMAGE_MB << 20) -> 
             data = f.read(max_bytes + 1)
     finally:
         os.close(fd)
-    ic._jpeg_truncated(data)
+    ic.jpeg_truncated(data)
     return data
 
 
@@ -196,7 +196,7 @@ def pil_agreement(paths: list[str]) -> dict[str, float]:
     resize and crop, with the module as patched now."""
     transform, graphs, mads = ic.EvalTransform(), ic.FilterGraphCache(ic.EvalTransform()), []
     for path in paths:
-        crop = ic._crop_on_cpu(path, Path(path).read_bytes(), graphs)
+        crop = ic.crop_on_cpu(path, Path(path).read_bytes(), graphs)
         ours = spdl.io.to_numpy(spdl.io.convert_frames([crop]))[0, 0].astype(np.int16)
         mads.append(float(np.abs(ours - ic.decode_pil(path, transform).astype(np.int16)).mean()))
     return {"mean": float(np.mean(mads)), "max": max(mads)}

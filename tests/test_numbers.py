@@ -41,9 +41,9 @@ from imagenet_classification import (
     RunReport,
     RunResult,
     Shard,
-    _decode_items,
-    _TimingWindow,
+    TimingWindow,
     benchmark,
+    decode_items,
     get_decode_func,
     main,
     measure_loader,
@@ -228,7 +228,7 @@ def test_bad_image_policy_bookkeeping_by_hand():
     # An error that is not the image's fault, in a decode function with a policy: raised, and named.
     fresh = BadImagePolicy(skip=True)
     with pytest.raises(ZeroDivisionError):
-        _decode_items([("ok.JPEG", 0), ("bug.JPEG", 1)], lambda path: 1 / (path == "ok.JPEG"), fresh, [])
+        decode_items([("ok.JPEG", 0), ("bug.JPEG", 1)], lambda path: 1 / (path == "ok.JPEG"), fresh, [])
     assert fresh.unexpected[0] == "bug.JPEG" and fresh.failed == 0
 
 
@@ -500,7 +500,7 @@ def test_timeline_by_hand():
     assert (short["warmup_end_s"], short["images"]) == (0.0, [2])
     assert benchmark(iter([]), _bundle(), listed=0).timeline["images"] == [0]
     # Another interval: half-seconds, 4 images in the second of them, 6 in the fourth.
-    window = _TimingWindow(torch.device("cpu"), warmup_batches=0)
+    window = TimingWindow(torch.device("cpu"), warmup_batches=0)
     for seconds, frames in ((0.7, 4), (1.0, 6)):
         time.sleep(seconds)
         window.add(frames)
