@@ -177,6 +177,7 @@ _LG = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "mobilenetv3_large_100"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+COMPILE_MODE = "max-autotune"  # what compile=True and the CLI use
 CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")
 NUM_CLASSES = 1000
 TRACE_BATCHES = 60  # --trace keeps traces small: only this many batches are run.
@@ -414,7 +415,7 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--no-pretrained", action="store_false", dest="pretrained", help="random weights")
     model.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     model.add_argument("--no-compile", action="store_false", dest="compile", help="skip torch.compile")
-    model.add_argument("--compile-mode", choices=COMPILE_MODES, default="max-autotune",
+    model.add_argument("--compile-mode", choices=COMPILE_MODES, default=COMPILE_MODE,
                        help="torch.compile's mode; max-autotune tunes every kernel (minutes on a GPU, "
                             "before the timed window), default compiles in seconds")  # fmt: skip
     model.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
@@ -2491,7 +2492,7 @@ def get_model(
     model = model.eval().to(device=device, dtype=dtype)
     preprocessing = Preprocessing(transform.mean, transform.std).to(device)
     if compile:
-        mode = "max-autotune" if compile is True else compile
+        mode = COMPILE_MODE if compile is True else compile
         if mode not in COMPILE_MODES:
             raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
         model = torch.compile(model, mode=mode)
@@ -2745,8 +2746,8 @@ def benchmark(
         progress: Called after each batch with the images classified so far and the running
             top-1 count (a device tensor), e.g. a :py:class:`Progress`.
         predictions: Keep each image's top-5 classes and probabilities (``result.predictions``).
-        loader_lead: Batches the loader can hold ahead of the model (see
-            :py:func:`loader_lead`), for ``result.fps_max_overstatement``.
+        loader_lead: Batches the loader can hold ahead of the model (the CLI passes
+            :py:attr:`RunConfig.loader_lead`), for ``result.fps_max_overstatement``.
 
     Returns:
         A RunResult, with its ``timeline``.

@@ -86,8 +86,11 @@ def own_size(rng: random.Random) -> tuple[int, int]:
     return (long, short) if rng.random() < 0.75 else (short, long)
 
 
-def _save_in_mix(image: Image.Image, path: Path, mix: ImageMix, rng: random.Random) -> None:
-    """Save an RGB image as JPEG, as one of the mix's kinds."""
+def _save_in_mix(photo: Image.Image, path: Path, mix: ImageMix, rng: random.Random) -> None:
+    """A random crop of an RGB photo, with a size drawn from the mix and that size's aspect
+    ratio, saved as JPEG as one of the mix's kinds."""
+    size = rng.choice(SIZES) if rng.random() < mix.common_size else own_size(rng)
+    image = _crop_to_shape(photo, size, rng)
     kind = rng.random()
     options = {"quality": 96 if rng.random() < mix.quality_96 else rng.choice([75, 85, 90, 95]),
                "progressive": rng.random() < mix.progressive}  # fmt: skip
@@ -117,39 +120,30 @@ def make_image_set(
     rng = random.Random(seed)
     photos = photos or [(photo_path(name), wnid) for name, wnid in PHOTOS.items()]
     sources = [(Image.open(path).convert("RGB"), wnid) for path, wnid in photos]
-    if MIXES[mix] is not None:
-        return _make_mixed_set(root, flist, count, sources, MIXES[mix], rng)
+    image_mix = MIXES[mix]
     lines = []
     for i in range(count):
         image, wnid = rng.choice(sources)
-        w, h = image.size
-        scale = rng.uniform(0.5, 1.0)
-        cw, ch = int(w * scale), int(h * scale)
-        left, top = rng.randint(0, w - cw), rng.randint(0, h - ch)
-        size = rng.choice(SIZES)
         rel = Path("val") / wnid / f"{wnid}_{i:06d}.JPEG"
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        crop = image.crop((left, top, left + cw, top + ch)).resize(size, Image.Resampling.BICUBIC)
-        crop.save(root / rel, quality=rng.choice([70, 80, 85, 90, 95]))
+        if image_mix is None:
+            _save_default(image, root / rel, rng)
+        else:
+            _save_in_mix(image, root / rel, image_mix, rng)
         lines.append(str(rel))
     flist.write_text("\n".join(lines) + "\n")
     return flist
 
 
-def _make_mixed_set(
-    root: Path, flist: Path, count: int, sources: list, mix: ImageMix, rng: random.Random
-) -> Path:  # fmt: skip
-    """The images of a mix: each a random crop of a photo, with its size's aspect ratio."""
-    lines = []
-    for i in range(count):
-        image, wnid = rng.choice(sources)
-        size = rng.choice(SIZES) if rng.random() < mix.common_size else own_size(rng)
-        rel = Path("val") / wnid / f"{wnid}_{i:06d}.JPEG"
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        _save_in_mix(_crop_to_shape(image, size, rng), root / rel, mix, rng)
-        lines.append(str(rel))
-    flist.write_text("\n".join(lines) + "\n")
-    return flist
+def _save_default(image: Image.Image, path: Path, rng: random.Random) -> None:
+    """A crop of half to all of each side of ``image``, resized to a common size, as a baseline JPEG."""
+    w, h = image.size
+    scale = rng.uniform(0.5, 1.0)
+    cw, ch = int(w * scale), int(h * scale)
+    left, top = rng.randint(0, w - cw), rng.randint(0, h - ch)
+    size = rng.choice(SIZES)
+    crop = image.crop((left, top, left + cw, top + ch)).resize(size, Image.Resampling.BICUBIC)
+    crop.save(path, quality=rng.choice([70, 80, 85, 90, 95]))
 
 
 def decode_only_rate(paths: list[str], threads: int = 1, as_loader: bool = False) -> float:
