@@ -2218,6 +2218,7 @@ def torch_loader_batches(
 
     Raises:
         TimeoutError: no batch within the DataLoader's ``timeout``.
+        LoaderFailed: a worker died (its message, or the connection it broke).
         ImageDecodeError: a bad image, without a policy.
     """
     batches = iter(loader)
@@ -2232,6 +2233,10 @@ def torch_loader_batches(
             if _DATALOADER_DIED in str(e):  # killed (the out-of-memory killer?) or failed
                 raise LoaderFailed(f"the DataLoader failed: {str(e).splitlines()[0].strip()}") from None
             raise
+        except (ConnectionError, EOFError) as e:  # a worker died while its batch was handed over
+            raise LoaderFailed(
+                f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})"
+            ) from None
         errors = [ImageDecodeError(path, reason) for path, reason in failures]
         for error in errors:
             if policy is None:

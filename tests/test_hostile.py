@@ -315,6 +315,20 @@ def test_damaged_jpegs_and_bombs_are_counted_failures(demo_photos, tmp_path):
             ic.decode_pil(path, ic.EvalTransform())
 
 
+@pytest.mark.parametrize("error", [ConnectionResetError(104, "Connection reset by peer"), EOFError()])
+def test_a_worker_dying_while_its_batch_is_handed_over_is_a_loader_failure(error):
+    # When a worker dies as the main process fetches its batch's shared memory, the DataLoader
+    # raises what the broken connection raised, not its "DataLoader worker ... killed" message.
+    def batches():
+        raise error
+        yield
+
+    with pytest.raises(
+        ic.LoaderFailed, match=f"the DataLoader failed: a worker's connection broke \\({type(error).__name__}"
+    ):
+        next(ic.torch_loader_batches(batches(), torch.device("cpu"), ic.BadImagePolicy()))
+
+
 def test_a_dead_dataloader_worker_stops_the_run_with_its_result(dataset, tmp_path):
     lines = dataset.read_text().splitlines()
     dataset.write_text("\n".join(lines * 100) + "\n")
