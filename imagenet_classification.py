@@ -3874,9 +3874,15 @@ def _open_loader(config: RunConfig, images: ImageList, policy: BadImagePolicy) -
         workers = iter(get_torch_loader(dataset, config.batch_size, config.loader_workers, config.device,
                                         config.timeout))  # fmt: skip
         handle = _Loader(torch_loader_batches(workers, config.device, policy))
-        yield handle
-        if handle.stop_at_once:  # the process ends right after the report: no joining busy workers
-            _ABANDONED.append(workers)
+        try:
+            yield handle
+        finally:
+            if handle.stop_at_once:  # the process ends right after the report: no joining busy workers
+                _ABANDONED.append(workers)
+            elif hasattr(workers, "_shutdown_workers"):
+                # Now, not once nothing refers to the iterator (a stopped run's traceback keeps this
+                # frame): until then torch's SIGCHLD handler raises, anywhere, for a dead worker.
+                workers._shutdown_workers()
         return
     decode_func = get_decode_func(config.device, config.transform, config.decoder, policy,
                                   max_image_bytes=config.max_image_bytes)  # fmt: skip
