@@ -1767,10 +1767,11 @@ def _nvimgcodec_decoder(backend: str, device_id: int) -> Any:
                               backends=[nvimgcodec.Backend(kinds[backend])], options=":fancy_upsampling=1")  # fmt: skip
 
 
-def _nvimgcodec_decoders(device: torch.device) -> list[tuple[str, Any]]:
+def _nvimgcodec_decoders(device: torch.device, errors: list[str] | None = None) -> list[tuple[str, Any]]:
     """``(backend, decoder)`` in the order a batch goes through them, each taking the images those
     before it left: on a GPU, those of :py:data:`NVIMGCODEC_BACKENDS` that nvImageCodec has there
-    (``hardware`` only where the GPU has JPEG engines); on the CPU (for tests), libjpeg-turbo."""
+    (``hardware`` only where the GPU has JPEG engines); on the CPU (for tests), libjpeg-turbo.
+    Why each missing one is missing goes to ``errors``."""
     nvimgcodec, _ = _nvimgcodec()
     if device.type != "cuda":
         return [("cpu", _nvimgcodec_decoder("cpu", nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY))]
@@ -1780,6 +1781,8 @@ def _nvimgcodec_decoders(device: torch.device) -> list[tuple[str, Any]]:
             decoders.append((backend, _nvimgcodec_decoder(backend, device.index or 0)))
         except RuntimeError as e:  # "Could not create decoder": none of that kind on this GPU
             _LG.debug("nvImageCodec has no %s decoder on %s: %s", backend, device, e)
+            if errors is not None:
+                errors.append(f"{backend}: {e}")
     return decoders
 
 
@@ -2090,11 +2093,13 @@ def _nvimgcodec_check(device: torch.device) -> str:
     Raises:
         DecoderError: it has none (nvJPEG's library missing, a driver too old for CUDA 13).
     """
-    backends = [backend for backend, _ in _nvimgcodec_decoders(device)]
+    errors: list[str] = []
+    backends = [backend for backend, _ in _nvimgcodec_decoders(device, errors)]
     if not backends:
-        said = _nvimgcodec()[1]
+        said = _nvimgcodec()[1]  # what its import printed, when it was first imported here
         hint = " (pip install nvidia-nvjpeg, CUDA 13's nvJPEG)" if "nvjpeg library" in said.lower() else ""
-        raise DecoderError(f"nvImageCodec has no JPEG decoder on {_device_name(device)}{hint}: {said}", "nvjpeg")
+        reasons = "; ".join(filter(None, [said, *errors]))
+        raise DecoderError(f"nvImageCodec has no JPEG decoder on {device}{hint}: {reasons}", "nvjpeg")
     return f"nvimgcodec ({', '.join(backends)})"
 
 
