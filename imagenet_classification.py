@@ -1711,6 +1711,16 @@ def _nvjpeg_can_take(header: JpegHeader | None) -> bool:
     return header is not None and header.frame_type in (0xC0, 0xC1, 0xC2) and header.components in (1, 3)
 
 
+def _nvjpeg_takes(data: bytes, transform: EvalTransform) -> bool:
+    """nvJPEG is given the JPEGs it takes (:py:func:`_nvjpeg_can_take`) within the size limits;
+    the CPU refuses the others, naming the limit (see :py:func:`_check_size`)."""
+    header = parse_jpeg_header(data)
+    if not _nvjpeg_can_take(header) or min(header.width, header.height) <= 0:
+        return False
+    new_w, new_h, _, _ = transform.geometry(header.width, header.height)
+    return max(header.width * header.height, new_w * new_h) <= MAX_IMAGE_PIXELS
+
+
 def first_jpeg_image(data: bytes) -> bytes:
     """JPEG data cut after its first image's end: NVDEC gets neither a second image (an MPO, a
     gain map) nor a trailer, as FFmpeg decodes only the first."""
@@ -1808,8 +1818,9 @@ def _nvimgcodec_tensor(image: Any) -> Tensor:
 def _decode_nvimgcodec(
     datas: list[bytes], transform: EvalTransform, decoders: list[tuple[str, Any]], stream: int
 ) -> tuple[list[Tensor | None], dict[str, int]]:
-    """Decode the JPEGs nvJPEG takes with nvImageCodec, one batched call per decoder (each takes
-    what the one before it left), then resize and crop them by size (:py:func:`_resize_crop_groups`).
+    """Decode the JPEGs nvJPEG takes (:py:func:`_nvjpeg_takes`) with nvImageCodec, one batched
+    call per decoder (each takes what the one before it left), then resize and crop them by size
+    (:py:func:`_resize_crop_groups`).
 
     EXIF orientation is not applied (:py:func:`_nvimgcodec_params`). The file bytes are read
     where they are (a ``CodeStream`` keeps a reference to them, not a copy).
@@ -1824,7 +1835,7 @@ def _decode_nvimgcodec(
     nvimgcodec, _ = _nvimgcodec()
     code_streams = {}
     for i, data in enumerate(datas):
-        if _nvjpeg_can_take(parse_jpeg_header(data)):
+        if _nvjpeg_takes(data, transform):
             with contextlib.suppress(RuntimeError):  # "Failed to get image info": left to the CPU
                 code_streams[i] = nvimgcodec.CodeStream(data)
     left, params = list(code_streams), _nvimgcodec_params()
@@ -1852,7 +1863,7 @@ def _decode_nvjpeg(
     import torchvision.io
 
     out: list[Tensor | None] = [None] * len(datas)
-    takes = [i for i, data in enumerate(datas) if _nvjpeg_can_take(parse_jpeg_header(data))]
+    takes = [i for i, data in enumerate(datas) if _nvjpeg_takes(data, transform)]
     if not takes:
         return out, {}
     encoded = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in takes]

@@ -159,3 +159,17 @@ def test_a_gpu_without_nvjpeg_says_what_to_install():
     assert ic._nvimgcodec_decoders(torch.device("cuda", 0)) == []
     with pytest.raises(DecoderError, match=r"nvImageCodec has no JPEG decoder on cuda:0 \(pip install nvidia-nvjpeg"):
         ic._nvimgcodec_check(torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize("library", ["nvimgcodec", "torchvision"])
+def test_an_image_whose_resize_would_be_huge_is_refused_before_nvjpeg_decodes_it(tmp_path, library):
+    # 30000 x 8 pixels would be resized to 960000 x 256, over the pixel limit: the CPU path's
+    # refusal, with its reason, not a 1 GB resize on the device.
+    Image.new("RGB", (30000, 8), (90, 120, 30)).save(tmp_path / "strip.JPEG", quality=90)
+    Image.new("RGB", (300, 200), (90, 120, 30)).save(tmp_path / "plain.JPEG", quality=90)
+    items = [(str(tmp_path / "strip.JPEG"), 0), (str(tmp_path / "plain.JPEG"), 1)]
+    policy = BadImagePolicy(skip=True)
+    batch = ic._nvjpeg_decode_func(EvalTransform(), torch.device("cpu"), policy, 64 << 20, library=library)(items)
+    assert batch[1][:, 0].tolist() == [1] and policy.fallbacks == 0
+    assert [f.reason for f in policy.failures()] == ["a 30000 x 8 image would be resized to 960000 x 256"]
+    assert sum(policy.decoded_by.values()) == 1
