@@ -341,8 +341,10 @@ def nccl_one_rank(device: str) -> dict:
         result = ic.RunResult(listed=10, classified=9, failed=1, top1_correct=7, top5_correct=8,
                               frames_timed=8, elapsed_s=0.5, batches=3)  # fmt: skip
         result.predictions = [{"path": "a", "top1": 1}]
+        result.decoder_backends = {"hardware": 8, "hybrid": 1}
         total, ranks = ic.reduce_results(result, ic.Shard(0, 1, 0), dev)
         ok = (total.classified, total.top5_correct, total.elapsed_s, len(ranks)) == (9, 8, 0.5, 1)
+        ok = ok and total.decoder_backends == result.decoder_backends
         return {"ok": ok, "backend": dist.get_backend(), "total": total.to_dict(), "ranks": ranks}
     finally:
         dist.destroy_process_group()

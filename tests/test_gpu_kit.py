@@ -106,3 +106,4 @@ def test_the_torchrun_path_on_one_rank(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["ok"] and out["backend"] == "gloo" and out["ranks"][0]["classified"] == 9
     assert (out["total"]["top5_correct"], out["total"]["fps"]) == (8, 16.0)
+    assert out["total"]["decoder_backends"] == {"hardware": 8, "hybrid": 1}
