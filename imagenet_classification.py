@@ -1731,7 +1731,8 @@ def first_jpeg_image(data: bytes) -> bytes:
 
 @functools.cache
 def _nvimgcodec() -> tuple[Any | None, str]:
-    """nvImageCodec's module (None when it is not installed), and what its import printed.
+    """nvImageCodec's module (None when it is not installed), and what its import printed (its
+    lines; why it is not installed).
 
     The import prints a line to stderr for each library it cannot load (nvJPEG2000 and nvTIFF,
     which JPEGs do not need; nvJPEG, which a GPU does): taken here, once, so that a run's output
@@ -1754,7 +1755,7 @@ def _nvimgcodec() -> tuple[Any | None, str]:
             os.dup2(saved, 2)
             os.close(saved)
         said.seek(0)
-        text = " ".join(said.read().decode(errors="replace").split())
+        text = "\n".join(line.strip() for line in said.read().decode(errors="replace").splitlines() if line.strip())
     if text:
         _LG.debug("nvImageCodec's import printed: %s", text)
     return nvimgcodec, error or text
@@ -2107,9 +2108,11 @@ def _nvimgcodec_check(device: torch.device) -> str:
     errors: list[str] = []
     backends = [backend for backend, _ in _nvimgcodec_decoders(device, errors)]
     if not backends:
-        said = _nvimgcodec()[1]  # what its import printed, when it was first imported here
-        hint = " (pip install nvidia-nvjpeg, CUDA 13's nvJPEG)" if "nvjpeg library" in said.lower() else ""
-        reasons = "; ".join(filter(None, [said, *errors]))
+        # What its import printed (when it was first imported here) about nvJPEG, not about the
+        # libraries JPEGs do not need.
+        said = [line for line in _nvimgcodec()[1].splitlines() if "nvjpeg library" in line.lower()]
+        hint = " (pip install nvidia-nvjpeg, CUDA 13's nvJPEG)" if said else ""
+        reasons = "; ".join([*said, *errors])
         raise DecoderError(f"nvImageCodec has no JPEG decoder on {device}{hint}: {reasons}", "nvjpeg")
     return f"nvimgcodec ({', '.join(backends)})"
 
