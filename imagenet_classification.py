@@ -1041,6 +1041,7 @@ class BadImagePolicy:
         self._failures: list[ImageDecodeError] = []
         self._in_progress: dict[int, tuple[str, float]] = {}
         self._fallbacks = 0
+        self._decoded_by: dict[str, int] = {}
         self.unexpected: tuple[str, BaseException] | None = None
 
     def limit(self, listed: int | None) -> int | None:
@@ -1067,6 +1068,21 @@ class BadImagePolicy:
         """Count an image that a GPU decoder could not take, decoded on the CPU instead."""
         with self._lock:
             self._fallbacks += 1
+
+    def record_decoded(self, counts: dict[str, int]) -> None:
+        """Count the images each backend of a GPU decoder decoded (see :py:attr:`decoded_by`)."""
+        with self._lock:
+            for backend, count in counts.items():
+                if count:
+                    self._decoded_by[backend] = self._decoded_by.get(backend, 0) + count
+
+    @property
+    def decoded_by(self) -> dict[str, int]:
+        """Images decoded on the GPU, per backend: nvImageCodec's ``hardware``, ``cuda`` or
+        ``hybrid``, ``torchvision`` or ``nvdec``. Those a GPU decoder left to the CPU are
+        :py:attr:`fallbacks`."""
+        with self._lock:
+            return dict(self._decoded_by)
 
     @property
     def failed(self) -> int:
@@ -1556,9 +1572,11 @@ def _ffmpeg_decode_func(
 
 
 ################################################################################
-# Decode on the GPU: nvJPEG (torchvision's batched decode) and NVDEC (SPDL)
+# Decode on the GPU: nvJPEG through nvImageCodec (or torchvision), and NVDEC (SPDL)
 ################################################################################
 
+NVIMGCODEC_BACKENDS = ("hardware", "cuda", "hybrid")  # nvImageCodec's on a GPU, each its own decoder, in this order
+NVIMGCODEC_CPU_THREADS = 1  # per decoder: each pipeline thread has decoders of its own
 NVDEC_CONCURRENCY = 4  # batches decoded at once with NVDEC: one hardware decoder per thread
 NVDEC_MIN_SIDE, NVDEC_MAX_SIZE = 64, (32768, 16384)  # JPEG on A100 / H100 (SPDL's capability table)
 FPS_WINDOW_SLACK = 0.1  # the most FPS may overstate a loader-bound rate without a warning
@@ -1627,14 +1645,35 @@ def resize_crop_on_device(image: Tensor, transform: EvalTransform, size: tuple[i
     """Resize a ``3 x H x W`` image on its device and centre-crop it, as the CPU path does:
     antialiased, with the geometry of an image of ``size`` (width, height; default: its own).
     torch's antialiased bicubic is PIL's; torch has no lanczos, so bicubic stands in for it."""
-    width, height = size or (image.shape[-1], image.shape[-2])
-    new_w, new_h, left, top = transform.geometry(width, height)
+    return _resize_crop(image[None], transform, size or (image.shape[-1], image.shape[-2]))[0]
+
+
+def _resize_crop(images: Tensor, transform: EvalTransform, size: tuple[int, int]) -> Tensor:
+    """:py:func:`resize_crop_on_device` for uint8 ``N x 3 x H x W`` images in one call: uint8 ``N x 3 x S x S``."""
+    new_w, new_h, left, top = transform.geometry(*size)
     mode = "bicubic" if transform.interpolation == "lanczos" else transform.interpolation
     resized = torch.nn.functional.interpolate(
-        image[None].float(), size=(new_h, new_w), mode=mode, antialias=mode != "nearest"
+        images.float(), size=(new_h, new_w), mode=mode, antialias=mode != "nearest"
     )
-    crop = resized[0, :, top : top + transform.size, left : left + transform.size]
+    crop = resized[:, :, top : top + transform.size, left : left + transform.size]
     return crop.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _resize_crop_groups(images: Sequence[Tensor], transform: EvalTransform) -> list[Tensor]:
+    """Resize and crop ``3 x H x W`` uint8 images on their device as :py:func:`resize_crop_on_device`
+    does, with one call for all the images of one size: a batch's few sizes (ImageNet's 500 x 375
+    and 375 x 500 are most of it) make few kernels, not several per image.
+
+    Returns:
+        uint8 ``3 x S x S`` per image, in the order given (views into one tensor per size).
+    """
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, image in enumerate(images):
+        groups.setdefault((int(image.shape[-1]), int(image.shape[-2])), []).append(i)
+    out: dict[int, Tensor] = {}
+    for size, members in groups.items():
+        out.update(zip(members, _resize_crop(torch.stack([images[i] for i in members]), transform, size), strict=True))
+    return [out[i] for i in range(len(images))]
 
 
 def nv12_to_rgb(nv12: Tensor) -> Tensor:
@@ -1672,6 +1711,16 @@ def _nvjpeg_can_take(header: JpegHeader | None) -> bool:
     return header is not None and header.frame_type in (0xC0, 0xC1, 0xC2) and header.components in (1, 3)
 
 
+def _nvjpeg_takes(data: bytes, transform: EvalTransform) -> bool:
+    """nvJPEG is given the JPEGs it takes (:py:func:`_nvjpeg_can_take`) within the size limits;
+    the CPU refuses the others, naming the limit (see :py:func:`_check_size`)."""
+    header = parse_jpeg_header(data)
+    if not _nvjpeg_can_take(header) or min(header.width, header.height) <= 0:
+        return False
+    new_w, new_h, _, _ = transform.geometry(header.width, header.height)
+    return max(header.width * header.height, new_w * new_h) <= MAX_IMAGE_PIXELS
+
+
 def first_jpeg_image(data: bytes) -> bytes:
     """JPEG data cut after its first image's end: NVDEC gets neither a second image (an MPO, a
     gain map) nor a trailer, as FFmpeg decodes only the first."""
@@ -1680,16 +1729,144 @@ def first_jpeg_image(data: bytes) -> bytes:
     return data if end == -1 else data[: end + 2]
 
 
-def _decode_nvjpeg(datas: list[bytes], transform: EvalTransform, device: torch.device) -> list[Tensor | None]:
+@functools.cache
+def _nvimgcodec() -> tuple[Any | None, str]:
+    """nvImageCodec's module (None when it is not installed), and what its import printed (its
+    lines; why it is not installed).
+
+    The import prints a line to stderr for each library it cannot load (nvJPEG2000 and nvTIFF,
+    which JPEGs do not need; nvJPEG, which a GPU does): taken here, once, so that a run's output
+    does not carry them, and kept for the reason a GPU has no decoder. Its log is silent unless
+    ``PYNVIMGCODEC_VERBOSITY`` says otherwise: what it cannot decode is counted here instead.
+    While it imports, whatever another thread writes to stderr lands in the same place.
+    """
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as said:
+        os.dup2(said.fileno(), 2)
+        try:
+            from nvidia import nvimgcodec
+        except ImportError as e:
+            nvimgcodec, error = None, f"nvImageCodec is not installed ({e})"
+        else:
+            error = ""
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        said.seek(0)
+        text = "\n".join(line.strip() for line in said.read().decode(errors="replace").splitlines() if line.strip())
+    if text:
+        _LG.debug("nvImageCodec's import printed: %s", text)
+    return nvimgcodec, error or text
+
+
+def _nvimgcodec_decoder(backend: str, device_id: int) -> Any:
+    """An nvImageCodec decoder with one backend: ``hardware`` (the GPU's JPEG engines), ``cuda``
+    (CUDA kernels alone), ``hybrid`` (nvJPEG's CUDA decoder, which nvImageCodec files under
+    HYBRID_CPU_GPU: Huffman decoding on the GPU for baseline images over a megapixel, on the CPU
+    otherwise) or ``cpu`` (libjpeg-turbo; ``device_id`` NVIMGCODEC_DEVICE_CPU_ONLY). Chroma is
+    upsampled by interpolation ("fancy"), as libjpeg and FFmpeg upsample it.
+
+    Raises:
+        RuntimeError: nvImageCodec has no decoder of that kind here (no JPEG engine, no nvJPEG).
+    """
+    nvimgcodec, _ = _nvimgcodec()
+    kinds = {"hardware": nvimgcodec.HW_GPU_ONLY, "cuda": nvimgcodec.GPU_ONLY, "hybrid": nvimgcodec.HYBRID_CPU_GPU,
+             "cpu": nvimgcodec.CPU_ONLY}  # fmt: skip
+    return nvimgcodec.Decoder(device_id=device_id, max_num_cpu_threads=NVIMGCODEC_CPU_THREADS,
+                              backends=[nvimgcodec.Backend(kinds[backend])], options=":fancy_upsampling=1")  # fmt: skip
+
+
+def _nvimgcodec_decoders(device: torch.device, errors: list[str] | None = None) -> list[tuple[str, Any]]:
+    """``(backend, decoder)`` in the order a batch goes through them, each taking the images those
+    before it left: on a GPU, those of :py:data:`NVIMGCODEC_BACKENDS` that nvImageCodec has there
+    (``hardware`` only where the GPU has JPEG engines); on the CPU (for tests), libjpeg-turbo.
+    Why each missing one is missing goes to ``errors``."""
+    nvimgcodec, _ = _nvimgcodec()
+    if device.type != "cuda":
+        return [("cpu", _nvimgcodec_decoder("cpu", nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY))]
+    decoders = []
+    for backend in NVIMGCODEC_BACKENDS:
+        try:
+            decoders.append((backend, _nvimgcodec_decoder(backend, device.index or 0)))
+        except RuntimeError as e:  # "Could not create decoder": none of that kind on this GPU
+            _LG.debug("nvImageCodec has no %s decoder on %s: %s", backend, device, e)
+            if errors is not None:
+                errors.append(f"{backend}: {e}")
+    return decoders
+
+
+@functools.cache
+def _nvimgcodec_params() -> Any:
+    """8-bit interleaved RGB, EXIF orientation not applied (PIL and timm's reference do not apply it)."""
+    nvimgcodec, _ = _nvimgcodec()
+    return nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.SRGB, allow_any_depth=False,
+                                   sample_format=nvimgcodec.I_RGB)  # fmt: skip
+
+
+def _nvimgcodec_tensor(image: Any) -> Tensor:
+    """An nvImageCodec image as a ``3 x H x W`` uint8 tensor, without a copy: from the device
+    through DLPack (which orders the consumer's stream after the decode), from host memory
+    through numpy (nvImageCodec's DLPack export calls CUDA even for a host image)."""
+    if image.device_id is None:
+        import numpy as np
+
+        return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
+    return torch.from_dlpack(image).permute(2, 0, 1)
+
+
+def _decode_nvimgcodec(
+    datas: list[bytes], transform: EvalTransform, decoders: list[tuple[str, Any]], stream: int
+) -> tuple[list[Tensor | None], dict[str, int]]:
+    """Decode the JPEGs nvJPEG takes (:py:func:`_nvjpeg_takes`) with nvImageCodec, one batched
+    call per decoder (each takes what the one before it left), then resize and crop them by size
+    (:py:func:`_resize_crop_groups`).
+
+    EXIF orientation is not applied (:py:func:`_nvimgcodec_params`). The file bytes are read
+    where they are (a ``CodeStream`` keeps a reference to them, not a copy).
+
+    Args:
+        stream: The ``cudaStream_t`` the decoded images are ordered on (0 on the CPU).
+
+    Returns:
+        uint8 ``3 x S x S`` per image, None for each left to the CPU; and how many images each
+        backend decoded.
+    """
+    nvimgcodec, _ = _nvimgcodec()
+    code_streams = {}
+    for i, data in enumerate(datas):
+        if _nvjpeg_takes(data, transform):
+            with contextlib.suppress(RuntimeError):  # "Failed to get image info": left to the CPU
+                code_streams[i] = nvimgcodec.CodeStream(data)
+    left, params = list(code_streams), _nvimgcodec_params()
+    decoded: dict[int, Tensor] = {}
+    counts: dict[str, int] = {}
+    for backend, decoder in decoders:
+        if not left:
+            break
+        images = decoder.decode([code_streams[i] for i in left], params=params, cuda_stream=stream)
+        done = {i: _nvimgcodec_tensor(image) for i, image in zip(left, images, strict=True) if image is not None}
+        counts[backend] = len(done)
+        decoded.update(done)
+        left = [i for i in left if i not in done]
+    crops = dict(zip(decoded, _resize_crop_groups(list(decoded.values()), transform), strict=True))
+    return [crops.get(i) for i in range(len(datas))], counts
+
+
+def _decode_nvjpeg(
+    datas: list[bytes], transform: EvalTransform, device: torch.device
+) -> tuple[list[Tensor | None], dict[str, int]]:
     """Decode the JPEGs nvJPEG takes in one batched call to torchvision (which serialises calls
-    behind a lock); None for each image left to the CPU. A batch that fails is retried image by
-    image, so one bad image does not send the others to the CPU."""
+    behind a lock), then resize and crop them by size; None for each image left to the CPU. A
+    batch that fails is retried image by image, so one bad image does not send the others to
+    the CPU. Used for ``nvjpeg`` where nvImageCodec is not installed."""
     import torchvision.io
 
     out: list[Tensor | None] = [None] * len(datas)
-    takes = [i for i, data in enumerate(datas) if _nvjpeg_can_take(parse_jpeg_header(data))]
+    takes = [i for i, data in enumerate(datas) if _nvjpeg_takes(data, transform)]
     if not takes:
-        return out
+        return out, {}
     encoded = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in takes]
     mode = torchvision.io.ImageReadMode.RGB
     try:
@@ -1701,9 +1878,10 @@ def _decode_nvjpeg(datas: list[bytes], transform: EvalTransform, device: torch.d
                 decoded.append(torchvision.io.decode_jpeg(tensor, mode=mode, device=device))
             except RuntimeError:
                 decoded.append(None)
-    for i, image in zip(takes, decoded, strict=True):
-        out[i] = None if image is None else resize_crop_on_device(image, transform)
-    return out
+    kept = [(i, image) for i, image in zip(takes, decoded, strict=True) if image is not None]
+    for (i, _), crop in zip(kept, _resize_crop_groups([image for _, image in kept], transform), strict=True):
+        out[i] = crop
+    return out, {"torchvision": len(kept)}
 
 
 def _decode_nvdec_one(
@@ -1753,14 +1931,15 @@ def _fall_back(
 
 
 def _gpu_decode_func(
-    decode_on_gpu: Callable[[list[bytes], spdl.io.CUDAConfig | None], list[Tensor | None]],
+    decode_on_gpu: Callable[..., tuple[list[Tensor | None], dict[str, int]]],
     transform: EvalTransform,
     device: torch.device,
     policy: BadImagePolicy | None,
     max_bytes: int,
 ) -> Callable[[Sequence[tuple[str, int]]], Batch]:
-    """The batch function of a GPU decoder: read the files, let ``decode_on_gpu`` decode those it
-    takes, decode the rest on the CPU one by one (counted in the policy as fallbacks); a bad
+    """The batch function of a GPU decoder: read the files, let ``decode_on_gpu(datas, stream,
+    config)`` decode those it takes on the thread's stream (it says how many each of its backends
+    decoded), decode the rest on the CPU one by one (counted in the policy as fallbacks); a bad
     image as the policy says."""
     graphs = FilterGraphCache(transform)
     streams = _ThreadStreams(device)
@@ -1771,7 +1950,9 @@ def _gpu_decode_func(
         with streams.on(stream):
             datas, labels, paths = decode_items(items, lambda path: read_image_bytes(path, max_bytes), policy, failures)
             with policy.working_on(paths[0]) if policy and paths else contextlib.nullcontext():
-                on_gpu = decode_on_gpu(datas, config)
+                on_gpu, counts = decode_on_gpu(datas, stream, config)
+            if policy is not None:
+                policy.record_decoded(counts)
             images, kept = [], []
             for i, image in enumerate(on_gpu):
                 if image is None:
@@ -1791,12 +1972,30 @@ def _gpu_decode_func(
     return decode_batch_gpu
 
 
+def _nvjpeg_library() -> str:
+    """What decodes for ``nvjpeg``: ``nvimgcodec`` where it is installed (batched, every backend,
+    the hardware engines), else ``torchvision`` (one decoder behind one lock, CUDA only)."""
+    return "torchvision" if _nvimgcodec()[0] is None else "nvimgcodec"
+
+
 def _nvjpeg_decode_func(
-    transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int
-) -> Callable[[Sequence[tuple[str, int]]], Batch]:
-    return _gpu_decode_func(
-        lambda datas, _: _decode_nvjpeg(datas, transform, device), transform, device, policy, max_bytes
-    )
+    transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int,
+    library: str | None = None,
+) -> Callable[[Sequence[tuple[str, int]]], Batch]:  # fmt: skip
+    """The ``nvjpeg`` batch function, with ``library`` (default :py:func:`_nvjpeg_library`)."""
+    if (library or _nvjpeg_library()) == "torchvision":
+        return _gpu_decode_func(
+            lambda datas, _stream, _config: _decode_nvjpeg(datas, transform, device), transform, device, policy,
+            max_bytes,
+        )  # fmt: skip
+    local = threading.local()  # nvImageCodec's decoders are not for concurrent calls: a set per thread
+
+    def decode_on_gpu(datas: list[bytes], stream: torch.cuda.Stream | None, _config: Any) -> tuple[list, dict]:
+        if not hasattr(local, "decoders"):
+            local.decoders = _nvimgcodec_decoders(device)
+        return _decode_nvimgcodec(datas, transform, local.decoders, 0 if stream is None else stream.cuda_stream)
+
+    return _gpu_decode_func(decode_on_gpu, transform, device, policy, max_bytes)
 
 
 def _nvdec_decode_func(
@@ -1807,8 +2006,9 @@ def _nvdec_decode_func(
 
     bound = threading.local()  # the config each thread's NVDEC decoder was made with
 
-    def decode_on_gpu(datas: list[bytes], config: spdl.io.CUDAConfig | None) -> list[Tensor | None]:
-        return [_decode_nvdec_one(data, transform, config, bound) for data in datas]
+    def decode_on_gpu(datas: list[bytes], _stream: Any, config: spdl.io.CUDAConfig | None) -> tuple[list, dict]:
+        images = [_decode_nvdec_one(data, transform, config, bound) for data in datas]
+        return images, {"nvdec": sum(image is not None for image in images)}
 
     return _gpu_decode_func(decode_on_gpu, transform, device, policy, max_bytes)
 
@@ -1836,10 +2036,12 @@ def get_decode_func(
         transform: Resize and crop to apply (default: 224 crop of 256, bicubic).
         decoder: ``ffmpeg`` (CPU), ``nvjpeg`` or ``nvdec`` (GPU; call
             :py:func:`check_gpu_decoder` first for a clear message if unavailable). A GPU
-            decoder hands the images it cannot take to the CPU, one by one. On the CPU,
-            ``nvjpeg`` runs the same path with torchvision's CPU decoder (for tests).
+            decoder hands the images it cannot take to the CPU, one by one. ``nvjpeg`` decodes
+            with nvImageCodec where it is installed, else with torchvision; on the CPU it runs
+            the same path with their CPU decoders (libjpeg-turbo; for tests).
         policy: Where bad images are recorded and left out of the batch (labels stay aligned),
-            and GPU fallbacks counted; give the same one to :py:func:`benchmark`. Without one,
+            and GPU fallbacks and each GPU backend's images counted; give the same one to
+            :py:func:`benchmark`. Without one,
             the first bad image raises ImageDecodeError.
         max_image_bytes: A larger image file is a bad image.
     """
@@ -1878,6 +2080,7 @@ def check_gpu_decoder(decoder: str, device: torch.device) -> str:
         raise DecoderError(f"SPDL's CUDA extension cannot load: {cuda_error}", decoder)
     if decoder == "nvdec" and not spdl.io.utils.built_with_nvcodec():
         raise DecoderError(f"the installed SPDL ({_version('spdl')}) is built without NVDEC", decoder)
+    backend = _nvimgcodec_check(device) if decoder == "nvjpeg" and _nvjpeg_library() == "nvimgcodec" else None
     transform, policy = EvalTransform(size=128, crop_pct=1.0), BadImagePolicy(skip=True)
     try:
         with tempfile.NamedTemporaryFile(suffix=".JPEG") as f:
@@ -1893,7 +2096,25 @@ def check_gpu_decoder(decoder: str, device: torch.device) -> str:
     colour = images.float().mean(dim=(0, 2, 3)).tolist()
     if max(abs(c - e) for c, e in zip(colour, (200, 80, 40), strict=True)) > 4:
         raise DecoderError(f"{decoder} decodes a JPEG of RGB (200, 80, 40) to {[round(c) for c in colour]}", decoder)
-    return "torchvision" if decoder == "nvjpeg" else "spdl"
+    return backend or ("torchvision" if decoder == "nvjpeg" else "spdl")
+
+
+def _nvimgcodec_check(device: torch.device) -> str:
+    """``nvimgcodec (hardware, hybrid)``: the backends nvImageCodec has on ``device``.
+
+    Raises:
+        DecoderError: it has none (nvJPEG's library missing, a driver too old for CUDA 13).
+    """
+    errors: list[str] = []
+    backends = [backend for backend, _ in _nvimgcodec_decoders(device, errors)]
+    if not backends:
+        # What its import printed (when it was first imported here) about nvJPEG, not about the
+        # libraries JPEGs do not need.
+        said = [line for line in _nvimgcodec()[1].splitlines() if "nvjpeg library" in line.lower()]
+        hint = " (pip install nvidia-nvjpeg, CUDA 13's nvJPEG)" if said else ""
+        reasons = "; ".join([*said, *errors])
+        raise DecoderError(f"nvImageCodec has no JPEG decoder on {device}{hint}: {reasons}", "nvjpeg")
+    return f"nvimgcodec ({', '.join(backends)})"
 
 
 @dataclass
@@ -2525,6 +2746,8 @@ class RunResult:
         frames_timed, elapsed_s: Images and seconds in the FPS window (after the warm-up).
         batches: Batches that went through the model.
         decoder_fallbacks: Images a GPU decoder could not take, decoded on the CPU instead.
+        decoder_backends: Images each backend of a GPU decoder decoded, warm-up included (see
+            :py:attr:`BadImagePolicy.decoded_by`); empty for FFmpeg.
         warmup_included: The run had no more batches than the warm-up, so the FPS window
             covers them all.
         batches_timed: Batches in the FPS window.
@@ -2546,6 +2769,7 @@ class RunResult:
     elapsed_s: float = 0.0
     batches: int = 0
     decoder_fallbacks: int = 0
+    decoder_backends: dict[str, int] = field(default_factory=dict)
     warmup_included: bool = False
     batches_timed: int = 0
     loader_lead: int | None = None
@@ -2841,6 +3065,7 @@ class _Loop:
         first = {id(f) for f in seen}
         result.record_failures([*seen, *(f for f in policy.failures() if id(f) not in first)])
         result.decoder_fallbacks = policy.fallbacks
+        result.decoder_backends = policy.decoded_by
         result.timeline = window.timeline()
         if self.kept is not None:
             result.predictions = self.kept.rows()
@@ -3037,11 +3262,15 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     )
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     gathered: list[dict | None] = [None] * shard.world_size
-    mine = {**_rank_entry(result, shard, device), "failures": result.failures, "predictions": result.predictions}
+    mine = {**_rank_entry(result, shard, device), "failures": result.failures, "predictions": result.predictions,
+            "decoder_backends": result.decoder_backends}  # fmt: skip
     dist.all_gather_object(gathered, mine)
     total = RunResult(**dict(zip(fields, counts.tolist(), strict=True)))
     total.elapsed_s, total.partial, total.warmup_included = flags[0].item(), bool(flags[1]), bool(flags[2])
     total.failures = [f for rank in gathered for f in rank.pop("failures")]
+    for backends in [rank.pop("decoder_backends") for rank in gathered]:
+        for backend, count in backends.items():
+            total.decoder_backends[backend] = total.decoder_backends.get(backend, 0) + count
     rows = [rank.pop("predictions") for rank in gathered]
     total.predictions = None if any(r is None for r in rows) else [row for r in rows for row in r]
     total.timeline = result.timeline  # rank 0's
@@ -3330,6 +3559,9 @@ def print_summary(result: RunResult, file: TextIO | None = None) -> None:
         note = "; the figures are mostly the CPU's" if share > FALLBACK_WARNING else ""
         print(f"  {result.decoder_fallbacks} images ({share:.1%}) decoded on the CPU: the GPU decoder cannot "
               f"take them{note}", file=file)  # fmt: skip
+    if result.decoder_backends:
+        counts = ", ".join(f"{backend} {count}" for backend, count in sorted(result.decoder_backends.items()))
+        print(f"  decoded on the GPU, per backend: {counts}", file=file)
     for failure in result.failures[:10]:
         print(f"  failed: {failure['path']}: {failure['reason']}", file=file)
     if len(result.failures) > 10:

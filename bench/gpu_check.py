@@ -1,7 +1,10 @@
 """Prove the GPU paths on real hardware: every decoder, loader-only and end-to-end, and agreement.
 
 Run by ``bench/gpu_check.sh`` on a machine with an NVIDIA GPU and no network, from the bundle
-that ``bench/gpu_prepare.sh`` filled. For each decoder (FFmpeg + copy, nvJPEG, NVDEC) it runs
+that ``bench/gpu_prepare.sh`` filled. First it measures decode-only images/s at batch 128 for
+each of nvImageCodec's backends (hardware JPEG engines, CUDA, hybrid) against torchvision's
+nvJPEG, the GPU resize grouped by size against one image at a time, and reads the number of
+hardware JPEG engines. For each decoder (FFmpeg + copy, nvJPEG, NVDEC) it runs
 the benchmark in a subprocess on a generated ImageNet-like JPEG set with ``torch.compile`` and
 bf16 on and ``--breakdown`` (which times the loader alone, the model alone and end-to-end),
 then decodes unusual but valid images (greyscale, CMYK, progressive, 4:4:4, PNG data, huge and
@@ -149,6 +152,118 @@ def decode_rates(flist: Path) -> dict:
             "target_loader_fps": 0.75 * cores * one}  # fmt: skip
 
 
+NVJPEG_BATCH = 128  # images per decode call in nvjpeg_rates, as the loader's default batch
+RATE_S = 2.0  # each rate in nvjpeg_rates: batches for about this long, after one untimed
+
+
+def _rate(step, images: int, seconds: float) -> float:
+    """Images/s of ``step`` (which decodes or resizes ``images`` and waits for the device), run
+    for about ``seconds`` after one untimed run (allocations, a decoder's first use)."""
+    step()
+    runs, start = 0, time.perf_counter()
+    while runs == 0 or time.perf_counter() - start < seconds:
+        step()
+        runs += 1
+    return runs * images / (time.perf_counter() - start)
+
+
+def jpeg_engines() -> dict:
+    """The GPU's hardware JPEG decoders, as nvJPEG reports them (``nvjpegGetHardwareDecoderInfo``,
+    nvJPEG 11.9 and later, on a handle of its hardware backend): engines and cores per engine.
+    nvImageCodec reads the same figures, but only logs them."""
+    import ctypes
+
+    bundled = [Path(p) / "nvidia/cu13/lib/libnvjpeg.so.13" for p in sys.path if p]
+    for name in ["libnvjpeg.so.13", *(str(p) for p in bundled if p.exists())]:
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError as e:
+            error = str(e)
+    else:
+        return {"error": error}
+    handle, engines, cores = ctypes.c_void_p(), ctypes.c_uint(), ctypes.c_uint()
+    lib.nvjpegCreateEx.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p]
+    status = lib.nvjpegCreateEx(3, None, None, 0, ctypes.byref(handle))  # 3: NVJPEG_BACKEND_HARDWARE
+    if status:
+        return {"library": name, "engines": 0, "error": f"nvjpegCreateEx(NVJPEG_BACKEND_HARDWARE) returned {status}"}
+    try:
+        lib.nvjpegGetHardwareDecoderInfo.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        status = lib.nvjpegGetHardwareDecoderInfo(handle, ctypes.byref(engines), ctypes.byref(cores))
+    finally:
+        lib.nvjpegDestroy.argtypes = [ctypes.c_void_p]
+        lib.nvjpegDestroy(handle)
+    if status:
+        return {"library": name, "error": f"nvjpegGetHardwareDecoderInfo returned {status}"}
+    return {"library": name, "engines": engines.value, "cores_per_engine": cores.value}
+
+
+def nvjpeg_rates(flist: Path, device: str, batch_size: int = NVJPEG_BATCH, seconds: float = RATE_S) -> dict:
+    """Decode-only images/s of one batch of the set's JPEGs: nvImageCodec with each backend alone
+    (hardware, cuda, hybrid on a GPU; its CPU decoder elsewhere), torchvision's batched
+    ``decode_jpeg``; then the GPU resize and crop of the decoded batch, grouped by size (one call
+    per size, as the loader does) against one image at a time. Each side by side in one run."""
+    import torch
+    import torchvision.io
+
+    import imagenet_classification as ic
+
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    datas = [(flist.parent / line).read_bytes() for line in flist.read_text().split()[:batch_size]]
+    datas = [data for data in datas if ic._nvjpeg_can_take(ic.parse_jpeg_header(data))]
+    out: dict = {"device": device, "batch": len(datas), "jpeg_engines": jpeg_engines() if dev.type == "cuda" else None}
+    nvimgcodec, said = ic._nvimgcodec()
+    if nvimgcodec is None:
+        out["nvimgcodec"] = {"error": said}
+    decoded = None
+    backends = ic.NVIMGCODEC_BACKENDS if dev.type == "cuda" else ("cpu",)
+    for backend in backends if nvimgcodec is not None else ():
+        try:
+            device_id = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY if backend == "cpu" else dev.index or 0
+            decoder = ic._nvimgcodec_decoder(backend, device_id)
+            stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+
+            def decode(decoder=decoder, stream=stream):
+                images = decoder.decode(datas, params=ic._nvimgcodec_params(), cuda_stream=stream)
+                sync()
+                return images
+
+            images = decode()
+            taken = sum(image is not None for image in images)
+            out[f"nvimgcodec_{backend}"] = {"decoded": taken, "fps": _rate(decode, taken, seconds) if taken else 0.0}
+            if decoded is None and taken == len(datas):
+                decoded = [ic._nvimgcodec_tensor(image) for image in images]
+        except Exception as e:  # a backend this machine lacks is reported, not fatal to the check
+            out[f"nvimgcodec_{backend}"] = {"error": f"{type(e).__name__}: {e}"}
+    try:
+        encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
+
+        def decode_torchvision():
+            images = torchvision.io.decode_jpeg(encoded, mode=torchvision.io.ImageReadMode.RGB, device=dev)
+            sync()
+            return images
+
+        out["torchvision"] = {"decoded": len(datas), "fps": _rate(decode_torchvision, len(datas), seconds)}
+        decoded = decoded or list(decode_torchvision())
+    except Exception as e:  # e.g. torchvision without nvJPEG
+        out["torchvision"] = {"error": f"{type(e).__name__}: {e}"}
+    if decoded:
+        out["resize"] = resize_rates(decoded, sync, seconds)
+    return out
+
+
+def resize_rates(images: list, sync, seconds: float) -> dict:
+    """Images/s of the loader's resize and crop of decoded images: grouped by size, and one by one."""
+    import imagenet_classification as ic
+
+    transform = ic.EvalTransform()
+    grouped = _rate(lambda: (ic._resize_crop_groups(images, transform), sync()), len(images), seconds)
+    single = _rate(lambda: ([ic.resize_crop_on_device(im, transform) for im in images], sync()), len(images), seconds)
+    sizes = len({tuple(image.shape) for image in images})
+    return {"sizes": sizes, "grouped_fps": grouped, "per_image_fps": single, "grouped_over_per_image": grouped / single}
+
+
 def _ffmpeg_plane(data: bytes, plane: str):
     """One plane (y, u or v) of FFmpeg's decode of a JPEG, as a numpy array."""
     import spdl.io
@@ -226,8 +341,10 @@ def nccl_one_rank(device: str) -> dict:
         result = ic.RunResult(listed=10, classified=9, failed=1, top1_correct=7, top5_correct=8,
                               frames_timed=8, elapsed_s=0.5, batches=3)  # fmt: skip
         result.predictions = [{"path": "a", "top1": 1}]
+        result.decoder_backends = {"hardware": 8, "hybrid": 1}
         total, ranks = ic.reduce_results(result, ic.Shard(0, 1, 0), dev)
         ok = (total.classified, total.top5_correct, total.elapsed_s, len(ranks)) == (9, 8, 0.5, 1)
+        ok = ok and total.decoder_backends == result.decoder_backends
         return {"ok": ok, "backend": dist.get_backend(), "total": total.to_dict(), "ranks": ranks}
     finally:
         dist.destroy_process_group()
@@ -282,6 +399,12 @@ def main() -> None:
     deadline = time.monotonic() + args.time_budget - AGREEMENT_RESERVE_S
     report["decode_rates"] = decode_rates(flist)
     print(f"FFmpeg decode-only: {report['decode_rates']}", flush=True)
+    write_report(report, args.out)
+    try:
+        report["nvjpeg_rates"] = nvjpeg_rates(flist, args.device, min(args.batch_size, NVJPEG_BATCH))
+    except Exception as e:  # recorded; the legs still run
+        report["nvjpeg_rates"] = {"error": f"{type(e).__name__}: {e}"}
+    print(f"nvJPEG decode-only and resize, images/s: {report['nvjpeg_rates']}", flush=True)
     write_report(report, args.out)
     with open(args.out / "gpu_check.log", "w") as log:
         for i, decoder in enumerate(decoders):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared command for a machine with one NVIDIA GPU, its driver, Python 3.10-3.13 with
-# torch, and no network: unpacks the bundle from bench/gpu_prepare.sh into a scratch folder, puts
-# FFmpeg's libraries (and an unversioned libnvcuvid.so, which SPDL's CUDA extension needs) on
+# torch, and no network: unpacks the bundle from bench/gpu_prepare.sh into a scratch folder (SPDL,
+# nvImageCodec, and nvJPEG's library if the machine has no libnvjpeg.so.13), puts FFmpeg's
+# libraries (and an unversioned libnvcuvid.so, which SPDL's CUDA extension needs) on
 # LD_LIBRARY_PATH, writes what it found into gpu_check.json first, and runs bench/gpu_check.py
 # within 8 minutes. Writes gpu_check.json and gpu_check.log to $OUT (or bench/gpu_out).
 #   bench/gpu_check.sh [extra gpu_check.py flags, e.g. --device cpu --decoders ffmpeg]
@@ -15,6 +16,18 @@ mkdir -p "$OUT" "$SITE/ffmpeg" "$SITE/links"
 
 [ -f "$BUNDLE/spdl-site.zip" ] || { echo "error: no $BUNDLE: run bench/gpu_prepare.sh first" >&2; exit 2; }
 "$PY" -m zipfile -e "$BUNDLE/spdl-site.zip" "$SITE" || exit 2
+"$PY" -m zipfile -e "$BUNDLE/nvimgcodec-site.zip" "$SITE" || exit 2
+# nvImageCodec's nvJPEG extension finds libnvjpeg.so.13 on the library path, or beside itself in
+# nvidia/cu13/lib (its RPATH): the bundle's copy goes there only if the machine has none.
+"$PY" - "$BUNDLE" "$SITE" <<'EOF' || exit 2
+import ctypes, pathlib, sys, zipfile
+bundle, site = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+try:
+    ctypes.CDLL("libnvjpeg.so.13")
+except OSError:
+    with zipfile.ZipFile(next((bundle / "wheels").glob("nvidia_nvjpeg-*.whl"))) as wheel:
+        wheel.extract("nvidia/cu13/lib/libnvjpeg.so.13", site)
+EOF
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 # FFmpeg: the shared libraries inside PyAV's wheel, under the sonames SPDL asks for.
@@ -38,7 +51,7 @@ nvcuvid=$(ldconfig -p 2>/dev/null | awk '/libnvcuvid\.so\.1 /{print $NF; exit}')
 export LD_LIBRARY_PATH="$SITE/ffmpeg:$SITE/links${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # What this machine has, into gpu_check.json before anything can fail.
-"$PY" - "$OUT" <<'EOF'
+"$PY" - "$OUT" "$SITE" <<'EOF'
 import ctypes, json, pathlib, platform, shutil, subprocess, sys
 env = {"python": platform.python_version(), "machine": platform.machine()}
 if shutil.which("nvidia-smi"):
@@ -48,7 +61,7 @@ if shutil.which("nvidia-smi"):
 else:
     env["nvidia_smi"] = "not found"
 env["libraries"] = {}
-for name in ("libcuda.so.1", "libnvcuvid.so", "libnvcuvid.so.1", "libnvjpeg.so", "libcudart.so.13"):
+for name in ("libcuda.so.1", "libnvcuvid.so", "libnvcuvid.so.1", "libnvjpeg.so", "libnvjpeg.so.13", "libcudart.so.13"):
     try:
         ctypes.CDLL(name)
         env["libraries"][name] = "found"
@@ -67,6 +80,13 @@ try:
     env["spdl_cuda"] = "loads"
 except Exception as e:
     env["spdl_cuda"] = f"{type(e).__name__}: {e}"
+bundled = pathlib.Path(sys.argv[2]) / "nvidia/cu13/lib/libnvjpeg.so.13"
+env["nvjpeg"] = "the bundle's (the machine has no libnvjpeg.so.13)" if bundled.exists() else "the machine's"
+try:
+    import nvidia.nvimgcodec
+    env["nvimgcodec"] = f"{nvidia.nvimgcodec.__version__} (CUDA {nvidia.nvimgcodec.__cuda_version__})"
+except Exception as e:
+    env["nvimgcodec"] = f"{type(e).__name__}: {e}"
 out = pathlib.Path(sys.argv[1])
 (out / "gpu_check.json").write_text(json.dumps({"machine": env}, indent=2) + "\n")
 (out / "environment.txt").write_text("\n".join(f"{k}: {v}" for k, v in env.items()) + "\n")

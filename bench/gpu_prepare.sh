@@ -3,7 +3,11 @@
 # that has torch and a driver but no network:
 # - spdl-site.zip: SPDL 0.8's Python packages with only the native modules for FFmpeg 6, for
 #   CPython 3.10 to 3.13 (whichever the GPU machine has), so the bundle stays small;
-# - PyAV's wheel, whose FFmpeg 6.1 shared libraries gpu_check.sh unpacks (SPDL binds FFmpeg 4 to 9);
+# - PyAV's wheel cut to its FFmpeg 6.1 shared libraries, which gpu_check.sh unpacks (SPDL binds
+#   FFmpeg 4 to 9; PyAV's own modules are not needed);
+# - nvimgcodec-site.zip: nvImageCodec 0.9 (--use-nvjpeg's decoder) with only its JPEG codecs
+#   (nvJPEG's and libjpeg-turbo's) and its modules for the same Pythons; and nvJPEG's wheel, which
+#   gpu_check.sh unpacks where nvImageCodec looks if the machine's CUDA has no libnvjpeg.so.13;
 # - the real photos, and EfficientNet-Lite0's ImageNet weights in float16.
 # Run here, after `make test` set up .venv.
 set -euo pipefail
@@ -22,7 +26,11 @@ for v in $PYVERS; do
         "${platforms[@]}" -d "$OUT/download/$v" spdl==0.8.0 spdl-io==0.8.0 spdl-core==0.8.0
 done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${platforms[@]}" -d "$OUT/wheels" av==12.3.0
+    "${platforms[@]}" -d "$OUT/download/av" av==12.3.0
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${platforms[@]}" -d "$OUT/download/nv" nvidia-nvimgcodec-cu13==0.9.0.20
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${platforms[@]}" -d "$OUT/wheels" nvidia-nvjpeg==13.2.3.58
 
 # One site folder for every Python: the pure packages once, the shared FFmpeg-6 libraries once,
 # each version's extension modules for FFmpeg 6 (and SPDL's small helpers) beside them.
@@ -43,6 +51,22 @@ with zipfile.ZipFile(out / "spdl-site.zip", "w", zipfile.ZIP_DEFLATED) as site:
                         continue
                     site.writestr(name, w.read(name))
                     written.add(name)
+# PyAV's wheel, its FFmpeg libraries only (same name: gpu_check.sh reads av.libs/ from it).
+wheel = next((out / "download" / "av").glob("av-*.whl"))
+with zipfile.ZipFile(wheel) as w, zipfile.ZipFile(out / "wheels" / wheel.name, "w", zipfile.ZIP_DEFLATED) as cut:
+    for name in w.namelist():
+        if name.startswith("av.libs/"):
+            cut.writestr(name, w.read(name))
+# nvImageCodec: its core, its JPEG extensions, its module for each Python.
+tags = "|".join(v.replace(".", "") for v in versions)
+keep = re.compile(rf"nvidia/(__init__\.py|nvimgcodec/(__init__\.py|libnvimgcodec\.so\.0|"
+                  rf"nvimgcodec_impl\.cpython-({tags})-x86_64-linux-gnu\.so|"
+                  rf"extensions/lib(nvjpeg|jpeg_turbo)_ext\.so\.[\d.]+))$")
+wheel = next((out / "download" / "nv").glob("nvidia_nvimgcodec_cu13-*.whl"))
+with zipfile.ZipFile(wheel) as w, zipfile.ZipFile(out / "nvimgcodec-site.zip", "w", zipfile.ZIP_DEFLATED) as site:
+    for name in w.namelist():
+        if keep.match(name) or (".dist-info/" in name and name.endswith(("METADATA", "LICENSE.txt"))):
+            site.writestr(name, w.read(name))
 EOF
 rm -rf "$OUT/download"
 "$PY" scripts/make_demo_data.py "$OUT/photos" >/dev/null

@@ -36,10 +36,27 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
     assert {
         f"spdl/io/lib/_spdl_ffmpeg6.cpython-{v}-x86_64-linux-gnu.so" for v in (python.replace(".", ""), "313")
     } <= set(names) and not any("ffmpeg5" in name for name in names)
+    # nvImageCodec for the same Pythons and its JPEG codecs only; nvJPEG's library, unpacked where
+    # it looks, since this machine has none.
+    names = set(zipfile.ZipFile(tmp_path / "bundle" / "nvimgcodec-site.zip").namelist())
+    modules = {name for name in names if "nvimgcodec_impl" in name}
+    assert modules == {f"nvidia/nvimgcodec/nvimgcodec_impl.cpython-{v}-x86_64-linux-gnu.so"
+                       for v in (python.replace(".", ""), "313")}  # fmt: skip
+    assert {name.split("/")[-1].split(".")[0] for name in names if "/extensions/" in name} == {
+        "libnvjpeg_ext", "libjpeg_turbo_ext"}  # fmt: skip
+    assert (tmp_path / "site" / "nvidia" / "cu13" / "lib" / "libnvjpeg.so.13").exists()
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     machine = report["machine"]  # written first, before the check
     assert machine["python"].startswith(python) and "libcuda.so.1" in machine["libraries"]
     assert "cannot open shared object" in machine["spdl_cuda"] and machine["nvidia_smi"]
+    assert machine["nvimgcodec"].startswith("0.9") and machine["nvjpeg"].startswith("the bundle's")
+    # Decode-only rates with nvImageCodec's CPU decoder and torchvision's, and the resize grouped
+    # by size against one by one, on one batch (the GPU's backends and engines are GPU steps).
+    rates = report["nvjpeg_rates"]
+    assert rates["batch"] == 8 and rates["jpeg_engines"] is None
+    assert rates["nvimgcodec_cpu"]["decoded"] == 8 and rates["nvimgcodec_cpu"]["fps"] > 0
+    assert rates["torchvision"]["fps"] > 0 and rates["resize"]["sizes"] >= 1
+    assert rates["resize"]["grouped_fps"] > 0 and rates["resize"]["per_image_fps"] > 0
     ffmpeg, nvjpeg = report["legs"]["ffmpeg"], report["legs"]["nvjpeg"]
     # Each leg lists the 40 images twice; the images stay in the scratch folder, out of OUT.
     assert ffmpeg["ok"] and ffmpeg["result"]["classified"] == 80 and "breakdown" in ffmpeg["result"]
@@ -68,6 +85,15 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
     report = json.loads((tmp_path / "out2" / "gpu_check.json").read_text())
     assert report["legs"]["ffmpeg"] == {"ok": False, "error": "not run: the time budget was spent"}
     assert report["agreement"]["photos"] == 40 and "torch" in report["env"]
+    assert report["nvjpeg_rates"]["nvimgcodec_cpu"]["fps"] > 0  # before the legs, within the budget
+
+    # The engine count through nvJPEG's C API, with the bundle's library: no hardware decoder here.
+    code = "import gpu_check, json; print(json.dumps(gpu_check.jpeg_engines()))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "bench", capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, timeout=60)  # fmt: skip
+    engines = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert engines["library"].endswith("nvidia/cu13/lib/libnvjpeg.so.13") and engines["engines"] == 0
+    assert "nvjpegCreateEx(NVJPEG_BACKEND_HARDWARE) returned" in engines["error"]
 
 
 def test_the_torchrun_path_on_one_rank(tmp_path):
@@ -80,3 +106,4 @@ def test_the_torchrun_path_on_one_rank(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["ok"] and out["backend"] == "gloo" and out["ranks"][0]["classified"] == 9
     assert (out["total"]["top5_correct"], out["total"]["fps"]) == (8, 16.0)
+    assert out["total"]["decoder_backends"] == {"hardware": 8, "hybrid": 1}
