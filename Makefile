@@ -12,7 +12,7 @@ PINS := torch==2.14.1 torchvision==0.29.1 spdl==0.8.0 timm==1.0.31 numpy==2.4.6 
         matplotlib==3.11.2
 FFMPEG_DEBS := libavcodec59 libavformat59 libavfilter8 libavdevice59 libavutil57
 
-.PHONY: all test demo bench mutate lint format ffmpeg clean
+.PHONY: all test demo bench mutate mutate-semantic lint format ffmpeg clean
 
 all: test
 
@@ -60,6 +60,10 @@ bench: ffmpeg $(VENV)/.installed
 # not part of `make test`. Report in build/mutate/report.json.
 mutate: ffmpeg $(VENV)/.installed
 	$(PY) scripts/mutate.py
+
+# The hand-written semantic mutants alone (scripts/semantic_mutants.py): about 8 minutes, 1 worker.
+mutate-semantic: ffmpeg $(VENV)/.installed
+	$(PY) scripts/mutate.py --only semantic --jobs 1
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

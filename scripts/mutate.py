@@ -163,6 +163,7 @@ GROUPS: dict[str, Group] = {
             "EvalTransform.resize_short",
             "EvalTransform.geometry",
             "EvalTransform.ffmpeg_filter",
+            "_crop_start",
             "resize_region",
             "REGION_TOLERANCE",
         ],  # fmt: skip
@@ -180,6 +181,8 @@ GROUPS: dict[str, Group] = {
             "tests/test_decode.py::test_resize_region_samples_where_the_whole_frame_would",
             "tests/test_decode.py::test_region_resize_agrees_with_pil_at_awkward_sizes",
             "tests/test_decode.py::test_cached_filter_graphs_equal_a_fresh_graph_per_image",
+            "tests/test_semantic.py::test_pil_decoder_equals_timms_transform",
+            "tests/test_semantic.py::test_ffmpeg_decoder_follows_timms_transform_in_each_mode",
         ],
         [
             "tests/test_decode.py::test_geometry_matches_torchvision",
