@@ -56,8 +56,8 @@ bench: ffmpeg $(VENV)/.installed
 	$(PY) bench/compare_loaders.py --out bench/out/imagenet-mix --mix imagenet
 	$(PY) bench/decode_paths.py --out bench/out
 
-# Mutation testing of the measurement core (README.md, "Testing"), then the semantic mutants: about 30 minutes on 2 cores,
-# not part of `make test`. Report in build/mutate/report.json.
+# Mutation testing of the measurement core (README.md, "Testing"), then the semantic mutants:
+# about 30 minutes on 2 cores, not part of `make test`. Report in build/mutate/report.json.
 mutate: ffmpeg $(VENV)/.installed
 	$(PY) scripts/mutate.py
 
