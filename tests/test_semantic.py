@@ -436,13 +436,14 @@ def test_results_file_holds_every_reported_figure(tmp_path):
 
 def test_breakdown_loader_rate_leaves_out_its_slow_warmup(tmp_path, capsys):
     # Two warm-up batches of one large photo each (each a decode of a good fraction of a second),
-    # then 8 batches of a tiny image. Timed after the warm-up, the loader alone delivers the 8 tiny
-    # ones at hundreds of images/s; timed from its first batch, it could not pass 10 images over
-    # the time of the two large decodes, measured here just before.
+    # then 8 batches of a tiny image. Timed after the warm-up, the loader alone delivers the tiny
+    # ones at 50 images/s or more, even on a loaded machine; timed from its first batch, it could
+    # not pass 10 images over the time of the two large decodes (5 / one decode, measured here
+    # just before). The bound between, 8 / one decode, leaves room either way for a loaded machine.
     from make_demo_data import PHOTOS, photo_path
 
     big = Image.open(photo_path(next(iter(PHOTOS)))).convert("RGB").resize((6000, 4500), Image.Resampling.BILINEAR)
-    big.save(tmp_path / "n01440764_big0.JPEG", quality=97)
+    big.save(tmp_path / "n01440764_big0.JPEG", quality=97, progressive=True)  # slower to decode
     (tmp_path / "n01440764_big1.JPEG").write_bytes((tmp_path / "n01440764_big0.JPEG").read_bytes())
     lines = ["n01440764_big0.JPEG", "n01440764_big1.JPEG"]
     for i in range(8):
@@ -463,5 +464,5 @@ def test_breakdown_loader_rate_leaves_out_its_slow_warmup(tmp_path, capsys):
     assert status == 0
     r = read_json(out)
     b = r["breakdown"]
-    assert b["loader_fps"] > 10 / big_decode, (b, big_decode)  # from the first batch: under 10 / (2 x big_decode)
+    assert b["loader_fps"] > 8 / big_decode, (b, big_decode)
     assert math.isfinite(b["model_fps"]) and b["model_fps"] > 0 and b["e2e_fps"] == r["fps"]
