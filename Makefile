@@ -13,7 +13,7 @@ PINS := torch==2.14.1 torchvision==0.29.1 spdl==0.8.0 timm==1.0.31 numpy==2.4.6 
         nvidia-nvimgcodec-cu13==0.9.0.20
 FFMPEG_DEBS := libavcodec59 libavformat59 libavfilter8 libavdevice59 libavutil57
 
-.PHONY: all test demo bench mutate lint format ffmpeg clean
+.PHONY: all test demo bench mutate mutate-semantic lint format ffmpeg clean
 
 all: test
 
@@ -57,10 +57,14 @@ bench: ffmpeg $(VENV)/.installed
 	$(PY) bench/compare_loaders.py --out bench/out/imagenet-mix --mix imagenet
 	$(PY) bench/decode_paths.py --out bench/out
 
-# Mutation testing of the measurement core (README.md, "Testing"): about 25 minutes on 2 cores,
-# not part of `make test`. Report in build/mutate/report.json.
+# Mutation testing of the measurement core (README.md, "Testing"), then the semantic mutants:
+# about 30 minutes on 2 cores, not part of `make test`. Report in build/mutate/report.json.
 mutate: ffmpeg $(VENV)/.installed
 	$(PY) scripts/mutate.py
+
+# The hand-written semantic mutants alone (scripts/semantic_mutants.py): about 8 minutes, 1 worker.
+mutate-semantic: ffmpeg $(VENV)/.installed
+	$(PY) scripts/mutate.py --only semantic --jobs 1
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

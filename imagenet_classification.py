@@ -707,15 +707,18 @@ def _label_from_path(text: str, where: str, labels: Labels | None) -> int:
 
 
 def _image_files(folder: str) -> Iterator[str]:
-    """Image files under ``folder``, sorted by name at each level, hidden files and folders left
-    out; each entry's type comes from the directory listing, without a stat where it can."""
-    with os.scandir(folder) as it:
-        entries = sorted((e for e in it if e.name[0] != "."), key=lambda e: e.name)
-    for entry in entries:
-        if entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
-            yield entry.path
-        elif entry.is_dir():
-            yield from _image_files(entry.path)
+    """Image files under ``folder`` in ``ImageFolder``'s order (``sorted(os.walk(folder))``: the
+    folders by path, each one's files by name), hidden files and folders left out; each entry's
+    type comes from the directory listing, without a stat where it can."""
+    folders, pending = [], [folder]
+    while pending:
+        with os.scandir(path := pending.pop()) as it:
+            entries = [e for e in it if e.name[0] != "."]
+        names = [e.name for e in entries if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()]
+        folders.append((path, sorted(names)))
+        pending += [e.path for e in entries if e.is_dir()]
+    for path, names in sorted(folders):
+        yield from (os.path.join(path, name) for name in names)
 
 
 def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: Labels | None = None) -> ImageList:
@@ -955,7 +958,7 @@ class EvalTransform:
             new_w, new_h = short, int(short * height / width)
         else:
             new_w, new_h = int(short * width / height), short
-        return new_w, new_h, round((new_w - self.size) / 2), round((new_h - self.size) / 2)
+        return new_w, new_h, _crop_start(new_w, self.size), _crop_start(new_h, self.size)
 
     def ffmpeg_filter(self, width: int, height: int) -> str:
         """FFmpeg filter chain from a decoded frame to the ``size x size`` RGB crop.
@@ -966,9 +969,13 @@ class EvalTransform:
         format (YUV, grey, RGB). ``bench/decode_paths.py`` compares it with other chains.
         """
         new_w, new_h, left, top = self.geometry(width, height)
+        flags = f"{_FFMPEG_SCALE_FLAGS[self.interpolation]}+full_chroma_int"
+        if min(new_w, new_h) < self.size:  # crop_pct > 1: the crop is padded with black, as torchvision pads it
+            inside = f"crop={min(new_w, self.size)}:{min(new_h, self.size)}:{max(left, 0)}:{max(top, 0)}"
+            return (f"scale={new_w}:{new_h}:flags={flags}:in_range=full,format=gbrp,{inside},"
+                    f"pad={self.size}:{self.size}:{max(-left, 0)}:{max(-top, 0)}:color=black,format=rgb24")  # fmt: skip
         x0, src_w, out_w, pad_x = resize_region(width, new_w, left, self.size)
         y0, src_h, out_h, pad_y = resize_region(height, new_h, top, self.size)
-        flags = f"{_FFMPEG_SCALE_FLAGS[self.interpolation]}+full_chroma_int"
         # exact=1: keep an odd full side as it is (the other side's region is even-sized).
         region = "" if (src_w, src_h) == (width, height) else f"crop={src_w}:{src_h}:{x0}:{y0}:exact=1,"
         crop = f"crop={self.size}:{self.size}:{pad_x}:{pad_y}"
@@ -977,6 +984,13 @@ class EvalTransform:
         # learns the frame's range: the same pixels, at twice the cost of a new graph.
         scale = f"scale={out_w}:{out_h}:flags={flags}:in_range=full"
         return f"{region}{scale},format=gbrp,{crop},format=rgb24"
+
+
+def _crop_start(length: int, crop: int) -> int:
+    """Where torchvision's ``CenterCrop`` starts a crop along a side: ``round((length - crop) / 2)``;
+    a crop longer than the side (``crop_pct`` > 1, as volo_d4_448's) first pads the side with
+    ``(crop - length) // 2`` black pixels before it, so it starts that far before the image."""
+    return round((length - crop) / 2) if length >= crop else -((crop - length) // 2)
 
 
 REGION_TOLERANCE = 0.06  # source pixels
@@ -1655,6 +1669,11 @@ def _resize_crop(images: Tensor, transform: EvalTransform, size: tuple[int, int]
     resized = torch.nn.functional.interpolate(
         images.float(), size=(new_h, new_w), mode=mode, antialias=mode != "nearest"
     )
+    if left < 0 or top < 0:  # crop_pct > 1: the crop is padded with black, as on the CPU
+        s = transform.size
+        resized = torch.nn.functional.pad(resized, (-min(left, 0), max(left + s - new_w, 0), -min(top, 0),
+                                                    max(top + s - new_h, 0)))  # fmt: skip
+        left, top = max(left, 0), max(top, 0)
     crop = resized[:, :, top : top + transform.size, left : left + transform.size]
     return crop.round_().clamp_(0, 255).to(torch.uint8)
 

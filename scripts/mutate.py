@@ -10,6 +10,11 @@ and that group's tests are run against it, stopping at the first failure: a fail
 mutant; a mutant that every test passes survived, and its diff is printed. The issue's hand
 edits (:data:`KNOWN_EDITS`) run the same way first.
 
+The ``semantic`` group (issue #25) is hand-written: each mutant in ``scripts/semantic_mutants.py``
+is the bug a real mistake would make in a figure or file a user reads (an edit of a short
+snippet), run against the tests of its own concern only. A snippet no longer found exactly once
+in the module is an ERROR, printed first and last, and the run's exit status is 1.
+
 Usage::
 
     make mutate                                      # = python scripts/mutate.py
@@ -18,6 +23,7 @@ Usage::
     python scripts/mutate.py --tests before          # the tests as they were before issue #18
     python scripts/mutate.py --all                   # also the mutants argued equivalent
     python scripts/mutate.py --sample 4              # every 4th mutant of each group: a quicker estimate
+    python scripts/mutate.py --only semantic --jobs 1  # the hand-written semantic mutants alone
 
 About 15 minutes on 2 cores. Each worker is a process that imports torch, timm and SPDL once and
 forks a child per mutant, which runs pytest in the worker's copy. The report (every mutant, its
@@ -46,6 +52,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "imagenet_classification.py"
+SEMANTIC = "semantic"  # the group of hand-written mutants (scripts/semantic_mutants.py)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from semantic_mutants import MUTANTS as SEMANTIC_MUTANTS  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,7 @@ GROUPS: dict[str, Group] = {
             "EvalTransform.resize_short",
             "EvalTransform.geometry",
             "EvalTransform.ffmpeg_filter",
+            "_crop_start",
             "resize_region",
             "REGION_TOLERANCE",
         ],  # fmt: skip
@@ -170,6 +181,8 @@ GROUPS: dict[str, Group] = {
             "tests/test_decode.py::test_resize_region_samples_where_the_whole_frame_would",
             "tests/test_decode.py::test_region_resize_agrees_with_pil_at_awkward_sizes",
             "tests/test_decode.py::test_cached_filter_graphs_equal_a_fresh_graph_per_image",
+            "tests/test_semantic.py::test_pil_decoder_equals_timms_transform",
+            "tests/test_semantic.py::test_ffmpeg_decoder_follows_timms_transform_in_each_mode",
         ],
         [
             "tests/test_decode.py::test_geometry_matches_torchvision",
@@ -359,6 +372,12 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("_warmup_for_all_ranks", "most = math.ceil(shard.size_of(listed, -1) / batch_size)",
      "'rank -1' has rank 0's lines or one more: " + _BOUND),
     ("_warmup_for_all_ranks", "return warmup_batches if fewest > warmup_batches else most + 2", _BOUND),
+    ("EvalTransform.ffmpeg_filter", "if min(new_w, new_h) <= self.size:  # crop_pct > 1: the crop is padded with "
+     "black, as torchvision pads it",
+     "a side resized to exactly the crop's length takes the padded branch: the whole frame resized, cropped, padded "
+     "by 0: the pixels of the region path within REGION_TOLERANCE (a speed choice)"),
+    ("_crop_start", "return round((length - crop) / 2) if length > crop else -((crop - length) // 2)",
+     "a side of exactly the crop's length starts at 0 either way"),
 ]  # fmt: skip
 
 _COMPARE = {"<": ["<="], "<=": ["<"], ">": [">="], ">=": [">"], "==": ["!="], "!=": ["=="],
@@ -381,6 +400,7 @@ class Mutant:
     status: str = "pending"  # killed | survived | timeout | error | equivalent (not run)
     seconds: float = 0.0
     diff: str = ""
+    tests: list[str] | None = None  # a semantic mutant's own tests (else its group's)
 
 
 ################################################################################
@@ -636,6 +656,23 @@ def known_edits(text: str) -> list[Mutant]:
     return edits
 
 
+def semantic_mutants(text: str, run_equivalent: bool = False) -> list[Mutant]:
+    """The hand-written semantic mutants; one whose snippet is not found exactly once is an error."""
+    mutants = []
+    for i, m in enumerate(SEMANTIC_MUTANTS, start=1):
+        mutant = Mutant(1000 + i, SEMANTIC, "semantic", 0, m.name, text.replace(m.old, m.new), tests=list(m.tests))
+        if (count := text.count(m.old)) != 1:
+            mutant.status, mutant.source = "error", text
+            mutant.diff = (f"ANCHOR LOST: the snippet {m.old!r} is found {count} times in {MODULE}: "
+                           "re-anchor it in scripts/semantic_mutants.py")  # fmt: skip
+        else:
+            mutant.line = text[: text.index(m.old)].count("\n") + 1
+            if m.equivalent and not run_equivalent:
+                mutant.status, mutant.diff = "equivalent", f"{m.equivalent}\n{_diff(text, mutant.source)}"
+        mutants.append(mutant)
+    return mutants
+
+
 ################################################################################
 # Running them
 ################################################################################
@@ -724,13 +761,20 @@ class Worker:
         self.server.wait(timeout=30)
 
 
+def _semantic_tests(tests: list[str], suite: str) -> list[str]:
+    """A semantic mutant's tests; ``before``: without tests/test_semantic.py, which issue #25 added."""
+    return [t for t in tests if suite != "before" or not t.startswith("tests/test_semantic.py")]
+
+
 def _selection(group: str, suite: str) -> list[str]:
+    if group == SEMANTIC:  # every semantic mutant's tests, once, for the baseline
+        return _semantic_tests(list(dict.fromkeys(t for m in SEMANTIC_MUTANTS for t in m.tests)), suite)
     return GROUPS[group].tests_before if suite == "before" else GROUPS[group].tests
 
 
 def run_all(mutants: list[Mutant], original: str, workers: list[Worker], suite: str) -> dict[str, float]:
     """Check each group's tests pass unmutated, then run every mutant; returns baseline seconds."""
-    groups = sorted({m.group for m in mutants}, key=list(GROUPS).index)
+    groups = sorted({m.group for m in mutants if m.status == "pending"}, key=[*GROUPS, SEMANTIC].index)
     baseline: dict[str, float] = {}
     jobs: queue.Queue = queue.Queue()
     for group in groups:
@@ -745,7 +789,11 @@ def run_all(mutants: list[Mutant], original: str, workers: list[Worker], suite: 
     def run_one(worker: Worker, job) -> None:
         mutant = job[1]
         timeout = 2 * baseline[mutant.group] + 60
-        mutant.status, mutant.seconds = worker.run(mutant.source, _selection(mutant.group, suite), timeout)
+        tests = _semantic_tests(mutant.tests, suite) if mutant.tests else _selection(mutant.group, suite)
+        if tests:
+            mutant.status, mutant.seconds = worker.run(mutant.source, tests, timeout)
+        else:  # no test of its concern (--tests before)
+            mutant.status = "survived"
         if mutant.status == "error":
             mutant.diff = worker.log_tail()
         elif mutant.status == "survived":
@@ -827,6 +875,27 @@ def summarise(mutants: list[Mutant], edits: list[Mutant]) -> dict:
     }
 
 
+def summarise_semantic(semantic: list[Mutant]) -> dict:
+    """The semantic group's counts and score (killed over those run)."""
+    counts = {s: sum(m.status == s for m in semantic) for s in _STATUSES}
+    run = counts["killed"] + counts["timeout"] + counts["survived"]
+    detected = counts["killed"] + counts["timeout"]
+    return {"mutants": len(semantic), **counts, "score": detected / run if run else 0.0}
+
+
+def print_semantic(summary: dict, semantic: list[Mutant]) -> None:
+    print("\nSemantic mutants (scripts/semantic_mutants.py):")
+    for m in semantic:
+        print(f"  {m.status:10} {m.description}")
+    for m in semantic:
+        if m.status in ("survived", "error"):
+            print(f"\n{m.status.upper()} semantic line {m.line}: {m.description}\n{m.diff}")
+    print(f"\nSemantic score: {summary['killed'] + summary['timeout']}/"
+          f"{summary['killed'] + summary['timeout'] + summary['survived']} killed ({summary['score']:.1%}), "
+          f"{summary['survived']} survived, {summary['equivalent']} argued equivalent (not run), "
+          f"{summary['error']} ERRORS (snippets to re-anchor)")  # fmt: skip
+
+
 def print_report(summary: dict, mutants: list[Mutant], edits: list[Mutant], seconds: float) -> None:
     print("\nThe issue's hand edits:")
     for e in edits:
@@ -846,7 +915,8 @@ def print_report(summary: dict, mutants: list[Mutant], edits: list[Mutant], seco
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="+", choices=list(GROUPS), help="run only these groups")
+    parser.add_argument("--only", nargs="+", choices=[*GROUPS, SEMANTIC],
+                        help=f"run only these groups ({SEMANTIC}: the hand-written semantic mutants)")  # fmt: skip
     parser.add_argument("--tests", choices=("now", "before"), default="now",
                         help="before: each group's tests as they were before issue #18 (tests_before)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=2, help="workers run at once (default 2)")
@@ -857,26 +927,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=ROOT / "build" / "mutate" / "report.json")
     args = parser.parse_args(argv)
     original = (ROOT / MODULE).read_text()
-    groups = {g: GROUPS[g] for g in (args.only or GROUPS)}
+    groups = {g: GROUPS[g] for g in (args.only or GROUPS) if g != SEMANTIC}
     mutants = generate(original, groups)
     edits = [e for e in known_edits(original) if e.group in groups]
+    semantic = semantic_mutants(original, args.all) if not args.only or SEMANTIC in args.only else []
+    for m in semantic:
+        if m.status == "error":
+            print(f"mutate: ERROR: semantic mutant {m.description!r}: {m.diff}", file=sys.stderr)
     unmatched = [] if args.all else mark_equivalent(mutants, original)
     if args.sample > 1:
         runnable = [m for m in mutants if m.status == "pending"]
         mutants = [m for g in groups for m in [r for r in runnable if r.group == g][:: args.sample]]
-    for target, line, _ in unmatched:
+    selected = {t for g in groups.values() for t in g.targets}
+    for target, line, _ in (u for u in unmatched if u[0] in selected or u[0].split(".")[0] in selected):
         print(f"mutate: no mutant matches the EQUIVALENT entry {target}: {line!r}", file=sys.stderr)
     if args.list:
         for m in mutants:
             print(f"#{m.id} {m.group} {m.target} line {m.line}: {m.description}"
                   + (" (argued equivalent)" if m.status == "equivalent" else ""))  # fmt: skip
-        print(f"{len(mutants)} mutants, {len(edits)} hand edits")
-        return 0
+        for m in semantic:
+            print(f"semantic line {m.line}: {m.description}" + (f" ({m.status})" if m.status != "pending" else ""))
+        print(f"{len(mutants)} mutants, {len(edits)} hand edits, {len(semantic)} semantic mutants")
+        return 1 if any(m.status == "error" for m in semantic) else 0
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mutate-") as tmp:
         workers = [Worker(i, Path(tmp)) for i in range(args.jobs)]
         try:
-            run_all([*edits, *mutants], original, workers, args.tests)
+            run_all([*edits, *mutants, *semantic], original, workers, args.tests)
         except BaseException:
             for w in workers:
                 w.close(abort=True)
@@ -885,15 +962,21 @@ def main(argv: list[str] | None = None) -> int:
             w.close()
     seconds = time.monotonic() - started
     summary = summarise(mutants, edits)
-    print_report(summary, mutants, edits, seconds)
+    if mutants or edits:
+        print_report(summary, mutants, edits, seconds)
+    if semantic:
+        summary["semantic"] = summarise_semantic(semantic)
+        print_semantic(summary["semantic"], semantic)
+        print(f"{seconds / 60:.1f} minutes")
     args.report.parent.mkdir(parents=True, exist_ok=True)
     report = {**summary, "seconds": seconds, "tests": args.tests, "sample": args.sample,
               "selection": {g: _selection(g, args.tests) for g in groups},
               "known_edit_results": [asdict(e) | {"source": None} for e in edits],
-              "results": [asdict(m) | {"source": None} for m in mutants]}  # fmt: skip
+              "results": [asdict(m) | {"source": None} for m in mutants],
+              "semantic_results": [asdict(m) | {"source": None} for m in semantic]}  # fmt: skip
     args.report.write_text(json.dumps(report, indent=1) + "\n")
     print(f"Report: {args.report}")
-    return 0
+    return 1 if any(m.status == "error" for m in semantic) else 0
 
 
 if __name__ == "__main__":
