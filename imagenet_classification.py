@@ -430,6 +430,9 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--max-bad", type=_max_bad, help="with --skip-bad: stop once more than N or P%% failed")
     run.add_argument("--timeout", type=_timeout, default=120.0, help="seconds without a batch before giving up")
     run.add_argument("--breakdown", action="store_true", help="also time the loader alone and the model alone")
+    run.add_argument("--cold-cache", action="store_true",
+                     help="evict the listed files from the page cache before the run (and before each --breakdown "
+                          "pass that reads them), to time reading them from the disk")  # fmt: skip
     run.add_argument("--parity", type=_count0, default=0, metavar="N",
                      help="compare the loader with timm's reference transform on the first N images")  # fmt: skip
     run.add_argument("--stats-interval", type=_seconds, help="also log SPDL's own stage statistics every S seconds")
@@ -463,6 +466,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.sweep and (args.breakdown or args.trace or args.parity or args.predictions_file):
         parser.error("--sweep runs the loader at many settings; it takes no --breakdown, --trace, --parity or "
                      "--predictions-file")  # fmt: skip
+    if args.sweep and args.cold_cache:
+        parser.error("--sweep times many settings over the same files, warm after the first; it takes no --cold-cache")
     return args
 
 
@@ -824,6 +829,155 @@ class Shard:
     def size_of(self, listed: int, rank: int | None = None) -> int:
         """How many of ``listed`` images fall to ``rank`` (default: this one)."""
         return len(range(self.rank if rank is None else rank, listed, self.world_size))
+
+
+################################################################################
+# Page cache: how much of the listed files' data is in memory; --cold-cache evicts it
+################################################################################
+
+_LOW_BIT = bytes(i & 1 for i in range(256))  # mincore's vector: bit 0 of each byte says resident
+
+
+@functools.cache
+def _libc() -> Any | None:
+    """libc's mmap, munmap and mincore through ctypes (Python's mmap has no mincore); None
+    where the platform lacks them (then residency is unknown)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        calls = libc.mmap, libc.munmap, libc.mincore
+    except (OSError, AttributeError, TypeError):
+        return None
+    calls[0].restype = ctypes.c_void_p
+    calls[0].argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    calls[1].argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    calls[2].argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    return libc
+
+
+def _resident_bytes(fd: int, size: int) -> int | None:
+    """Bytes of the open regular file ``fd`` (``size`` bytes long) in the page cache, from
+    mincore over a read-only mapping of the whole file (mapping reads nothing); None if unknown."""
+    import ctypes
+    import mmap
+
+    libc = _libc()
+    if libc is None:
+        return None
+    if size == 0:
+        return 0
+    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:  # MAP_FAILED: a file system without mmap
+        return None
+    try:
+        pages = -(-size // mmap.PAGESIZE)
+        vector = ctypes.create_string_buffer(pages)
+        if libc.mincore(addr, size, vector) != 0:
+            return None
+    finally:
+        libc.munmap(addr, size)
+    flags = vector.raw.translate(_LOW_BIT)
+    tail = size - (pages - 1) * mmap.PAGESIZE  # the last page holds only this much of the file
+    return flags.count(1) * mmap.PAGESIZE - (mmap.PAGESIZE - tail if flags[-1] else 0)
+
+
+@dataclass
+class PageCache:
+    """How much of the listed files' data was in the page cache before a run, and after
+    ``--cold-cache`` evicted it. Only file data is evicted: directory entries and inodes stay.
+
+    Attributes:
+        cold: The files were evicted first (``posix_fadvise(POSIX_FADV_DONTNEED)``, which drops
+            clean pages only: pages not yet written to disk stay).
+        files: Regular files examined (this rank's shard, or the whole job's once reduced).
+        skipped: Listed paths not examined: missing, unreadable or not a regular file (the run
+            counts them as failures).
+        bytes: The examined files' total size.
+        resident_bytes: Of those, bytes in the page cache before eviction; None if unknown
+            (no mincore, or a file system that cannot map files).
+        resident_after_bytes: After eviction, when ``cold``; else None.
+    """
+
+    cold: bool
+    files: int = 0
+    skipped: int = 0
+    bytes: int = 0
+    resident_bytes: int | None = 0
+    resident_after_bytes: int | None = None
+
+    @staticmethod
+    def _share(part: int | None, whole: int) -> float | None:
+        return None if part is None else part / whole if whole else 0.0
+
+    @property
+    def resident(self) -> float | None:
+        """Share of ``bytes`` in the page cache before the run (before eviction), or None."""
+        return self._share(self.resident_bytes, self.bytes)
+
+    @property
+    def resident_after(self) -> float | None:
+        """Share of ``bytes`` in the page cache after eviction, or None."""
+        return self._share(self.resident_after_bytes, self.bytes)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "resident": self.resident, "resident_after": self.resident_after}
+
+    @classmethod
+    def total(cls, parts: Sequence[PageCache]) -> PageCache:
+        """The sum of every rank's ``PageCache``: a count unknown on one rank is unknown."""
+
+        def add(name: str) -> int | None:
+            values = [getattr(p, name) for p in parts]
+            return None if any(v is None for v in values) else sum(values)
+
+        return cls(parts[0].cold, *(add(name) for name in ("files", "skipped", "bytes", "resident_bytes",
+                                                          "resident_after_bytes")))  # fmt: skip
+
+
+def _add(total: int | None, part: int | None) -> int | None:
+    return None if total is None or part is None else total + part
+
+
+def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] | None:
+    """``(size, resident bytes, resident bytes after eviction or None)`` of one file; None if it
+    cannot be opened or is no regular file (opened with O_NONBLOCK: a FIFO cannot hang here)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        before = _resident_bytes(fd, info.st_size)
+        if not evict:
+            return info.st_size, before, None
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return info.st_size, before, _resident_bytes(fd, info.st_size)
+    except OSError:  # fstat or fadvise refused: not examined
+        return None
+    finally:
+        os.close(fd)
+
+
+def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> PageCache:
+    """Measure how much of each file's data is in the page cache; with ``evict``, drop it from
+    the cache (``POSIX_FADV_DONTNEED``: no root needed) and measure again. A path that cannot be
+    opened, or is no regular file, is counted in ``skipped``, not fatal."""
+    cache = PageCache(evict, resident_after_bytes=0 if evict else None)
+    for path in paths:
+        examined = _examine_file(path, evict)
+        if examined is None:
+            cache.skipped += 1
+            continue
+        size, before, after = examined
+        cache.files, cache.bytes = cache.files + 1, cache.bytes + size
+        cache.resident_bytes = _add(cache.resident_bytes, before)
+        if evict:
+            cache.resident_after_bytes = _add(cache.resident_after_bytes, after)
+    return cache
 
 
 ################################################################################
@@ -2534,6 +2688,8 @@ class RunResult:
         stop_reason: Why it stopped early, or None.
         failures: Path and reason of each image that failed.
         timeline: Per-second images and the FPS window (see :py:func:`benchmark`).
+        page_cache: How much of the listed files' data was in the page cache before the run,
+            and whether ``--cold-cache`` evicted it first; None when not examined.
         predictions: One row per classified image when asked for (not in :py:meth:`to_dict`).
     """
 
@@ -2553,6 +2709,7 @@ class RunResult:
     stop_reason: str | None = None
     failures: list[dict[str, str]] = field(default_factory=list)
     timeline: dict | None = None
+    page_cache: PageCache | None = None
     predictions: list[dict] | None = field(default=None, repr=False)
 
     def record_failures(self, failures: Sequence[ImageDecodeError]) -> None:
@@ -2592,6 +2749,7 @@ class RunResult:
 
     def to_dict(self) -> dict:
         fields = {k: v for k, v in asdict(self).items() if k != "predictions"}
+        fields["page_cache"] = self.page_cache.to_dict() if self.page_cache is not None else None  # with its shares
         over = self.fps_max_overstatement
         over = "unbounded" if over == math.inf else over  # valid JSON
         return {**fields, "not_reached": self.not_reached, "fps": self.fps, "fps_max_overstatement": over,
@@ -3037,7 +3195,8 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     )
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     gathered: list[dict | None] = [None] * shard.world_size
-    mine = {**_rank_entry(result, shard, device), "failures": result.failures, "predictions": result.predictions}
+    mine = {**_rank_entry(result, shard, device), "failures": result.failures, "predictions": result.predictions,
+            "page_cache": result.page_cache}  # fmt: skip
     dist.all_gather_object(gathered, mine)
     total = RunResult(**dict(zip(fields, counts.tolist(), strict=True)))
     total.elapsed_s, total.partial, total.warmup_included = flags[0].item(), bool(flags[1]), bool(flags[2])
@@ -3045,6 +3204,8 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     rows = [rank.pop("predictions") for rank in gathered]
     total.predictions = None if any(r is None for r in rows) else [row for r in rows for row in r]
     total.timeline = result.timeline  # rank 0's
+    caches = [rank.pop("page_cache") for rank in gathered]  # each rank examined its own shard
+    total.page_cache = None if any(c is None for c in caches) else PageCache.total(caches)
     if result.loader_lead is not None:  # every rank's loader holds as many batches ahead
         total.loader_lead = result.loader_lead * shard.world_size
     return total, gathered
@@ -3330,6 +3491,9 @@ def print_summary(result: RunResult, file: TextIO | None = None) -> None:
         note = "; the figures are mostly the CPU's" if share > FALLBACK_WARNING else ""
         print(f"  {result.decoder_fallbacks} images ({share:.1%}) decoded on the CPU: the GPU decoder cannot "
               f"take them{note}", file=file)  # fmt: skip
+    if result.page_cache is not None:
+        for line in _page_cache_lines(result.page_cache):
+            print(line, file=file)
     for failure in result.failures[:10]:
         print(f"  failed: {failure['path']}: {failure['reason']}", file=file)
     if len(result.failures) > 10:
@@ -3337,6 +3501,32 @@ def print_summary(result: RunResult, file: TextIO | None = None) -> None:
 
 
 FALLBACK_WARNING = 0.05  # a share of images decoded on the CPU that makes a GPU decoder's figures mostly the CPU's
+COLD_RESIDUE = 0.05  # a share of the listed bytes still in memory after eviction that makes a cold run not cold
+
+
+def _size_text(count: int) -> str:
+    return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
+
+
+def _page_cache_lines(cache: PageCache) -> list[str]:
+    """The summary's lines on the page cache: cold or warm, and how much was in memory."""
+    line = "Page cache: cold run (--cold-cache)" if cache.cold else "Page cache: warm run (no --cold-cache)"
+    listed = f"the listed {_size_text(cache.bytes)}"
+    if cache.resident is None or (cache.cold and cache.resident_after is None):
+        line += f"; how much of {listed} was in memory is unknown (mincore could not tell)"
+    else:
+        line += f"; before it, {cache.resident:.1%} of {listed} was in memory"
+        line += f", {cache.resident_after:.1%} after eviction" if cache.resident_after is not None else ""
+    if cache.skipped:
+        line += f"; {cache.skipped} listed paths not examined (not opened as regular files)"
+    lines = [line]
+    after = cache.resident_after
+    if cache.cold and after is not None and after > COLD_RESIDUE:
+        effect = "had no effect" if after >= (cache.resident or 0.0) else f"left {after:.1%} of the bytes in memory"
+        lines.append(f"  WARNING: eviction {effect}: the file system ignores it (tmpfs, some network file "
+                     "systems) or those pages are not yet written to disk (run sync first); they were read from "
+                     "memory")  # fmt: skip
+    return lines
 
 
 def print_breakdown(breakdown: Breakdown, file: TextIO | None = None) -> None:
@@ -3657,6 +3847,7 @@ class RunConfig:
     predictions_file: Path | None
     trace: Path | None
     plot: Path | None = None
+    cold_cache: bool = False
     sweep: dict[str, list[int]] | None = None
     command: tuple[str, ...] = ()
 
@@ -3694,6 +3885,7 @@ class RunConfig:
             "warmup_batches": self.warmup_batches, "skip_bad": self.skip_bad,
             "max_bad": None if self.max_bad is None else f"{self.max_bad[0]:g}{'%' if self.max_bad[1] else ''}",
             "max_image_mb": self.max_image_bytes >> 20, "images_from": self.images.origin,
+            "cold_cache": self.cold_cache,
         }  # fmt: skip
 
 
@@ -3791,6 +3983,8 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         raise UsageError(f"{e.filename}: {e.strerror or e}") from None
     if args.breakdown and shard.world_size > 1:
         raise UsageError("--breakdown runs in a single process, not under torchrun")
+    if args.cold_cache and not hasattr(os, "posix_fadvise"):
+        raise UsageError(f"--cold-cache: {platform.system()} has no posix_fadvise to evict files from the page cache")
     device = resolve_device(args.device, shard.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that no library makes a context on cuda:0 for this rank
@@ -3812,7 +4006,7 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         max_image_bytes=args.max_image_mb << 20, timeout=args.timeout, breakdown=args.breakdown,
         parity=args.parity, check_decoder=0 if torch_loader else args.check_decoder,
         stats_interval=args.stats_interval or -1, results_file=args.results_file,
-        predictions_file=args.predictions_file, trace=args.trace, plot=args.plot,
+        predictions_file=args.predictions_file, trace=args.trace, plot=args.plot, cold_cache=args.cold_cache,
         sweep=_sweep_grid(args, shard), command=tuple(command),
     )  # fmt: skip
 
@@ -3981,6 +4175,13 @@ def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult)
     return Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device)
 
 
+def _look_at_cache(config: RunConfig) -> PageCache:
+    """This rank's images in the page cache; evicted first with ``--cold-cache``."""
+    what = "evicting them from" if config.cold_cache else "how much is in"
+    _LG.info("Page cache: %s files listed, %s the page cache.", len(config.my_images), what)
+    return _examine_page_cache(config.my_images.paths, evict=config.cold_cache)
+
+
 def _combine_ranks(outcome: _Outcome, config: RunConfig) -> list[dict]:
     """The job's totals into ``outcome.result`` (a rank that failed stays alone); the per-rank list."""
     mine = _rank_entry(outcome.result, config.shard, config.device)
@@ -4011,7 +4212,9 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
     if config.parity and config.shard.rank == 0:
         decode = get_decode_func(config.device, config.transform, config.decoder, BadImagePolicy(skip=True))
         parity = measure_parity(list(config.images.head(config.parity)), decode, model, config.batch_size)
+    page_cache = _look_at_cache(config)  # last before the loop: the decoder check and parity read images too
     outcome = _run_loop(config, model)
+    outcome.result.page_cache = page_cache
     report = RunReport(outcome.result, config.to_dict(), environment(config.device), [],
                        pipeline_stats=outcome.pipeline_stats, decoder_check=decoder_check, parity=parity)  # fmt: skip
     if config.breakdown and outcome.error is None and outcome.stopped_cleanly:
