@@ -3071,6 +3071,13 @@ class Breakdown:
     On the CPU the two share the cores, so ``shared_fps``, ``1 / (1/loader + 1/model)``, is what
     they would reach taking turns with no overlap; end-to-end between the two means partial
     overlap. ``efficiency`` is end-to-end over the bound; above 1 only by measurement noise.
+
+    ``read_fps`` and ``read_mb_s`` (MB: 10^6 bytes) are the read ceiling: the listed files read
+    alone, with the loader's reads and threads and no decode, which the loader cannot outrun;
+    ``read_resident`` is the share of their bytes in the page cache as that pass began (after
+    eviction when ``read_cold``). The bound is then the lowest of the three rates, and the
+    bottleneck is the ``disk`` when reading alone is the slowest, or when the loader is the slower
+    side and reading alone is at most ``READ_BOUND_SLACK`` faster than it: the reads set its pace.
     """
 
     loader_fps: float
@@ -3080,14 +3087,35 @@ class Breakdown:
     bottleneck: str
     efficiency: float
     shared_fps: float | None = None
+    read_fps: float | None = None
+    read_mb_s: float | None = None
+    read_resident: float | None = None
+    read_cold: bool = False
 
     @classmethod
-    def from_rates(cls, loader_fps: float, model_fps: float, e2e_fps: float, device: torch.device) -> Breakdown:
+    def from_rates(cls, loader_fps: float, model_fps: float, e2e_fps: float, device: torch.device,
+                   read: tuple[float, float, float | None, bool] | None = None) -> Breakdown:  # fmt: skip
+        """The breakdown of these rates; ``read``: ``(read_fps, read_mb_s, read_resident, read_cold)``."""
         bound = min(loader_fps, model_fps)
         shared = 1 / (1 / loader_fps + 1 / model_fps) if loader_fps > 0 and model_fps > 0 else 0.0
         bottleneck = "loader" if loader_fps < model_fps else "model"
+        if read is not None and _disk_bound(read[0], loader_fps, model_fps):
+            bound, bottleneck = min(bound, read[0]), "disk"
         return cls(loader_fps, model_fps, e2e_fps, bound, bottleneck, e2e_fps / bound if bound else 0.0,
-                   shared if device.type == "cpu" else None)  # fmt: skip
+                   shared if device.type == "cpu" else None, *(read or ()))  # fmt: skip
+
+
+READ_BOUND_SLACK = 0.1  # a loader within 10 % of reading alone spends its time waiting for reads
+
+
+def _disk_bound(read_fps: float, loader_fps: float, model_fps: float) -> bool:
+    """Whether reading alone sets the bound: it is slower than both sides, or the loader is the
+    slower side and runs at (nearly) the rate its files can be read at. A pass that read nothing
+    (every file refused) says nothing about the disk."""
+    if read_fps <= 0:
+        return False
+    near = loader_fps < model_fps and read_fps <= loader_fps * (1 + READ_BOUND_SLACK)
+    return near or read_fps < min(loader_fps, model_fps)
 
 
 def _timed_rate(steps: Iterable[int], warmup_batches: int, device: torch.device) -> float:
@@ -3102,6 +3130,37 @@ def _timed_rate(steps: Iterable[int], warmup_batches: int, device: torch.device)
 def measure_loader(batches: Iterable[tuple[Tensor, Tensor]], device: torch.device, warmup_batches: int) -> float:
     """Images/s of a loader iterated alone, batches delivered on ``device``, nothing computed."""
     return _timed_rate((images.shape[0] for images, _ in batches), warmup_batches, device)
+
+
+def _read_batch_func(max_bytes: int) -> Callable[[Sequence[tuple[str, int]]], tuple[int, int]]:
+    """A pipeline stage that reads each batch's files as the loader does (:py:func:`read_image_bytes`)
+    and decodes nothing: ``(images read, bytes read)``. A file it refuses counts as neither: the
+    run already counted it as failed."""
+
+    def read_batch(items: Sequence[tuple[str, int]]) -> tuple[int, int]:
+        images = size = 0
+        for path, _ in items:
+            try:
+                size += len(read_image_bytes(path, max_bytes))
+            except ImageDecodeError:
+                continue
+            images += 1
+        return images, size
+
+    return read_batch
+
+
+def _measure_reads(batches: Iterable[tuple[int, int]], warmup_batches: int) -> tuple[float, float]:
+    """Images/s and MB/s (10^6 bytes) over batches of ``(images, bytes)``, in :py:func:`benchmark`'s window."""
+    window = TimingWindow(torch.device("cpu"), warmup_batches)
+    timed = every = 0
+    for images, size in batches:
+        window.add(images)
+        every += size
+        timed += size if window.batches > warmup_batches else 0
+    frames, seconds, warmup_included = window.close()
+    size = every if warmup_included else timed
+    return (frames / seconds, size / 1e6 / seconds) if seconds > 0 else (0.0, 0.0)
 
 
 def measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_batches: int) -> float:
@@ -3534,11 +3593,22 @@ def print_breakdown(breakdown: Breakdown, file: TextIO | None = None) -> None:
     b, file = breakdown, file or sys.stdout
     print(f"Breakdown (images/s): loader alone {b.loader_fps:.1f} | model alone {b.model_fps:.1f} | "
           f"end-to-end {b.e2e_fps:.1f}", file=file)  # fmt: skip
+    if b.read_fps is not None:
+        share = "unknown" if b.read_resident is None else f"{b.read_resident:.1%}"
+        cache = f"{'cold' if b.read_cold else 'warm'}: {share} of the bytes in memory"
+        print(f"Reading alone (the loader's reads and threads, no decode; {cache}): {b.read_fps:.1f} images/s, "
+              f"{b.read_mb_s:.1f} MB/s", file=file)  # fmt: skip
     noise = (
         " (above 100 %: measurement noise, or a window too short for the loader's buffer)" if b.efficiency > 1 else ""
     )
     print(f"Bound {b.bound_fps:.1f} images/s, set by the {b.bottleneck}; end-to-end reaches "
           f"{b.efficiency:.0%} of it{noise}", file=file)  # fmt: skip
+    if b.bottleneck == "disk" and b.read_fps and b.loader_fps <= b.read_fps:
+        print(f"The loader runs at {b.loader_fps / b.read_fps:.0%} of reading alone: the disk sets its pace, not "
+              "the decode (more threads help only while the disk has bandwidth to spare)", file=file)  # fmt: skip
+    elif b.bottleneck == "disk":
+        print("Reading alone was slower than the loader, which reads the same files: the disk's rate changed "
+              "between the passes (other readers, pages cached in between)", file=file)  # fmt: skip
     if b.shared_fps is not None:
         print(f"On the CPU the two share the cores: taking turns, with no overlap, they would reach "
               f"{b.shared_fps:.1f} images/s", file=file)  # fmt: skip
@@ -4165,14 +4235,35 @@ def _add_loader_stats(outcome: _Outcome, loader: _Loader) -> None:
 
 
 def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult) -> Breakdown:
-    """After the end-to-end run: the same loader alone, then the model alone on as many batches
-    of the run's size (never more work than the run had)."""
-    _LG.info("Breakdown: timing the loader alone, then the model alone.")
+    """After the end-to-end run: the same loader alone, reading its files alone, then the model
+    alone on as many batches of the run's size (never more work than the run had). With
+    ``--cold-cache`` the files are evicted again before each pass that reads them."""
+    _LG.info("Breakdown: timing the loader alone, then reading alone, then the model alone.")
+    if config.cold_cache:
+        _examine_page_cache(config.my_images.paths, evict=True)
     with _open_loader(config, config.my_images, config.policy()) as loader:
         loader_fps = measure_loader(loader.batches, config.device, config.warmup_batches)
+    read = _read_alone(config)
     batch_size = min(config.batch_size, len(config.my_images))
     model_fps = measure_model(model, batch_size, result.batches, config.warmup_batches)
-    return Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device)
+    return Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device, read)
+
+
+def _read_alone(config: RunConfig) -> tuple[float, float, float | None, bool]:
+    """The read ceiling: this rank's files read with the loader's threads and concurrency, no
+    decode. Returns images/s, MB/s, the share of their bytes in the page cache as the pass began
+    (after eviction with ``--cold-cache``), and whether they were evicted."""
+    cache = _examine_page_cache(config.my_images.paths, evict=config.cold_cache)
+    pipeline = get_pipeline(config.my_images, config.batch_size, _read_batch_func(config.max_image_bytes),
+                            config.decode_concurrency, config.queue_size, config.decode_threads)  # fmt: skip
+    pipeline.start()
+    try:
+        fps, mb_s = _measure_reads(pipeline.get_iterator(timeout=config.timeout), config.warmup_batches)
+    except TimeoutError:
+        raise LoaderFailed(f"reading alone: nothing read for {config.timeout:g} s (--timeout)") from None
+    finally:
+        _stop_pipeline(pipeline, 1.5)
+    return fps, mb_s, cache.resident_after if config.cold_cache else cache.resident, config.cold_cache
 
 
 def _look_at_cache(config: RunConfig) -> PageCache:
