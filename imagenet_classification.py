@@ -3073,11 +3073,11 @@ class Breakdown:
     overlap. ``efficiency`` is end-to-end over the bound; above 1 only by measurement noise.
 
     ``read_fps`` and ``read_mb_s`` (MB: 10^6 bytes) are the read ceiling: the listed files read
-    alone, with the loader's reads and threads and no decode, which the loader cannot outrun;
-    ``read_resident`` is the share of their bytes in the page cache as that pass began (after
-    eviction when ``read_cold``). The bound is then the lowest of the three rates, and the
-    bottleneck is the ``disk`` when reading alone is the slowest, or when the loader is the slower
-    side and reading alone is at most ``READ_BOUND_SLACK`` faster than it: the reads set its pace.
+    alone, with the loader's reads and as many threads, no decode, which the loader cannot
+    outrun; ``read_resident`` is the share of their bytes in the page cache as that pass began
+    (after eviction when ``read_cold``). The bottleneck is the ``disk`` when the loader is the
+    slower side and reading alone, from the disk, is at most ``READ_BOUND_SLACK`` faster than the
+    loader: the reads set its pace. The bound stays the slower side's rate.
     """
 
     loader_fps: float
@@ -3099,23 +3099,22 @@ class Breakdown:
         bound = min(loader_fps, model_fps)
         shared = 1 / (1 / loader_fps + 1 / model_fps) if loader_fps > 0 and model_fps > 0 else 0.0
         bottleneck = "loader" if loader_fps < model_fps else "model"
-        if read is not None and _disk_bound(read[0], loader_fps, model_fps):
-            bound, bottleneck = min(bound, read[0]), "disk"
+        if read is not None and bottleneck == "loader" and _disk_bound(loader_fps, read[0], read[2]):
+            bottleneck = "disk"
         return cls(loader_fps, model_fps, e2e_fps, bound, bottleneck, e2e_fps / bound if bound else 0.0,
                    shared if device.type == "cpu" else None, *(read or ()))  # fmt: skip
 
 
 READ_BOUND_SLACK = 0.1  # a loader within 10 % of reading alone spends its time waiting for reads
+IN_MEMORY = 0.95  # a read pass that began with this share of the bytes in the page cache read from memory
 
 
-def _disk_bound(read_fps: float, loader_fps: float, model_fps: float) -> bool:
-    """Whether reading alone sets the bound: it is slower than both sides, or the loader is the
-    slower side and runs at (nearly) the rate its files can be read at. A pass that read nothing
-    (every file refused) says nothing about the disk."""
-    if read_fps <= 0:
-        return False
-    near = loader_fps < model_fps and read_fps <= loader_fps * (1 + READ_BOUND_SLACK)
-    return near or read_fps < min(loader_fps, model_fps)
+def _disk_bound(loader_fps: float, read_fps: float, read_resident: float | None) -> bool:
+    """Whether the disk sets the loader's pace: reading alone is no more than READ_BOUND_SLACK
+    faster than the whole loader, and read from the disk (not from memory; unknown counts as the
+    disk). A pass that read nothing (every file refused) says nothing about the disk."""
+    from_disk = read_resident is None or read_resident < IN_MEMORY
+    return from_disk and 0 < read_fps <= loader_fps * (1 + READ_BOUND_SLACK)
 
 
 def _timed_rate(steps: Iterable[int], warmup_batches: int, device: torch.device) -> float:
@@ -3148,6 +3147,34 @@ def _read_batch_func(max_bytes: int) -> Callable[[Sequence[tuple[str, int]]], tu
         return images, size
 
     return read_batch
+
+
+def _read_batches(
+    images: Iterable[tuple[str, int]], batch_size: int, threads: int, max_bytes: int, timeout: float
+) -> Iterator[tuple[int, int]]:
+    """Each batch's ``(images read, bytes read)``, in order, ``threads`` batches read at once in
+    a thread pool: the reads alone, without SPDL's hand-off of each batch, which on files in
+    memory costs more than reading them.
+
+    Raises:
+        LoaderFailed: no batch within ``timeout`` seconds (a hung read).
+    """
+    import collections
+    import concurrent.futures
+
+    read_batch = _read_batch_func(max_bytes)
+    pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="read_alone")
+    pending: collections.deque[concurrent.futures.Future] = collections.deque()
+    try:
+        for batch in itertools.chain(_batched(images, batch_size), [None]):
+            if batch is not None:
+                pending.append(pool.submit(read_batch, batch))
+            while pending and (batch is None or len(pending) > threads):
+                yield pending.popleft().result(timeout)
+    except concurrent.futures.TimeoutError:
+        raise LoaderFailed(f"reading alone: no batch read within {timeout:g} s (--timeout)") from None
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a hung read must not hang the run
 
 
 def _measure_reads(batches: Iterable[tuple[int, int]], warmup_batches: int) -> tuple[float, float]:
@@ -3596,8 +3623,8 @@ def print_breakdown(breakdown: Breakdown, file: TextIO | None = None) -> None:
     if b.read_fps is not None:
         share = "unknown" if b.read_resident is None else f"{b.read_resident:.1%}"
         cache = f"{'cold' if b.read_cold else 'warm'}: {share} of the bytes in memory"
-        print(f"Reading alone (the loader's reads and threads, no decode; {cache}): {b.read_fps:.1f} images/s, "
-              f"{b.read_mb_s:.1f} MB/s", file=file)  # fmt: skip
+        print(f"Reading alone (the loader's reads, as many batches at once, no decode; {cache}): "
+              f"{b.read_fps:.1f} images/s, {b.read_mb_s:.1f} MB/s", file=file)  # fmt: skip
     noise = (
         " (above 100 %: measurement noise, or a window too short for the loader's buffer)" if b.efficiency > 1 else ""
     )
@@ -4250,19 +4277,13 @@ def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult)
 
 
 def _read_alone(config: RunConfig) -> tuple[float, float, float | None, bool]:
-    """The read ceiling: this rank's files read with the loader's threads and concurrency, no
-    decode. Returns images/s, MB/s, the share of their bytes in the page cache as the pass began
-    (after eviction with ``--cold-cache``), and whether they were evicted."""
+    """The read ceiling: this rank's files read as the loader reads them, as many batches at once
+    as it decodes, no decode. Returns images/s, MB/s, the share of their bytes in the page cache
+    as the pass began (after eviction with ``--cold-cache``), and whether they were evicted."""
     cache = _examine_page_cache(config.my_images.paths, evict=config.cold_cache)
-    pipeline = get_pipeline(config.my_images, config.batch_size, _read_batch_func(config.max_image_bytes),
-                            config.decode_concurrency, config.queue_size, config.decode_threads)  # fmt: skip
-    pipeline.start()
-    try:
-        fps, mb_s = _measure_reads(pipeline.get_iterator(timeout=config.timeout), config.warmup_batches)
-    except TimeoutError:
-        raise LoaderFailed(f"reading alone: nothing read for {config.timeout:g} s (--timeout)") from None
-    finally:
-        _stop_pipeline(pipeline, 1.5)
+    batches = _read_batches(config.my_images, config.batch_size, config.decode_concurrency, config.max_image_bytes,
+                            config.timeout)  # fmt: skip
+    fps, mb_s = _measure_reads(batches, config.warmup_batches)
     return fps, mb_s, cache.resident_after if config.cold_cache else cache.resident, config.cold_cache
 
 

@@ -3,9 +3,9 @@
 Generates compare_loaders' JPEG set (written through to disk, so that eviction can drop its
 pages), then measures, interleaved and repeated, at each thread count:
 
-- reading alone (the loader's reads, :py:func:`read_image_bytes`, on SPDL's threads, no decode;
-  what ``--breakdown`` reports as the read ceiling), right after evicting the files from the page
-  cache (cold) and again with them in it (warm);
+- reading alone (the loader's reads, :py:func:`read_image_bytes`, as many batches at once in a
+  thread pool, no decode; what ``--breakdown`` reports as the read ceiling), right after
+  evicting the files from the page cache (cold) and again with them in it (warm);
 - the SPDL loader alone (read, decode, resize, crop, batch), cold and warm likewise.
 
 Prints the rates, the share of the set's bytes in memory as each pass began, and the ratios
@@ -52,12 +52,7 @@ def _resident(images: ic.ImageList, cold: bool) -> float | None:
 
 def read_rate(images: ic.ImageList, threads: int, batch_size: int, warmup: int) -> tuple[float, float]:
     """Images/s and MB/s of reading alone, as ``--breakdown`` times it."""
-    pipeline = ic.get_pipeline(images, batch_size, ic._read_batch_func(ic.MAX_IMAGE_MB << 20), threads, 8, threads)
-    pipeline.start()
-    try:
-        return ic._measure_reads(pipeline.get_iterator(timeout=120), warmup)
-    finally:
-        pipeline.stop()
+    return ic._measure_reads(ic._read_batches(images, batch_size, threads, ic.MAX_IMAGE_MB << 20, 120), warmup)
 
 
 def loader_rate(images: ic.ImageList, threads: int, batch_size: int, warmup: int) -> float:
