@@ -3911,6 +3911,8 @@ class RunConfig:
         dtype, dtype_reason: The model's precision, and why.
         max_bad: ``(value, is_percent)`` from ``--max-bad``, or None.
         stats_interval: Seconds between SPDL's own statistics logs; -1 for none.
+        cold_cache: Evict the images from the page cache before the run, and before each
+            breakdown pass that reads them (``--cold-cache``).
     """
 
     images: ImageList

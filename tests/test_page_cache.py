@@ -269,3 +269,23 @@ def test_cold_cache_under_torchrun_sums_every_rank_s_shard(demo_photos, lite0_ch
     cache = r["page_cache"]
     assert (cache["cold"], cache["files"], cache["skipped"], cache["bytes"]) == (True, 11, 0, size)
     assert r["classified"] == 11 and proc.stdout.count("Page cache: cold run (--cold-cache)") == 1
+
+
+def test_a_cold_run_of_a_folder(evicting_dir):
+    _, _, existing = _mixed_set(evicting_dir)
+    _read_all(existing)
+    out = evicting_dir / "r.json"
+    proc = run_cli("--data-dir", evicting_dir / "val", *TINY, "--no-compile", "--batch-size", "4", "--skip-bad",
+                   "--cold-cache", "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    r = read_json(out)
+    size = sum(p.stat().st_size for p in existing)
+    assert (r["listed"], r["classified"], r["failed"]) == (14, 12, 2)
+    assert r["page_cache"] == {"cold": True, "files": 14, "skipped": 0, "bytes": size, "resident_bytes": size,
+                               "resident_after_bytes": 0, "resident": 1.0, "resident_after": 0.0}  # fmt: skip
+
+
+def test_a_sweep_takes_no_cold_cache(jpeg_set):
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--sweep", "auto",
+                   "--cold-cache")  # fmt: skip
+    assert proc.returncode == 2 and "it takes no --cold-cache" in proc.stderr
