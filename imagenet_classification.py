@@ -3132,9 +3132,9 @@ def measure_loader(batches: Iterable[tuple[Tensor, Tensor]], device: torch.devic
 
 
 def _read_batch_func(max_bytes: int) -> Callable[[Sequence[tuple[str, int]]], tuple[int, int]]:
-    """A pipeline stage that reads each batch's files as the loader does (:py:func:`read_image_bytes`)
-    and decodes nothing: ``(images read, bytes read)``. A file it refuses counts as neither: the
-    run already counted it as failed."""
+    """A function that reads a batch's files as the loader does (:py:func:`read_image_bytes`) and
+    decodes nothing: ``(images read, bytes read)``. A file it refuses counts as neither: the run
+    already counted it as failed."""
 
     def read_batch(items: Sequence[tuple[str, int]]) -> tuple[int, int]:
         images = size = 0
