@@ -430,6 +430,9 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--max-bad", type=_max_bad, help="with --skip-bad: stop once more than N or P%% failed")
     run.add_argument("--timeout", type=_timeout, default=120.0, help="seconds without a batch before giving up")
     run.add_argument("--breakdown", action="store_true", help="also time the loader alone and the model alone")
+    run.add_argument("--cold-cache", action="store_true",
+                     help="evict the listed files from the page cache before the run (and before each --breakdown "
+                          "pass that reads them), to time reading them from the disk")  # fmt: skip
     run.add_argument("--parity", type=_count0, default=0, metavar="N",
                      help="compare the loader with timm's reference transform on the first N images")  # fmt: skip
     run.add_argument("--stats-interval", type=_seconds, help="also log SPDL's own stage statistics every S seconds")
@@ -463,6 +466,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.sweep and (args.breakdown or args.trace or args.parity or args.predictions_file):
         parser.error("--sweep runs the loader at many settings; it takes no --breakdown, --trace, --parity or "
                      "--predictions-file")  # fmt: skip
+    if args.sweep and args.cold_cache:
+        parser.error("--sweep times many settings over the same files, warm after the first; it takes no --cold-cache")
     return args
 
 
@@ -827,6 +832,155 @@ class Shard:
     def size_of(self, listed: int, rank: int | None = None) -> int:
         """How many of ``listed`` images fall to ``rank`` (default: this one)."""
         return len(range(self.rank if rank is None else rank, listed, self.world_size))
+
+
+################################################################################
+# Page cache: how much of the listed files' data is in memory; --cold-cache evicts it
+################################################################################
+
+_LOW_BIT = bytes(i & 1 for i in range(256))  # mincore's vector: bit 0 of each byte says resident
+
+
+@functools.cache
+def _libc() -> Any | None:
+    """libc's mmap, munmap and mincore through ctypes (Python's mmap has no mincore); None
+    where the platform lacks them (then residency is unknown)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        calls = libc.mmap, libc.munmap, libc.mincore
+    except (OSError, AttributeError, TypeError):
+        return None
+    calls[0].restype = ctypes.c_void_p
+    calls[0].argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    calls[1].argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    calls[2].argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    return libc
+
+
+def _resident_bytes(fd: int, size: int) -> int | None:
+    """Bytes of the open regular file ``fd`` (``size`` bytes long) in the page cache, from
+    mincore over a read-only mapping of the whole file (mapping reads nothing); None if unknown."""
+    import ctypes
+    import mmap
+
+    libc = _libc()
+    if libc is None:
+        return None
+    if size == 0:
+        return 0
+    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:  # MAP_FAILED: a file system without mmap
+        return None
+    try:
+        pages = -(-size // mmap.PAGESIZE)
+        vector = ctypes.create_string_buffer(pages)
+        if libc.mincore(addr, size, vector) != 0:
+            return None
+    finally:
+        libc.munmap(addr, size)
+    flags = vector.raw.translate(_LOW_BIT)
+    tail = size - (pages - 1) * mmap.PAGESIZE  # the last page holds only this much of the file
+    return flags.count(1) * mmap.PAGESIZE - (mmap.PAGESIZE - tail if flags[-1] else 0)
+
+
+@dataclass
+class PageCache:
+    """How much of the listed files' data was in the page cache before a run, and after
+    ``--cold-cache`` evicted it. Only file data is evicted: directory entries and inodes stay.
+
+    Attributes:
+        cold: The files were evicted first (``posix_fadvise(POSIX_FADV_DONTNEED)``, which drops
+            clean pages only: pages not yet written to disk stay).
+        files: Regular files examined (this rank's shard, or the whole job's once reduced).
+        skipped: Listed paths not examined: missing, unreadable or not a regular file (the run
+            counts them as failures).
+        bytes: The examined files' total size.
+        resident_bytes: Of those, bytes in the page cache before eviction; None if unknown
+            (no mincore, or a file system that cannot map files).
+        resident_after_bytes: After eviction, when ``cold``; else None.
+    """
+
+    cold: bool
+    files: int = 0
+    skipped: int = 0
+    bytes: int = 0
+    resident_bytes: int | None = 0
+    resident_after_bytes: int | None = None
+
+    @staticmethod
+    def _share(part: int | None, whole: int) -> float | None:
+        return None if part is None else part / whole if whole else 0.0
+
+    @property
+    def resident(self) -> float | None:
+        """Share of ``bytes`` in the page cache before the run (before eviction), or None."""
+        return self._share(self.resident_bytes, self.bytes)
+
+    @property
+    def resident_after(self) -> float | None:
+        """Share of ``bytes`` in the page cache after eviction, or None."""
+        return self._share(self.resident_after_bytes, self.bytes)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "resident": self.resident, "resident_after": self.resident_after}
+
+    @classmethod
+    def total(cls, parts: Sequence[PageCache]) -> PageCache:
+        """The sum of every rank's ``PageCache``: a count unknown on one rank is unknown."""
+
+        def add(name: str) -> int | None:
+            values = [getattr(p, name) for p in parts]
+            return None if any(v is None for v in values) else sum(values)
+
+        return cls(parts[0].cold, *(add(name) for name in ("files", "skipped", "bytes", "resident_bytes",
+                                                          "resident_after_bytes")))  # fmt: skip
+
+
+def _add(total: int | None, part: int | None) -> int | None:
+    return None if total is None or part is None else total + part
+
+
+def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] | None:
+    """``(size, resident bytes, resident bytes after eviction or None)`` of one file; None if it
+    cannot be opened or is no regular file (opened with O_NONBLOCK: a FIFO cannot hang here)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        before = _resident_bytes(fd, info.st_size)
+        if not evict:
+            return info.st_size, before, None
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return info.st_size, before, _resident_bytes(fd, info.st_size)
+    except OSError:  # fstat or fadvise refused: not examined
+        return None
+    finally:
+        os.close(fd)
+
+
+def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> PageCache:
+    """Measure how much of each file's data is in the page cache; with ``evict``, drop it from
+    the cache (``POSIX_FADV_DONTNEED``: no root needed) and measure again. A path that cannot be
+    opened, or is no regular file, is counted in ``skipped``, not fatal."""
+    cache = PageCache(evict, resident_after_bytes=0 if evict else None)
+    for path in paths:
+        examined = _examine_file(path, evict)
+        if examined is None:
+            cache.skipped += 1
+            continue
+        size, before, after = examined
+        cache.files, cache.bytes = cache.files + 1, cache.bytes + size
+        cache.resident_bytes = _add(cache.resident_bytes, before)
+        if evict:
+            cache.resident_after_bytes = _add(cache.resident_after_bytes, after)
+    return cache
 
 
 ################################################################################
@@ -2776,6 +2930,8 @@ class RunResult:
         stop_reason: Why it stopped early, or None.
         failures: Path and reason of each image that failed.
         timeline: Per-second images and the FPS window (see :py:func:`benchmark`).
+        page_cache: How much of the listed files' data was in the page cache before the run,
+            and whether ``--cold-cache`` evicted it first; None when not examined.
         predictions: One row per classified image when asked for (not in :py:meth:`to_dict`).
     """
 
@@ -2796,6 +2952,7 @@ class RunResult:
     stop_reason: str | None = None
     failures: list[dict[str, str]] = field(default_factory=list)
     timeline: dict | None = None
+    page_cache: PageCache | None = None
     predictions: list[dict] | None = field(default=None, repr=False)
 
     def record_failures(self, failures: Sequence[ImageDecodeError]) -> None:
@@ -2835,6 +2992,7 @@ class RunResult:
 
     def to_dict(self) -> dict:
         fields = {k: v for k, v in asdict(self).items() if k != "predictions"}
+        fields["page_cache"] = self.page_cache.to_dict() if self.page_cache is not None else None  # with its shares
         over = self.fps_max_overstatement
         over = "unbounded" if over == math.inf else over  # valid JSON
         return {**fields, "not_reached": self.not_reached, "fps": self.fps, "fps_max_overstatement": over,
@@ -3157,6 +3315,13 @@ class Breakdown:
     On the CPU the two share the cores, so ``shared_fps``, ``1 / (1/loader + 1/model)``, is what
     they would reach taking turns with no overlap; end-to-end between the two means partial
     overlap. ``efficiency`` is end-to-end over the bound; above 1 only by measurement noise.
+
+    ``read_fps`` and ``read_mb_s`` (MB: 10^6 bytes) are the read ceiling: the listed files read
+    alone, with the loader's reads and as many threads, no decode, which the loader cannot
+    outrun; ``read_resident`` is the share of their bytes in the page cache as that pass began
+    (after eviction when ``read_cold``). The bottleneck is the ``disk`` when the loader is the
+    slower side and reading alone, from the disk, is at most ``READ_BOUND_SLACK`` faster than the
+    loader: the reads set its pace. The bound stays the slower side's rate.
     """
 
     loader_fps: float
@@ -3166,14 +3331,34 @@ class Breakdown:
     bottleneck: str
     efficiency: float
     shared_fps: float | None = None
+    read_fps: float | None = None
+    read_mb_s: float | None = None
+    read_resident: float | None = None
+    read_cold: bool = False
 
     @classmethod
-    def from_rates(cls, loader_fps: float, model_fps: float, e2e_fps: float, device: torch.device) -> Breakdown:
+    def from_rates(cls, loader_fps: float, model_fps: float, e2e_fps: float, device: torch.device,
+                   read: tuple[float, float, float | None, bool] | None = None) -> Breakdown:  # fmt: skip
+        """The breakdown of these rates; ``read``: ``(read_fps, read_mb_s, read_resident, read_cold)``."""
         bound = min(loader_fps, model_fps)
         shared = 1 / (1 / loader_fps + 1 / model_fps) if loader_fps > 0 and model_fps > 0 else 0.0
         bottleneck = "loader" if loader_fps < model_fps else "model"
+        if read is not None and bottleneck == "loader" and _disk_bound(loader_fps, read[0], read[2]):
+            bottleneck = "disk"
         return cls(loader_fps, model_fps, e2e_fps, bound, bottleneck, e2e_fps / bound if bound else 0.0,
-                   shared if device.type == "cpu" else None)  # fmt: skip
+                   shared if device.type == "cpu" else None, *(read or ()))  # fmt: skip
+
+
+READ_BOUND_SLACK = 0.1  # a loader within 10 % of reading alone spends its time waiting for reads
+IN_MEMORY = 0.95  # a read pass that began with this share of the bytes in the page cache read from memory
+
+
+def _disk_bound(loader_fps: float, read_fps: float, read_resident: float | None) -> bool:
+    """Whether the disk sets the loader's pace: reading alone is no more than READ_BOUND_SLACK
+    faster than the whole loader, and read from the disk (not from memory; unknown counts as the
+    disk). A pass that read nothing (every file refused) says nothing about the disk."""
+    from_disk = read_resident is None or read_resident < IN_MEMORY
+    return from_disk and 0 < read_fps <= loader_fps * (1 + READ_BOUND_SLACK)
 
 
 def _timed_rate(steps: Iterable[int], warmup_batches: int, device: torch.device) -> float:
@@ -3188,6 +3373,65 @@ def _timed_rate(steps: Iterable[int], warmup_batches: int, device: torch.device)
 def measure_loader(batches: Iterable[tuple[Tensor, Tensor]], device: torch.device, warmup_batches: int) -> float:
     """Images/s of a loader iterated alone, batches delivered on ``device``, nothing computed."""
     return _timed_rate((images.shape[0] for images, _ in batches), warmup_batches, device)
+
+
+def _read_batch_func(max_bytes: int) -> Callable[[Sequence[tuple[str, int]]], tuple[int, int]]:
+    """A function that reads a batch's files as the loader does (:py:func:`read_image_bytes`) and
+    decodes nothing: ``(images read, bytes read)``. A file it refuses counts as neither: the run
+    already counted it as failed."""
+
+    def read_batch(items: Sequence[tuple[str, int]]) -> tuple[int, int]:
+        images = size = 0
+        for path, _ in items:
+            try:
+                size += len(read_image_bytes(path, max_bytes))
+            except ImageDecodeError:
+                continue
+            images += 1
+        return images, size
+
+    return read_batch
+
+
+def _read_batches(
+    images: Iterable[tuple[str, int]], batch_size: int, threads: int, max_bytes: int, timeout: float
+) -> Iterator[tuple[int, int]]:
+    """Each batch's ``(images read, bytes read)``, in order, ``threads`` batches read at once in
+    a thread pool: the reads alone, without SPDL's hand-off of each batch, which on files in
+    memory costs more than reading them.
+
+    Raises:
+        LoaderFailed: no batch within ``timeout`` seconds (a hung read).
+    """
+    import collections
+    import concurrent.futures
+
+    read_batch = _read_batch_func(max_bytes)
+    pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="read_alone")
+    pending: collections.deque[concurrent.futures.Future] = collections.deque()
+    try:
+        for batch in itertools.chain(_batched(images, batch_size), [None]):
+            if batch is not None:
+                pending.append(pool.submit(read_batch, batch))
+            while pending and (batch is None or len(pending) > threads):
+                yield pending.popleft().result(timeout)
+    except concurrent.futures.TimeoutError:
+        raise LoaderFailed(f"reading alone: no batch read within {timeout:g} s (--timeout)") from None
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a hung read must not hang the run
+
+
+def _measure_reads(batches: Iterable[tuple[int, int]], warmup_batches: int) -> tuple[float, float]:
+    """Images/s and MB/s (10^6 bytes) over batches of ``(images, bytes)``, in :py:func:`benchmark`'s window."""
+    window = TimingWindow(torch.device("cpu"), warmup_batches)
+    timed = every = 0
+    for images, size in batches:
+        window.add(images)
+        every += size
+        timed += size if window.batches > warmup_batches else 0
+    frames, seconds, warmup_included = window.close()
+    size = every if warmup_included else timed
+    return (frames / seconds, size / 1e6 / seconds) if seconds > 0 else (0.0, 0.0)
 
 
 def measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_batches: int) -> float:
@@ -3282,7 +3526,7 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     gathered: list[dict | None] = [None] * shard.world_size
     mine = {**_rank_entry(result, shard, device), "failures": result.failures, "predictions": result.predictions,
-            "decoder_backends": result.decoder_backends}  # fmt: skip
+            "decoder_backends": result.decoder_backends, "page_cache": result.page_cache}  # fmt: skip
     dist.all_gather_object(gathered, mine)
     total = RunResult(**dict(zip(fields, counts.tolist(), strict=True)))
     total.elapsed_s, total.partial, total.warmup_included = flags[0].item(), bool(flags[1]), bool(flags[2])
@@ -3293,6 +3537,8 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     rows = [rank.pop("predictions") for rank in gathered]
     total.predictions = None if any(r is None for r in rows) else [row for r in rows for row in r]
     total.timeline = result.timeline  # rank 0's
+    caches = [rank.pop("page_cache") for rank in gathered]  # each rank examined its own shard
+    total.page_cache = None if any(c is None for c in caches) else PageCache.total(caches)
     if result.loader_lead is not None:  # every rank's loader holds as many batches ahead
         total.loader_lead = result.loader_lead * shard.world_size
     return total, gathered
@@ -3581,6 +3827,9 @@ def print_summary(result: RunResult, file: TextIO | None = None) -> None:
     if result.decoder_backends:
         counts = ", ".join(f"{backend} {count}" for backend, count in sorted(result.decoder_backends.items()))
         print(f"  decoded on the GPU, per backend: {counts}", file=file)
+    if result.page_cache is not None:
+        for line in _page_cache_lines(result.page_cache):
+            print(line, file=file)
     for failure in result.failures[:10]:
         print(f"  failed: {failure['path']}: {failure['reason']}", file=file)
     if len(result.failures) > 10:
@@ -3588,6 +3837,32 @@ def print_summary(result: RunResult, file: TextIO | None = None) -> None:
 
 
 FALLBACK_WARNING = 0.05  # a share of images decoded on the CPU that makes a GPU decoder's figures mostly the CPU's
+COLD_RESIDUE = 0.05  # a share of the listed bytes still in memory after eviction that makes a cold run not cold
+
+
+def _size_text(count: int) -> str:
+    return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
+
+
+def _page_cache_lines(cache: PageCache) -> list[str]:
+    """The summary's lines on the page cache: cold or warm, and how much was in memory."""
+    line = "Page cache: cold run (--cold-cache)" if cache.cold else "Page cache: warm run (no --cold-cache)"
+    listed = f"the listed {_size_text(cache.bytes)}"
+    if cache.resident is None or (cache.cold and cache.resident_after is None):
+        line += f"; how much of {listed} was in memory is unknown (mincore could not tell)"
+    else:
+        line += f"; before it, {cache.resident:.1%} of {listed} was in memory"
+        line += f", {cache.resident_after:.1%} after eviction" if cache.resident_after is not None else ""
+    if cache.skipped:
+        line += f"; {cache.skipped} listed paths not examined (not opened as regular files)"
+    lines = [line]
+    after = cache.resident_after
+    if cache.cold and after is not None and after > COLD_RESIDUE:
+        effect = "had no effect" if after >= (cache.resident or 0.0) else f"left {after:.1%} of the bytes in memory"
+        lines.append(f"  WARNING: eviction {effect}: the file system ignores it (tmpfs, some network file "
+                     "systems) or those pages are not yet written to disk (run sync first); they were read from "
+                     "memory")  # fmt: skip
+    return lines
 
 
 def print_breakdown(breakdown: Breakdown, file: TextIO | None = None) -> None:
@@ -3595,11 +3870,22 @@ def print_breakdown(breakdown: Breakdown, file: TextIO | None = None) -> None:
     b, file = breakdown, file or sys.stdout
     print(f"Breakdown (images/s): loader alone {b.loader_fps:.1f} | model alone {b.model_fps:.1f} | "
           f"end-to-end {b.e2e_fps:.1f}", file=file)  # fmt: skip
+    if b.read_fps is not None:
+        share = "unknown" if b.read_resident is None else f"{b.read_resident:.1%}"
+        cache = f"{'cold' if b.read_cold else 'warm'}: {share} of the bytes in memory"
+        print(f"Reading alone (the loader's reads, as many batches at once, no decode; {cache}): "
+              f"{b.read_fps:.1f} images/s, {b.read_mb_s:.1f} MB/s", file=file)  # fmt: skip
     noise = (
         " (above 100 %: measurement noise, or a window too short for the loader's buffer)" if b.efficiency > 1 else ""
     )
     print(f"Bound {b.bound_fps:.1f} images/s, set by the {b.bottleneck}; end-to-end reaches "
           f"{b.efficiency:.0%} of it{noise}", file=file)  # fmt: skip
+    if b.bottleneck == "disk" and b.read_fps and b.loader_fps <= b.read_fps:
+        print(f"The loader runs at {b.loader_fps / b.read_fps:.0%} of reading alone: the disk sets its pace, not "
+              "the decode (more threads help only while the disk has bandwidth to spare)", file=file)  # fmt: skip
+    elif b.bottleneck == "disk":
+        print("Reading alone was slower than the loader, which reads the same files: the disk's rate changed "
+              "between the passes (other readers, pages cached in between)", file=file)  # fmt: skip
     if b.shared_fps is not None:
         print(f"On the CPU the two share the cores: taking turns, with no overlap, they would reach "
               f"{b.shared_fps:.1f} images/s", file=file)  # fmt: skip
@@ -3875,6 +4161,8 @@ class RunConfig:
         dtype, dtype_reason: The model's precision, and why.
         max_bad: ``(value, is_percent)`` from ``--max-bad``, or None.
         stats_interval: Seconds between SPDL's own statistics logs; -1 for none.
+        cold_cache: Evict the images from the page cache before the run, and before each
+            breakdown pass that reads them (``--cold-cache``).
     """
 
     images: ImageList
@@ -3908,6 +4196,7 @@ class RunConfig:
     predictions_file: Path | None
     trace: Path | None
     plot: Path | None = None
+    cold_cache: bool = False
     sweep: dict[str, list[int]] | None = None
     command: tuple[str, ...] = ()
 
@@ -3945,6 +4234,7 @@ class RunConfig:
             "warmup_batches": self.warmup_batches, "skip_bad": self.skip_bad,
             "max_bad": None if self.max_bad is None else f"{self.max_bad[0]:g}{'%' if self.max_bad[1] else ''}",
             "max_image_mb": self.max_image_bytes >> 20, "images_from": self.images.origin,
+            "cold_cache": self.cold_cache,
         }  # fmt: skip
 
 
@@ -4042,6 +4332,8 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         raise UsageError(f"{e.filename}: {e.strerror or e}") from None
     if args.breakdown and shard.world_size > 1:
         raise UsageError("--breakdown runs in a single process, not under torchrun")
+    if args.cold_cache and not hasattr(os, "posix_fadvise"):
+        raise UsageError(f"--cold-cache: {platform.system()} has no posix_fadvise to evict files from the page cache")
     device = resolve_device(args.device, shard.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that no library makes a context on cuda:0 for this rank
@@ -4063,7 +4355,7 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         max_image_bytes=args.max_image_mb << 20, timeout=args.timeout, breakdown=args.breakdown,
         parity=args.parity, check_decoder=0 if torch_loader else args.check_decoder,
         stats_interval=args.stats_interval or -1, results_file=args.results_file,
-        predictions_file=args.predictions_file, trace=args.trace, plot=args.plot,
+        predictions_file=args.predictions_file, trace=args.trace, plot=args.plot, cold_cache=args.cold_cache,
         sweep=_sweep_grid(args, shard), command=tuple(command),
     )  # fmt: skip
 
@@ -4222,14 +4514,36 @@ def _add_loader_stats(outcome: _Outcome, loader: _Loader) -> None:
 
 
 def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult) -> Breakdown:
-    """After the end-to-end run: the same loader alone, then the model alone on as many batches
-    of the run's size (never more work than the run had)."""
-    _LG.info("Breakdown: timing the loader alone, then the model alone.")
+    """After the end-to-end run: the same loader alone, reading its files alone, then the model
+    alone on as many batches of the run's size (never more work than the run had). With
+    ``--cold-cache`` the files are evicted again before each pass that reads them."""
+    _LG.info("Breakdown: timing the loader alone, then reading alone, then the model alone.")
+    if config.cold_cache:
+        _examine_page_cache(config.my_images.paths, evict=True)
     with _open_loader(config, config.my_images, config.policy()) as loader:
         loader_fps = measure_loader(loader.batches, config.device, config.warmup_batches)
+    read = _read_alone(config)
     batch_size = min(config.batch_size, len(config.my_images))
     model_fps = measure_model(model, batch_size, result.batches, config.warmup_batches)
-    return Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device)
+    return Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device, read)
+
+
+def _read_alone(config: RunConfig) -> tuple[float, float, float | None, bool]:
+    """The read ceiling: this rank's files read as the loader reads them, as many batches at once
+    as it decodes, no decode. Returns images/s, MB/s, the share of their bytes in the page cache
+    as the pass began (after eviction with ``--cold-cache``), and whether they were evicted."""
+    cache = _examine_page_cache(config.my_images.paths, evict=config.cold_cache)
+    batches = _read_batches(config.my_images, config.batch_size, config.decode_concurrency, config.max_image_bytes,
+                            config.timeout)  # fmt: skip
+    fps, mb_s = _measure_reads(batches, config.warmup_batches)
+    return fps, mb_s, cache.resident_after if config.cold_cache else cache.resident, config.cold_cache
+
+
+def _look_at_cache(config: RunConfig) -> PageCache:
+    """This rank's images in the page cache; evicted first with ``--cold-cache``."""
+    what = "evicting them from" if config.cold_cache else "how much is in"
+    _LG.info("Page cache: %s files listed, %s the page cache.", len(config.my_images), what)
+    return _examine_page_cache(config.my_images.paths, evict=config.cold_cache)
 
 
 def _combine_ranks(outcome: _Outcome, config: RunConfig) -> list[dict]:
@@ -4262,7 +4576,9 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
     if config.parity and config.shard.rank == 0:
         decode = get_decode_func(config.device, config.transform, config.decoder, BadImagePolicy(skip=True))
         parity = measure_parity(list(config.images.head(config.parity)), decode, model, config.batch_size)
+    page_cache = _look_at_cache(config)  # last before the loop: the decoder check and parity read images too
     outcome = _run_loop(config, model)
+    outcome.result.page_cache = page_cache
     report = RunReport(outcome.result, config.to_dict(), environment(config.device), [],
                        pipeline_stats=outcome.pipeline_stats, decoder_check=decoder_check, parity=parity)  # fmt: skip
     if config.breakdown and outcome.error is None and outcome.stopped_cleanly:

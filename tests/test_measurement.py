@@ -33,7 +33,8 @@ def test_breakdown_run_reports_three_rates(jpeg_set, tmp_path):
     assert "Breakdown (images/s): loader alone" in proc.stdout and "end-to-end reaches" in proc.stdout
     result = read_json(out)
     b = result["breakdown"]
-    assert b.keys() == {"loader_fps", "model_fps", "e2e_fps", "bound_fps", "bottleneck", "efficiency", "shared_fps"}
+    assert b.keys() == {"loader_fps", "model_fps", "e2e_fps", "bound_fps", "bottleneck", "efficiency", "shared_fps",
+                        "read_fps", "read_mb_s", "read_resident", "read_cold"}  # fmt: skip
     assert b["e2e_fps"] == pytest.approx(result["fps"])
     assert b["loader_fps"] > 0 and b["model_fps"] > 0
     assert b["bound_fps"] == min(b["loader_fps"], b["model_fps"])

@@ -562,7 +562,7 @@ def test_results_and_their_rates_by_hand(tmp_path):
         "listed": 3, "classified": 0, "failed": 0, "top1_correct": 0, "top5_correct": 0, "frames_timed": 0,
         "elapsed_s": 0.0, "batches": 0, "decoder_fallbacks": 0, "decoder_backends": {}, "warmup_included": False,
         "batches_timed": 0, "loader_lead": None, "partial": False, "stop_reason": None, "failures": [],
-        "timeline": None,
+        "timeline": None, "page_cache": None,
         "not_reached": 3, "fps": 0.0, "fps_max_overstatement": None, "top1": 0.0, "top5": 0.0,
     }  # fmt: skip
     assert RunResult(listed=None, classified=3).not_reached == 0
