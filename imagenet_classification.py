@@ -456,6 +456,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--max-bad only applies with --skip-bad")
     if args.loader == "torch" and (args.use_nvjpeg or args.use_nvdec):
         parser.error("--loader torch decodes with PIL on the CPU; it does not take --use-nvjpeg / --use-nvdec")
+    if args.loader == "torch" and args.stats_interval is not None:
+        parser.error("--stats-interval logs SPDL's stage statistics; --loader torch has no SPDL stages")
     if args.data_dir is not None and args.prefix:
         parser.error("--prefix applies to --input-flist, not to --data-dir")
     if args.trace is not None and args.breakdown:
@@ -2690,6 +2692,18 @@ def _is_out_of_memory(error: BaseException) -> bool:
     )
 
 
+@contextlib.contextmanager
+def _out_of_memory_stops(device: torch.device, batch_size: int) -> Iterator[None]:
+    """Memory running out in the block (a synthetic batch, the model, the loader's batches)
+    stops with OutOfMemory and its advice, as it does in the run."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as e:
+        if not _is_out_of_memory(e):
+            raise
+        raise OutOfMemory(device, batch_size) from None
+
+
 def _logits(model: ModelBundle, images: Tensor) -> Tensor:
     """The bundle's logits for one batch; OutOfMemory or ModelFailed for what can go wrong there."""
     try:
@@ -3130,8 +3144,8 @@ def measure_parity(
     with torch.inference_mode():
         for start in range(0, len(paths), batch_size):
             chunk = paths[start : start + batch_size]
-            a = model.logits(torch.stack([ours[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
-            b = model.logits(torch.stack([reference[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
+            a = _logits(model, torch.stack([ours[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
+            b = _logits(model, torch.stack([reference[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
             truth = torch.tensor([labels[p] for p in chunk])
             agree1 += int((a[:, 0] == b[:, 0]).sum())
             agree5 += sum(set(x.tolist()) == set(y.tolist()) for x, y in zip(a, b, strict=True))
@@ -3203,29 +3217,34 @@ class Sweep:
 
     points: list[SweepPoint]
     images: int
+    stop_reason: str | None = None  # why it stopped before every setting was measured (then partial)
+    error: BaseException | None = field(default=None, repr=False)  # what stopped it, for the exit status
 
     @property
     def candidates(self) -> list[SweepPoint]:
         """The settings whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first
         (fewest threads, then batch, then queue): those worth running end to end."""
-        best = max(p.bound_fps for p in self.points)
+        best = max((p.bound_fps for p in self.points), default=0.0)
         near = [p for p in self.points if p.bound_fps >= (1 - SWEEP_TOLERANCE) * best]
         return sorted(near, key=lambda p: (p.num_threads, p.batch_size, p.queue_size))
 
     @property
-    def recommended(self) -> SweepPoint:
+    def recommended(self) -> SweepPoint | None:
         """The smallest setting run end to end whose end-to-end rate is within
         ``SWEEP_TOLERANCE`` of the best one measured (the bound alone says too little where the
-        loader and the model share a CPU's cores); the smallest candidate if none was run."""
+        loader and the model share a CPU's cores); the smallest candidate if none was run; None
+        if the sweep stopped before any setting was measured."""
         measured = [p for p in self.candidates if p.e2e_fps is not None]
         if not measured:
-            return self.candidates[0]
+            return self.candidates[0] if self.points else None
         best = max(p.e2e_fps or 0.0 for p in measured)
         return next(p for p in measured if (p.e2e_fps or 0.0) >= (1 - SWEEP_TOLERANCE) * best)
 
     def to_dict(self) -> dict:
+        best = self.recommended
         return {"images_per_setting": self.images, "points": [asdict(p) for p in self.points],
-                "recommended": asdict(self.recommended), "tolerance": SWEEP_TOLERANCE}  # fmt: skip
+                "recommended": None if best is None else asdict(best), "tolerance": SWEEP_TOLERANCE,
+                "partial": self.error is not None, "stop_reason": self.stop_reason}  # fmt: skip
 
 
 def _sweep_settings(config: RunConfig, threads: int, batch_size: int, queue_size: int) -> RunConfig:
@@ -3238,28 +3257,46 @@ def run_sweep(config: RunConfig, model: ModelBundle, grid: dict[str, list[int]],
     """Time the loader alone at every setting of ``grid`` (from :py:func:`parse_sweep`), each on
     the first images of the list (two warm-up batches, then enough batches to keep every thread
     busy), and the model alone per batch size; then end to end the setting with the best bound
-    and the smallest of the candidates (at most ``e2e_runs`` runs in all)."""
-    sweep_warmup, points = 2, []
+    and the smallest of the candidates (at most ``e2e_runs`` runs in all).
+
+    What stops the sweep (a signal, out of memory, a stalled loader) keeps the settings measured
+    so far: ``sweep.error`` holds it, and the sweep is partial."""
+    sweep_warmup = 2
     most = max(grid["batch-size"]) * (2 * max(grid["num-threads"]) + 8 + sweep_warmup)
     images = config.my_images.head(min(len(config.my_images), most))
-    model_fps = {b: measure_model(model, b, 10, sweep_warmup) for b in grid["batch-size"]}
-    for threads, batch_size, queue_size in itertools.product(*(grid[name] for name in SWEEP_FLAGS)):
-        point = SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size])
-        settings = _sweep_settings(config, threads, batch_size, queue_size)
-        with _open_loader(settings, images, BadImagePolicy(skip=True)) as loader:  # speed, whatever the images
-            point.loader_fps = measure_loader(loader.batches, config.device, sweep_warmup)
-        _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
-        points.append(point)
-    sweep = Sweep(points, len(images))
-    best = max(points, key=lambda p: p.bound_fps)
-    for point in [best, *[p for p in sweep.candidates if p is not best][: e2e_runs - 1]]:
-        settings = _sweep_settings(config, point.num_threads, point.batch_size, point.queue_size)
-        policy = BadImagePolicy(skip=True)
-        with _open_loader(settings, images, policy) as loader:
-            point.e2e_fps = benchmark(loader.batches, model, listed=len(images), warmup_batches=sweep_warmup,
-                                      policy=policy).fps  # fmt: skip
-        _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
+    sweep, model_fps = Sweep([], len(images)), {}
+    try:
+        for threads, batch_size, queue_size in itertools.product(*(grid[name] for name in SWEEP_FLAGS)):
+            if batch_size not in model_fps:  # measured when first needed: a stop keeps whole points only
+                with _out_of_memory_stops(config.device, batch_size):
+                    model_fps[batch_size] = measure_model(model, batch_size, 10, sweep_warmup)
+            settings = _sweep_settings(config, threads, batch_size, queue_size)
+            loader_fps = _sweep_timed(settings, images, lambda loader, _: measure_loader(loader.batches,
+                                      config.device, sweep_warmup))  # fmt: skip
+            sweep.points.append(SweepPoint(threads, batch_size, queue_size, loader_fps, model_fps[batch_size]))
+            _LG.info("Sweep: %s: the loader alone %.1f images/s", sweep.points[-1].flags(), loader_fps)
+        best = max(sweep.points, key=lambda p: p.bound_fps)
+        for point in [best, *[p for p in sweep.candidates if p is not best][: e2e_runs - 1]]:
+            settings = _sweep_settings(config, point.num_threads, point.batch_size, point.queue_size)
+            point.e2e_fps = _sweep_timed(settings, images, lambda loader, policy: benchmark(
+                loader.batches, model, listed=len(images), warmup_batches=sweep_warmup, policy=policy).fps)  # fmt: skip
+            _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
+    except (RunStopped, RunInterrupted) as e:
+        sweep.error = e
     return sweep
+
+
+def _sweep_timed(settings: RunConfig, images: ImageList, measure: Callable[[_Loader, BadImagePolicy], float]) -> float:
+    """``measure(loader, policy)`` on a loader of ``settings`` over ``images``, skipping bad images
+    (speed, whatever the images); an interrupt stops the loader at once."""
+    policy = BadImagePolicy(skip=True)
+    with _open_loader(settings, images, policy) as loader:
+        try:
+            with _out_of_memory_stops(settings.device, settings.batch_size):
+                return measure(loader, policy)
+        except RunInterrupted:
+            loader.stop_at_once = True
+            raise
 
 
 ################################################################################
@@ -3372,7 +3409,8 @@ def print_sweep(sweep: Sweep, command: Sequence[str], file: TextIO | None = None
         e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
         print(f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} {p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}",
               file=file)  # fmt: skip
-    best = sweep.recommended
+    if (best := sweep.recommended) is None:  # stopped before any setting was measured
+        return
     print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
     print(f"  {' '.join(_with_settings(command, best))}", file=file)
 
@@ -3540,13 +3578,15 @@ def _write_atomically(path: Path | str, text: str | bytes) -> None:
     Raises:
         OSError: the write failed (no space, the folder gone, no permission, not a regular file).
     """
+    if (problem := _not_a_file(path)) is not None:  # the start-up check's own test (_check_output_path)
+        raise OSError(f"{path}: {problem}")
     target = Path(os.path.realpath(path))
-    if target.exists() and not target.is_file():
-        raise OSError(f"{target} is not a regular file")
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(text.encode() if isinstance(text, str) else text)
+            # surrogateescape: a name that is not UTF-8 (read with the file system's own
+            # surrogateescape) is written back as the bytes it has on disk, not refused
+            f.write(text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~_umask())
@@ -3555,6 +3595,24 @@ def _write_atomically(path: Path | str, text: str | bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _not_a_file(path: Path | str) -> str | None:
+    """Why ``path`` cannot take an output, or None: it names (links followed, ``/dev/stdout``'s
+    too) a folder, a device, a FIFO or a pipe, or the file this process's stdin, stdout or stderr
+    is (``--results-file /dev/stdout > run.log``: its link leads to run.log, and replacing that
+    would lose the summary)."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(found.st_mode):
+        return "not a regular file (a device, FIFO or pipe takes no results file)"
+    for fd, stream in enumerate(("stdin", "stdout", "stderr")):
+        with contextlib.suppress(OSError):
+            if os.path.samestat(found, os.fstat(fd)):
+                return f"that is the file the run's {stream} goes to, which it would replace; give another name"
+    return None
 
 
 def _umask() -> int:
@@ -3745,13 +3803,15 @@ PREDICTION_SUFFIXES = (".csv", ".jsonl")
 
 def _check_output_path(flag: str, path: Path) -> str:
     """One file the run will write (see _check_outputs); returns its real path."""
+    if str(path) == "-":  # stdout carries the summary; a file beside it is what was meant, or a mistake
+        raise UsageError(f"{flag} -: the summary goes to stdout; give a file name (- is none)")
     if path.name in ("", ".", "..") or str(path).endswith(os.sep):
         raise UsageError(f"{flag} {path}: not a file name")
+    if (problem := _not_a_file(path)) is not None:
+        raise UsageError(f"{flag} {path}: {problem}")
     target = Path(os.path.realpath(path))
     if not target.parent.is_dir():
         raise UsageError(f"{flag} {path}: folder {target.parent} does not exist")
-    if target.exists() and not target.is_file():
-        raise UsageError(f"{flag} {path}: not a regular file")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"{flag} {path}: cannot write there")
     return str(target)
@@ -3781,6 +3841,8 @@ def _check_caches(device: torch.device, compile: bool) -> None:
 
 def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = ()) -> RunConfig:
     """Check everything that can be checked before the model is built; build the run's config."""
+    if shard.world_size > 1 and str(args.input_flist) == "-":
+        raise UsageError("--input-flist -: under torchrun every rank would read stdin; give the list as a file")
     images = _read_images(args)
     try:
         if args.checkpoint is not None and not args.checkpoint.is_file():
@@ -3800,12 +3862,15 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
     _check_caches(device, args.compile)
     transform = EvalTransform.from_model_name(args.model)
     torch_loader = args.loader == "torch"
+    threads = min(args.num_threads, max(1, shard.size_of(len(images))))  # a thread or worker with no image idles
+    if threads < args.num_threads:
+        _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
     return RunConfig(
         images=images, shard=shard, device=device, loader=args.loader,
         decoder="pil" if torch_loader else decoder, decoder_backend="pil" if torch_loader else backend,
-        transform=transform, batch_size=args.batch_size, decode_threads=args.num_threads,
-        decode_concurrency=min(args.num_threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else args.num_threads,
-        loader_workers=args.num_threads, queue_size=args.queue_size, model=args.model,
+        transform=transform, batch_size=args.batch_size, decode_threads=threads,
+        decode_concurrency=min(threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else threads,
+        loader_workers=threads, queue_size=args.queue_size, model=args.model,
         weights=str(args.checkpoint) if args.checkpoint else "pretrained" if args.pretrained else "random",
         checkpoint=args.checkpoint, dtype=dtype, dtype_reason=dtype_reason, compile=args.compile and args.compile_mode,
         warmup_batches=args.warmup_batches, skip_bad=args.skip_bad, max_bad=args.max_bad,
@@ -3813,20 +3878,35 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         parity=args.parity, check_decoder=0 if torch_loader else args.check_decoder,
         stats_interval=args.stats_interval or -1, results_file=args.results_file,
         predictions_file=args.predictions_file, trace=args.trace, plot=args.plot,
-        sweep=_sweep_grid(args, shard), command=tuple(command),
+        sweep=_sweep_grid(args, shard, len(images)), command=tuple(command),
     )  # fmt: skip
 
 
-def _sweep_grid(args: argparse.Namespace, shard: Shard) -> dict[str, list[int]] | None:
+def _sweep_grid(args: argparse.Namespace, shard: Shard, listed: int) -> dict[str, list[int]] | None:
     if not args.sweep:
         return None
     if shard.world_size > 1:
         raise UsageError("--sweep runs in a single process, not under torchrun")
     defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size}
     try:
-        return parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
+        grid = parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
     except ValueError as e:
         raise UsageError(f"--sweep: {e}") from None
+    if args.loader == "torch" and len(grid["queue-size"]) > 1:
+        raise UsageError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
+    capped = _capped_sizes(grid, listed)
+    if capped != grid:
+        asked = ", ".join(f"{name}={','.join(map(str, grid[name]))}" for name in grid if capped[name] != grid[name])
+        _LG.info("Sweep: %s capped at the %d images listed.", asked, listed)
+    return capped
+
+
+def _capped_sizes(grid: dict[str, list[int]], listed: int) -> dict[str, list[int]]:
+    """The grid with batch sizes and thread counts above ``listed`` at ``listed``: a batch
+    holds no more images than the list (as the run's own batches do), and a thread or worker
+    without an image does nothing but cost memory."""
+    capped = {name: sorted({min(v, listed) for v in values}) for name, values in grid.items() if name != "queue-size"}
+    return {**grid, **capped}
 
 
 def _check_decoder(config: RunConfig) -> DecoderCheck | None:
@@ -3995,6 +4075,22 @@ def _combine_ranks(outcome: _Outcome, config: RunConfig) -> list[dict]:
     return ranks
 
 
+def _parity_decode(config: RunConfig) -> Callable[[Sequence[tuple[str, int]]], Batch]:
+    """The run's own decode for :py:func:`measure_parity`, skipping bad images: the decode
+    function of the SPDL loader, or the DataLoader's (PIL, in this process) for ``--loader torch``."""
+    policy = BadImagePolicy(skip=True)
+    if config.loader != "torch":
+        return get_decode_func(config.device, config.transform, config.decoder, policy,
+                               max_image_bytes=config.max_image_bytes)  # fmt: skip
+
+    def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> Batch:
+        images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
+        batch = collate_pil(list(PILDataset(images, config.transform, config.max_image_bytes)))
+        return next(torch_loader_batches(iter([batch]), config.device, policy))
+
+    return decode_like_the_dataloader
+
+
 def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunReport, _Outcome]:
     """Build the model, run, then the breakdown; everything measured, in a report."""
     model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
@@ -4009,8 +4105,8 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
                  if config.compile == "max-autotune" else "")  # fmt: skip
     parity = None
     if config.parity and config.shard.rank == 0:
-        decode = get_decode_func(config.device, config.transform, config.decoder, BadImagePolicy(skip=True))
-        parity = measure_parity(list(config.images.head(config.parity)), decode, model, config.batch_size)
+        parity = measure_parity(list(config.images.head(config.parity)), _parity_decode(config), model,
+                                min(config.batch_size, config.parity))  # fmt: skip
     outcome = _run_loop(config, model)
     report = RunReport(outcome.result, config.to_dict(), environment(config.device), [],
                        pipeline_stats=outcome.pipeline_stats, decoder_check=decoder_check, parity=parity)  # fmt: skip
@@ -4020,7 +4116,10 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
         except RunInterrupted as e:
             report.breakdown_cut, outcome.error = e.reason, e
         except (RunStopped, RuntimeError, MemoryError) as e:  # the run's result stands; say why this did not
-            report.breakdown_cut = f"it failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if not isinstance(e, RunStopped) and _is_out_of_memory(e):  # the model alone's batch: the run's advice
+                e = OutOfMemory(config.device, min(config.batch_size, len(config.my_images)))
+            reason = _explain(e, config)[0] if isinstance(e, RunStopped) else str(e).splitlines()[0] if str(e) else ""
+            report.breakdown_cut = f"it failed: {type(e).__name__}: {reason}"
     report.ranks = _combine_ranks(outcome, config)
     report.result = outcome.result
     return report, outcome
@@ -4062,7 +4161,8 @@ def _explain_input(error: InputError) -> str:
 
 
 def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | None]]]) -> list[str]:
-    """Write each ``(path, writer)`` that has a path; one line per file not written. A writer that
+    """Write each ``(path, writer)`` that has a path, each on its own: one that fails (the disk,
+    or a plot that cannot be drawn) costs no other; one line per file not written. A writer that
     returns False could not draw (no matplotlib): a note, not an error."""
     errors = []
     for path, write in outputs:
@@ -4073,25 +4173,37 @@ def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | 
                 _say(f"note: {path} not drawn: {PLOT_HINT}")
         except OSError as e:
             errors.append(f"{path}: cannot write the results there ({e.strerror or e}); they are only above")
+        except Exception as e:  # e.g. matplotlib on data it cannot draw: this file alone is lost, not the run's
+            _LG.debug("writing %s failed", path, exc_info=True)
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            errors.append(f"{path}: not written ({reason}; --debug shows where)")
     return errors
 
 
-def _run_sweep(config: RunConfig) -> int:
-    """The sweep instead of a run: the table, the results file, the plot."""
+def _run_sweep(config: RunConfig, signals: _Signals) -> int:
+    """The sweep instead of a run: the table, then the results file and the plot, with the
+    settings measured so far if the sweep stopped (marked partial)."""
     model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
                       checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype)  # fmt: skip
     sweep = run_sweep(config, model, config.sweep or {})
-    payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": environment(config.device)}
-    not_written = _write_outputs([
-        (config.results_file, lambda path: _write_atomically(path, json.dumps(payload, indent=2) + "\n")),
-        (config.plot, lambda path: plot_sweep(sweep, path)),
-    ])  # fmt: skip
-    _print_out(print_sweep, sweep, config.command)
-    if config.plot is None:
-        _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
-    for line in not_written:
-        _say(f"error: {line}")
-    return EXIT_FAILED if not_written else 0
+    with signals.deferred_while():
+        status = 0
+        if sweep.error is not None:
+            sweep.stop_reason, status = _explain(sweep.error, config)
+            _say(f"error: {sweep.stop_reason}; the settings measured before it are below (PARTIAL SWEEP)")
+        payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": environment(config.device)}
+        _print_out(print_sweep, sweep, config.command)
+        not_written = _write_outputs([
+            (config.results_file, lambda path: _write_atomically(path, json.dumps(payload, indent=2) + "\n")),
+            (config.plot if sweep.points else None, lambda path: plot_sweep(sweep, path)),
+        ])  # fmt: skip
+        if config.plot is None:
+            _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
+        for line in not_written:
+            _say(f"error: {line}")
+    if signals.deferred is not None:
+        status = status or (EXIT_SIGINT if signals.deferred == signal.SIGINT else EXIT_SIGTERM)
+    return status or (EXIT_FAILED if not_written else 0)
 
 
 def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
@@ -4110,9 +4222,9 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
         (config.predictions_file if rows is not None else None, lambda path: write_predictions(path, rows or [])),
         (config.plot if timeline else None, lambda path: plot_timeline(timeline or {}, path)),
     ]
-    not_written = _write_outputs(outputs) if shard.rank == 0 else []  # first: the lasting record
-    if shard.rank == 0 or alone:
+    if shard.rank == 0 or alone:  # the summary first: no file, however it fails, can cost it
         _print_out(print_report, report)
+    not_written = _write_outputs(outputs) if shard.rank == 0 else []
     for line in not_written:
         _say(f"error: {line}")
     return status or (EXIT_FAILED if not_written else 0)
@@ -4229,7 +4341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if shard.rank != 0:
                 logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
             config = _preflight(args, shard, command)
-            return _run_sweep(config) if config.sweep else _run_job(config, signals)
+            return _run_sweep(config, signals) if config.sweep else _run_job(config, signals)
         except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
             message, status = _explain(e, config)
             _say(f"error: {message}")
