@@ -3064,6 +3064,63 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     return total, gathered
 
 
+def _agree_on_images(images: ImageList, shard: Shard) -> None:
+    """Check that every rank read the same list (its length and a hash of its paths and labels):
+    a list still being written while the ranks read it would give each its own, and images that
+    no rank classifies. Every rank gets the same answer, so all stop or none.
+
+    Raises:
+        FileListError: the ranks' lists differ (the same line on every rank).
+        PeerStopped: a rank stopped before it could compare.
+    """
+    import hashlib
+
+    import torch.distributed as dist
+
+    digest = hashlib.sha256("\n".join(images.paths).encode("utf-8", "surrogateescape"))
+    digest.update(repr(images.labels).encode())
+    seen: list[tuple[int, str] | None] = [None] * shard.world_size
+    try:
+        dist.all_gather_object(seen, (len(images), digest.hexdigest()))
+    except RuntimeError as e:
+        raise PeerStopped(_peer_gone(e)) from None
+    if len(set(seen)) > 1:
+        counts = ", ".join(f"rank {rank}: {n}" for rank, (n, _) in enumerate(seen))  # type: ignore[misc]
+        raise FileListError(f"{images.origin}: the ranks read different lists (images {counts}): was it still "
+                            "being written? Write the list first, then start torchrun")  # fmt: skip
+
+
+_STOPPED_KEY = "imagenet_classification/stopped/"  # + rank: a stopped rank's share, in the job's store
+
+
+def _publish_stop(entry: dict, rank: int) -> None:
+    """Leave a stopped rank's share (counts, failures, why) in torchrun's store, where rank 0 can
+    read it after this rank is gone; nothing if the store is gone too."""
+    import torch.distributed.distributed_c10d as c10d
+
+    with contextlib.suppress(RuntimeError, ValueError):
+        c10d._get_default_store().set(f"{_STOPPED_KEY}{rank}", json.dumps(entry))
+
+
+def _stopped_peers(shard: Shard, wait_s: float) -> list[dict]:
+    """The shares other ranks left when they stopped (see ``_publish_stop``), waiting up to
+    ``wait_s`` for those not there yet; a rank still running, or killed, leaves none."""
+    import torch.distributed.distributed_c10d as c10d
+
+    found: dict[int, dict] = {}
+    deadline = time.monotonic() + wait_s
+    with contextlib.suppress(RuntimeError, ValueError):
+        store = c10d._get_default_store()
+        while True:
+            for rank in set(range(shard.world_size)) - {shard.rank} - set(found):
+                if store.check([f"{_STOPPED_KEY}{rank}"]):
+                    found[rank] = json.loads(store.get(f"{_STOPPED_KEY}{rank}"))
+            if len(found) == shard.world_size - 1 or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    return [found[rank] for rank in sorted(found)]
+
+
 ################################################################################
 # Parity: does the loader change what the model sees and predicts?
 ################################################################################
@@ -3318,6 +3375,7 @@ class RunReport:
         pipeline_stats: SPDL's stage statistics (:py:meth:`PipelineStats.summary`).
         decoder_check: The decoder against FFmpeg on the CPU, before the run.
         parity: The loader against timm's reference transform, before the run.
+        world_size: The job's processes (torchrun's WORLD_SIZE).
     """
 
     result: RunResult
@@ -3329,9 +3387,10 @@ class RunReport:
     pipeline_stats: dict | None = None
     decoder_check: DecoderCheck | None = None
     parity: Parity | None = None
+    world_size: int | None = None  # the job's processes (default: one per entry of ``ranks``)
 
     def to_dict(self) -> dict:
-        payload = {**self.result.to_dict(), "world_size": len(self.ranks), "ranks": self.ranks,
+        payload = {**self.result.to_dict(), "world_size": self.world_size or len(self.ranks), "ranks": self.ranks,
                    "config": self.config, "env": self.env}  # fmt: skip
         extras = {"breakdown": self.breakdown, "decoder_check": self.decoder_check, "parity": self.parity}
         payload.update({k: asdict(v) for k, v in extras.items() if v is not None})
@@ -4008,6 +4067,7 @@ class _Outcome:
     error: BaseException | None = None
     pipeline_stats: dict | None = None
     stopped_cleanly: bool = True
+    job_stop_reason: str | None = None  # under torchrun: what stopped the job, if a peer's failure did
 
 
 def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
@@ -4062,17 +4122,54 @@ def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult)
 
 
 def _combine_ranks(outcome: _Outcome, config: RunConfig) -> list[dict]:
-    """The job's totals into ``outcome.result`` (a rank that failed stays alone); the per-rank list."""
+    """The job's totals into ``outcome.result``; the per-rank list (see ``_job_after_stop`` for a
+    job that stopped)."""
     mine = _rank_entry(outcome.result, config.shard, config.device)
-    if config.shard.world_size == 1 or outcome.error is not None:
+    if config.shard.world_size == 1:
         return [mine]
-    try:
-        outcome.result, ranks = reduce_results(outcome.result, config.shard, config.device)
-    except RuntimeError as e:  # a peer stopped before the final reduction
+    if outcome.error is None:
+        try:
+            outcome.result, ranks = reduce_results(outcome.result, config.shard, config.device)
+            return ranks
+        except RuntimeError as e:  # a peer stopped before the final reduction
+            outcome.error = PeerStopped(_peer_gone(e))
+        except RunInterrupted as e:  # torchrun ends the other ranks once one has stopped
+            outcome.error = e
         outcome.result.partial = True
-        outcome.error = PeerStopped(_peer_gone(e))
+    return _job_after_stop(outcome, config, mine)
+
+
+_COUNTS = ("classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches", "batches_timed",
+           "decoder_fallbacks")  # fmt: skip
+PEER_WORD_S = 2.0  # how long rank 0, stopped by a peer or a signal, waits for the stopped ranks' shares
+
+
+def _job_after_stop(outcome: _Outcome, config: RunConfig, mine: dict) -> list[dict]:
+    """A stopped job as this rank can know it: its own share, left for rank 0 in the job's store;
+    on rank 0, the job's totals over the whole list from the shares of every rank that stopped
+    (a rank with no word: its images not reached), and in ``outcome.job_stop_reason`` the failure
+    that stopped the job, rather than the signal or lost peer it reached rank 0 as."""
+    result, shard = outcome.result, config.shard
+    own = _explain(outcome.error, config)[0] if outcome.error is not None else "stopped"
+    share = {**mine, **{k: getattr(result, k) for k in _COUNTS}, "failures": result.failures, "stop_reason": own,
+             "stopped_by": type(outcome.error).__name__}  # fmt: skip
+    _publish_stop(share, shard.rank)
+    if shard.rank != 0:
         return [mine]
-    return ranks
+    followed = isinstance(outcome.error, PeerStopped | RunInterrupted)  # then the cause may be a peer's
+    shares = [share, *_stopped_peers(shard, PEER_WORD_S if followed else 0.0)]
+    job = RunResult(len(config.images), partial=True, elapsed_s=max(e["elapsed_s"] for e in shares),
+                    warmup_included=result.warmup_included, timeline=result.timeline, predictions=result.predictions,
+                    failures=[f for e in shares for f in e["failures"]])  # fmt: skip
+    for k in _COUNTS:
+        setattr(job, k, sum(e[k] for e in shares))
+    if result.loader_lead is not None:
+        job.loader_lead = result.loader_lead * shard.world_size
+    causes = [e for e in shares if e["stopped_by"] not in ("PeerStopped", "RunInterrupted")]
+    cause = (causes or [e for e in shares if e["stopped_by"] == "RunInterrupted"] or [share])[0]
+    outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {cause['stop_reason']}"
+    outcome.result = job
+    return [{k: e[k] for k in (*mine, "stop_reason")} for e in sorted(shares, key=lambda e: e["rank"])]
 
 
 def _parity_decode(config: RunConfig) -> Callable[[Sequence[tuple[str, int]]], Batch]:
@@ -4109,7 +4206,8 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
                                 min(config.batch_size, config.parity))  # fmt: skip
     outcome = _run_loop(config, model)
     report = RunReport(outcome.result, config.to_dict(), environment(config.device), [],
-                       pipeline_stats=outcome.pipeline_stats, decoder_check=decoder_check, parity=parity)  # fmt: skip
+                       pipeline_stats=outcome.pipeline_stats, decoder_check=decoder_check, parity=parity,
+                       world_size=config.shard.world_size)  # fmt: skip
     if config.breakdown and outcome.error is None and outcome.stopped_cleanly:
         try:
             report.breakdown = _measure_breakdown(config, model, outcome.result)
@@ -4214,8 +4312,9 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
     label = f"rank {shard.rank}: " if alone else ""
     if outcome.error is not None:
         message, status = _explain(outcome.error, config)
-        report.result.stop_reason = message
-        _say(f"error: {label}{message}")
+        job = outcome.job_stop_reason
+        report.result.stop_reason = job or message
+        _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
     rows, timeline = outcome.result.predictions, outcome.result.timeline
     outputs = [
         (config.results_file, lambda path: write_results(path, report)),
@@ -4314,6 +4413,8 @@ def _run_job(config: RunConfig, signals: _Signals) -> int:
         # Compilation happens on the first batches, before the warm-up barrier: allow for it.
         init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
     try:
+        if config.shard.world_size > 1:
+            _agree_on_images(config.images, config.shard)
         report, outcome = _run(config, decoder_check)
         with signals.deferred_while():
             status = _finish(report, outcome, config)
