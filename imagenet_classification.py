@@ -4049,14 +4049,14 @@ def _clock_start_hook(shard: Shard, stats: PipelineStats | None) -> Callable[[],
 
 
 @contextlib.contextmanager
-def _tracing(path: Path | None) -> Iterator[None]:
-    """With a path, record torch's profiler trace (PATH.json) and SPDL's (PATH.pftrace)."""
+def _tracing(path: Path | None) -> Iterator[torch.profiler.profile | None]:
+    """With a path, record SPDL's trace (into PATH.pftrace as it goes) and torch's: yields torch's
+    profiler, whose trace (PATH.json) the caller exports once the run has ended or stopped."""
     if path is None:
-        yield
+        yield None
         return
     with torch.profiler.profile() as profiler, spdl.io.utils.tracing(f"{path}.pftrace"):
-        yield
-    profiler.export_chrome_trace(f"{path}.json")
+        yield profiler
 
 
 @dataclass
@@ -4067,6 +4067,7 @@ class _Outcome:
     error: BaseException | None = None
     pipeline_stats: dict | None = None
     stopped_cleanly: bool = True
+    profiler: torch.profiler.profile | None = None  # --trace: torch's trace, exported after the summary
     job_stop_reason: str | None = None  # under torchrun: what stopped the job, if a peer's failure did
 
 
@@ -4080,7 +4081,7 @@ def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
     try:
         with _open_loader(config, images, policy) as loader:
             try:
-                with _tracing(config.trace if config.shard.rank == 0 else None):
+                with _tracing(config.trace if config.shard.rank == 0 else None) as outcome.profiler:
                     outcome.result = benchmark(
                         loader.batches, model, listed=len(images), warmup_batches=warmup, policy=policy,
                         sync_clocks=_clock_start_hook(config.shard, loader.stats), progress=progress,
@@ -4315,15 +4316,20 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
         job = outcome.job_stop_reason
         report.result.stop_reason = job or message
         _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
-    rows, timeline = outcome.result.predictions, outcome.result.timeline
+    rows, timeline, profiler = outcome.result.predictions, outcome.result.timeline, outcome.profiler
     outputs = [
         (config.results_file, lambda path: write_results(path, report)),
-        (config.predictions_file if rows is not None else None, lambda path: write_predictions(path, rows or [])),
+        (config.predictions_file, lambda path: write_predictions(path, rows or [])),  # a stopped run's rows too
         (config.plot if timeline else None, lambda path: plot_timeline(timeline or {}, path)),
+        (config.trace if profiler is not None else None, lambda path: profiler.export_chrome_trace(f"{path}.json")),
     ]
-    if shard.rank == 0 or alone:  # the summary first: no file, however it fails, can cost it
-        _print_out(print_report, report)
-    not_written = _write_outputs(outputs) if shard.rank == 0 else []
+    try:
+        if shard.rank == 0 or alone:  # the summary first: no file, however it fails, can cost it
+            _print_out(print_report, report)
+    finally:  # nor can the summary cost the files
+        not_written = _write_outputs(outputs) if shard.rank == 0 else []
+    if config.plot is not None and not timeline and shard.rank == 0:
+        _say(f"note: {config.plot} not drawn: the run stopped before its first batch")
     for line in not_written:
         _say(f"error: {line}")
     return status or (EXIT_FAILED if not_written else 0)
@@ -4408,25 +4414,41 @@ def _shard_from_env() -> Shard:
 
 def _run_job(config: RunConfig, signals: _Signals) -> int:
     """The run, alone or as one rank of a torchrun job. Returns the exit status."""
-    decoder_check = _check_decoder(config) if config.shard.rank == 0 or config.shard.world_size == 1 else None
-    if config.shard.world_size > 1:
-        # Compilation happens on the first batches, before the warm-up barrier: allow for it.
-        init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
     try:
-        if config.shard.world_size > 1:
-            _agree_on_images(config.images, config.shard)
-        report, outcome = _run(config, decoder_check)
+        report, outcome = _run_or_stop(config)
         with signals.deferred_while():
             status = _finish(report, outcome, config)
     finally:
         if config.shard.world_size > 1:
             import torch.distributed as dist
 
-            # Left to interpreter shutdown, Gloo's threads free tensors without the GIL and abort.
-            dist.destroy_process_group()
+            if dist.is_initialized():  # left to interpreter shutdown, Gloo's threads free tensors without the GIL
+                dist.destroy_process_group()
     if signals.deferred is not None:
         status = status or (EXIT_SIGINT if signals.deferred == signal.SIGINT else EXIT_SIGTERM)
     return status
+
+
+def _run_or_stop(config: RunConfig) -> tuple[RunReport, _Outcome]:
+    """The decoder check, joining the torchrun job, the run; what stops it before its loop (a
+    signal while the model compiles, out of memory in the parity pass) is an outcome too, with
+    nothing measured, reported and written like any stopped run."""
+    decoder_check = None
+    try:
+        if config.shard.rank == 0 or config.shard.world_size == 1:
+            decoder_check = _check_decoder(config)
+        if config.shard.world_size > 1:
+            # Compilation happens on the first batches, before the warm-up barrier: allow for it.
+            init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
+            _agree_on_images(config.images, config.shard)
+        return _run(config, decoder_check)
+    except (RunStopped, RunInterrupted) as e:
+        outcome = _Outcome(RunResult(len(config.my_images), partial=True), e)
+        report = RunReport(outcome.result, config.to_dict(), environment(config.device), [],
+                           decoder_check=decoder_check, world_size=config.shard.world_size)  # fmt: skip
+        report.ranks = _combine_ranks(outcome, config)
+        report.result = outcome.result
+        return report, outcome
 
 
 def main(argv: Sequence[str] | None = None) -> int:
