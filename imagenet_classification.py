@@ -2983,7 +2983,11 @@ def measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_
 
 
 def init_distributed(device: torch.device, timeout_s: float) -> None:
-    """Join the torchrun job: NCCL on CUDA, Gloo on the CPU; collectives give up after ``timeout_s``."""
+    """Join the torchrun job: NCCL on CUDA, Gloo on the CPU; collectives give up after ``timeout_s``.
+
+    Raises:
+        PeerStopped: the other ranks did not join within ``timeout_s``.
+    """
     import datetime
 
     import torch.distributed as dist
@@ -2997,7 +3001,11 @@ def init_distributed(device: torch.device, timeout_s: float) -> None:
         # does not set: without this, every rank would use cuda:0.
         torch.cuda.set_device(device)
         kwargs["device_id"] = device
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    except RuntimeError as e:  # DistStoreError: the other ranks did not all come (or the store is gone)
+        raise PeerStopped(f"the job's other ranks did not join within {timeout_s:g} s "
+                          f"({str(e).splitlines()[0]})") from None  # fmt: skip
 
 
 def _warmup_for_all_ranks(shard: Shard, listed: int, batch_size: int, warmup_batches: int) -> int:
@@ -4455,6 +4463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line's work: check the inputs, build the model and loader, run, report.
     Returns the exit status (argparse exits with 2 itself on a malformed command line)."""
     args = _parse_args(argv)
+    _escape_unprintable()
     command = ("imagenet_classification.py", *(sys.argv[1:] if argv is None else argv))
     _init_logging(args.debug, spdl_stats=args.stats_interval is not None)
     config = None
@@ -4479,9 +4488,7 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
     when Gloo's threads free their last tensors, and print nanobind's warnings about SPDL
     buffers still alive.
     """
-    with contextlib.suppress(AttributeError, ValueError):  # a path the terminal cannot show is escaped
-        sys.stdout.reconfigure(errors="backslashreplace")
-        sys.stderr.reconfigure(errors="backslashreplace")
+    _escape_unprintable()
     try:
         status = main(argv)
     except SystemExit as e:  # argparse: a malformed command line (2), or --help (0)
@@ -4497,6 +4504,14 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
         sys.stderr.flush()
     _end_children()
     os._exit(status)
+
+
+def _escape_unprintable() -> None:
+    """Escape on screen what stdout and stderr cannot encode (a name that is not UTF-8, read with
+    surrogateescape): a strict stream (a notebook's) would otherwise cut the summary there."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _end_children() -> None:
