@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import io
 import itertools
@@ -3646,7 +3647,7 @@ def _write_atomically(path: Path | str, text: str | bytes) -> None:
         OSError: the write failed (no space, the folder gone, no permission, not a regular file).
     """
     if (problem := _not_a_file(path)) is not None:  # the start-up check's own test (_check_output_path)
-        raise OSError(f"{path}: {problem}")
+        raise OSError(errno.EINVAL, problem, str(path))
     target = Path(os.path.realpath(path))
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
@@ -3674,7 +3675,7 @@ def _not_a_file(path: Path | str) -> str | None:
     except FileNotFoundError:
         return None
     if not stat.S_ISREG(found.st_mode):
-        return "not a regular file (a device, FIFO or pipe takes no results file)"
+        return "not a regular file (a folder, device, FIFO or pipe)"
     for fd, stream in enumerate(("stdin", "stdout", "stderr")):
         with contextlib.suppress(OSError):
             if os.path.samestat(found, os.fstat(fd)):

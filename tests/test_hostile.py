@@ -12,6 +12,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -410,3 +411,168 @@ def test_a_signal_stops_the_dataloader_baseline_quickly(dataset):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and time.monotonic() - sent < 2.0, stderr
     assert "(PARTIAL RUN)" in stdout and "Traceback" not in stderr
+
+
+# --- Round three: what the user asked for is written, whatever the run met --------------------------
+
+
+def _main(argv: list, capfd) -> tuple[int, str, str]:
+    """``main(argv)`` in this process: the exit status (argparse's too), stdout, stderr."""
+    try:
+        status = ic.main([str(a) for a in argv])
+    except SystemExit as e:
+        status = e.code
+    out, err = capfd.readouterr()
+    return status, out, err
+
+
+def _errors(err: str) -> list[str]:
+    return [line for line in err.splitlines() if re.match(r"(imagenet_classification\.py: )?error:", line)]
+
+
+def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(dataset, tmp_path, capfd, monkeypatch):
+    out, rows, plot = tmp_path / "r.json", tmp_path / "p.csv", tmp_path / "t.png"
+    args = ["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--results-file", out,
+            "--predictions-file", rows, "--plot", plot]  # fmt: skip
+    config = ic._preflight(ic._parse_args([str(a) for a in args]), ic.Shard())
+    plot.mkdir()  # the plot's name taken by a folder after the start-up check
+    report, outcome = ic._run_or_stop(config)
+    assert ic._finish(report, outcome, config) == 1
+    stdout, stderr = capfd.readouterr()
+    assert "Images: listed=12 classified=12" in stdout
+    assert _errors(stderr) == [f"error: {plot}: cannot write the results there (not a regular file (a folder, device, "
+                               "FIFO or pipe)); they are only above"]  # fmt: skip
+    assert read_json(out)["classified"] == 12 and len(rows.read_text().splitlines()) == 13
+    # matplotlib failing on what it is given (not an OSError) is one line too, and costs no other file
+    plot.rmdir()
+    out.unlink()
+
+    def cannot_draw(timeline: dict, path: Path) -> bool:
+        raise ValueError("x and y must have same first dimension, but have shapes (4,) and (5,)")
+
+    monkeypatch.setattr(ic, "plot_timeline", cannot_draw)
+    assert ic._finish(report, outcome, config) == 1
+    stdout, stderr = capfd.readouterr()
+    assert "Images: listed=12 classified=12" in stdout and "Traceback" not in stderr
+    assert _errors(stderr) == [f"error: {plot}: not written (ValueError: x and y must have same first dimension, "
+                               "but have shapes (4,) and (5,); --debug shows where)"]  # fmt: skip
+    assert read_json(out)["classified"] == 12 and not plot.exists()
+
+
+def test_names_that_are_not_utf8_are_written_as_their_bytes(tmp_path, capfd):
+    root = tmp_path / "data"
+    make_jpeg_set(root, 4)
+    folder = root / "val" / "n01440764"
+    good = os.fsencode(folder) + b"/caf\xe9-\xff.JPEG"  # Latin-1 bytes: not UTF-8
+    bad = os.fsencode(folder) + b"/bad-\xfe.JPEG"
+    os.rename(next(folder.iterdir()), good)
+    Path(os.fsdecode(bad)).write_bytes(b"not a JPEG" * 30)
+    rows, out = tmp_path / "p.csv", tmp_path / "r.json"
+    base = ["--data-dir", root / "val", *FAST, "--skip-bad", "--results-file", out]
+    status, stdout, stderr = _main([*base, "--predictions-file", rows], capfd)
+    assert status == 0, stderr
+    assert "failed: " in stdout and "bad-\\udcfe.JPEG" in stdout  # escaped on screen, the summary whole
+    assert any(line.startswith(good + b",") for line in rows.read_bytes().splitlines())  # CSV: the name's own bytes
+    result = read_json(out)  # JSON: Python's surrogate escapes, which os.fsencode turns back into the bytes
+    assert [os.fsencode(f["path"]) for f in result["failures"]] == [bad]
+    jsonl = tmp_path / "p.jsonl"
+    status, _, stderr = _main([*base, "--predictions-file", jsonl], capfd)
+    assert status == 0, stderr
+    assert good in [os.fsencode(json.loads(line)["path"]) for line in jsonl.read_text().splitlines()]
+
+
+def test_a_stopped_run_keeps_its_trace_and_predictions(dataset, tmp_path, capfd):
+    lines = dataset.read_text().splitlines()
+    (dataset.parent / "broken.JPEG").write_bytes(b"\xff\xd8 not the rest of a JPEG")
+    dataset.write_text("\n".join([*lines[:9], "val/n01440764/../../broken.JPEG", *lines[9:]]) + "\n")
+    trace, rows = tmp_path / "t", tmp_path / "p.jsonl"
+    status, stdout, stderr = _main(["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--num-threads",
+                                    "1", "--trace", trace, "--predictions-file", rows], capfd)  # fmt: skip
+    assert status == 1 and "(PARTIAL RUN)" in stdout, stderr
+    assert json.loads(Path(f"{trace}.json").read_text())["traceEvents"] and Path(f"{trace}.pftrace").stat().st_size
+    kept = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert len(kept) == int(re.search(r"classified=(\d+)", stdout).group(1)) == 8  # the two batches before it
+
+
+def test_a_signal_during_the_sweep_keeps_the_settings_measured(dataset, tmp_path):
+    lines = dataset.read_text().splitlines()
+    dataset.write_text("\n".join(lines * 9) + "\n")
+    out = tmp_path / "s.json"
+    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--sweep", "num-threads=1,2",
+               "batch-size=2,4,8", "--results-file", out)  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    measured = 0
+    while measured < 2:
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None
+        measured += "the loader alone" in line
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert "error: interrupted by SIGTERM; the settings measured before it are below (PARTIAL SWEEP)" in stderr
+    sweep = read_json(out)["sweep"]
+    assert sweep["partial"] is True and sweep["stop_reason"] == "interrupted by SIGTERM"
+    assert [(p["num_threads"], p["batch_size"]) for p in sweep["points"]][:2] == [(1, 2), (1, 4)]
+    assert "threads  batch  queue" in stdout and re.search(r"\n +1 +4 +16 ", stdout)
+
+
+# --- Round three: every rank sees the same job -----------------------------------------------------
+
+
+def _ranks(flists: list[Path], out: Path, *extra: str, timeout: str = "20", world_size: int = 0) -> list:
+    """Ranks started by hand (as torchrun would), rank r reading ``flists[r]``, of a job of
+    ``world_size`` (default: as many as lists); their completed processes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, flist in enumerate(flists):
+        env = {**os.environ, "WORLD_SIZE": str(world_size or len(flists)), "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        cmd = _cli("--input-flist", flist, "--prefix", f"{flist.parent}/", *FAST, "--num-threads", "1", "--timeout",
+                   timeout, "--results-file", f"{out}.{rank}", *extra)  # fmt: skip
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    done = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return done
+
+
+def test_ranks_that_read_different_lists_stop_before_the_run(dataset, tmp_path):
+    grown = dataset.with_name("grown.flist")  # the list as a later rank read it: three more lines written
+    grown.write_text(dataset.read_text() + "\n".join(dataset.read_text().splitlines()[:3]) + "\n")
+    procs = _ranks([dataset, grown], tmp_path / "r.json")
+    for rank, proc in enumerate(procs):
+        assert proc.returncode == 2, proc.stderr
+        _one_line_error(proc, "the ranks read different lists (images rank 0: 12, rank 1: 15): was it still being "
+                        "written?")  # fmt: skip
+        assert "Model test_efficientnet" not in proc.stderr and not Path(f"{tmp_path / 'r.json'}.{rank}").exists()
+
+
+def test_a_rank_that_never_joins_is_one_line_and_a_results_file(dataset, tmp_path):
+    (proc,) = _ranks([dataset], tmp_path / "r.json", timeout="2", world_size=2)  # rank 1 never starts
+    assert proc.returncode == 1, proc.stderr
+    _one_line_error(proc, "the job's other ranks did not join within 2 s")
+    result = read_json(f"{tmp_path / 'r.json'}.0")
+    assert result["world_size"] == 2 and result["listed"] == 12 and result["not_reached"] == 12 and result["partial"]
+
+
+def test_rank_0s_results_file_gives_the_job_that_a_rank_stopped(dataset, tmp_path):
+    lines = dataset.read_text().splitlines() * 4
+    (dataset.parent / "broken.JPEG").write_bytes(b"not a JPEG at all" * 20)
+    lines[5] = "val/n01440764/../../broken.JPEG"  # line index 5 falls to rank 1
+    dataset.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r.json"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd = [*launcher, *_cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--batch-size", "2",
+                            "--num-threads", "1", "--warmup-batches", "1", "--results-file", out)[1:]]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode != 0
+    result = read_json(out)
+    assert result["world_size"] == 2 and result["listed"] == 48 and _accounted(result) and result["partial"] is True
+    assert [f["path"] for f in result["failures"]] == [f"{dataset.parent}/{lines[5]}"]
+    assert result["stop_reason"].startswith(f"rank 1: cannot decode {dataset.parent}/{lines[5]}")
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert result["ranks"][1]["stop_reason"].startswith("cannot decode")
+    assert result["classified"] == sum(r["classified"] for r in result["ranks"])
