@@ -427,7 +427,7 @@ def _main(argv: list, capfd) -> tuple[int, str, str]:
 
 
 def _errors(err: str) -> list[str]:
-    return [line for line in err.splitlines() if re.match(r"(imagenet_classification\.py: )?error:", line)]
+    return [line for line in err.splitlines() if re.match(r"(\S+\.py: )?error:", line)]  # argparse's too
 
 
 def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(dataset, tmp_path, capfd, monkeypatch):
@@ -576,3 +576,114 @@ def test_rank_0s_results_file_gives_the_job_that_a_rank_stopped(dataset, tmp_pat
     assert [r["rank"] for r in result["ranks"]] == [0, 1]
     assert result["ranks"][1]["stop_reason"].startswith("cannot decode")
     assert result["classified"] == sum(r["classified"] for r in result["ranks"])
+
+
+# --- Round three: flags that cannot work together stop before the model is built -------------------
+
+TORCHRUN = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+
+
+@pytest.mark.parametrize(
+    "args, env, flags",
+    [
+        (["--loader", "torch", "--use-nvjpeg"], {}, ("--loader torch", "--use-nvjpeg")),
+        (["--loader", "torch", "--use-nvdec"], {}, ("--loader torch", "--use-nvdec")),
+        (["--loader", "torch", "--stats-interval", "1"], {}, ("--stats-interval", "--loader torch")),
+        (["--loader", "torch", "--sweep", "queue-size=2,4"], {}, ("--sweep queue-size", "--loader torch")),
+        (["--trace", "t", "--breakdown"], {}, ("--trace", "--breakdown")),
+        (["--sweep", "auto", "--breakdown"], {}, ("--sweep", "--breakdown")),
+        (["--sweep", "auto", "--trace", "t"], {}, ("--sweep", "--trace")),
+        (["--sweep", "auto", "--parity", "2"], {}, ("--sweep", "--parity")),
+        (["--sweep", "auto", "--predictions-file", "p.csv"], {}, ("--sweep", "--predictions-file")),
+        (["--use-nvjpeg", "--use-nvdec"], {}, ("--use-nvjpeg", "--use-nvdec")),
+        (["--use-nvdec"], {}, ("--use-nvdec", "cpu")),  # FAST runs on --device cpu
+        (["--max-bad", "3"], {}, ("--max-bad", "--skip-bad")),
+        (["--breakdown"], TORCHRUN, ("--breakdown", "torchrun")),
+        (["--sweep", "auto"], TORCHRUN, ("--sweep", "torchrun")),
+        (["--input-flist", "-"], TORCHRUN, ("--input-flist -", "torchrun")),
+    ],
+)
+def test_flags_that_cannot_work_together_stop_before_the_model(dataset, tmp_path, capfd, monkeypatch, args, env, flags):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    where = [] if "--input-flist" in args else ["--input-flist", dataset, "--prefix", f"{dataset.parent}/"]
+    status, _, stderr = _main([*where, *FAST, *args], capfd)
+    assert status == 2, stderr
+    assert len(_errors(stderr)) == 1 and all(flag in _errors(stderr)[0] for flag in flags), stderr
+    assert "Traceback" not in stderr and "Model test_efficientnet" not in stderr
+
+
+def test_flag_pairs_that_work_together(dataset, tmp_path, capfd):
+    # --parity with the DataLoader baseline compares PIL's decode (the baseline's) with timm's; its N
+    # is capped at the images listed; --trace with the baseline writes both traces.
+    out, trace = tmp_path / "r.json", tmp_path / "t"
+    args = ["--loader", "torch", "--parity", "100000", "--trace", trace, "--results-file", out]
+    status, stdout, stderr = _main(["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, *args], capfd)
+    assert status == 0, stderr
+    parity = read_json(out)["parity"]
+    assert parity["images"] == 12 and parity["mad_max"] == 0.0 and "Parity with timm's reference" in stdout
+    assert Path(f"{trace}.json").stat().st_size and Path(f"{trace}.pftrace").exists()
+
+
+# --- Round three: sizes the user gives are capped by the run's own work -----------------------------
+
+
+def test_sweep_and_worker_sizes_are_capped_at_the_images_listed(dataset, tmp_path, capfd):
+    out = tmp_path / "s.json"
+    status, stdout, stderr = _main(["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--sweep",
+                                    "batch-size=100000", "num-threads=64", "--results-file", out], capfd)  # fmt: skip
+    assert status == 0, stderr
+    assert [(p["batch_size"], p["num_threads"]) for p in read_json(out)["sweep"]["points"]] == [(12, 12)]
+    assert "Sweep: num-threads=64, batch-size=100000 capped at the 12 images listed." in stderr
+    status, _, stderr = _main(["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--loader", "torch",
+                               "--num-threads", "500", "--max-samples", "3", "--results-file", out], capfd)  # fmt: skip
+    assert status == 0, stderr  # not 500 worker processes for 3 images
+    assert read_json(out)["config"]["loader_workers"] == 3 and read_json(out)["classified"] == 3
+
+
+def test_out_of_memory_in_the_sweep_keeps_what_was_measured_with_the_runs_advice(dataset, tmp_path):
+    lines = dataset.read_text().splitlines()
+    dataset.write_text("\n".join(lines * 20) + "\n")  # 240 images
+
+    def small_address_space() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (5_000_000_000, 5_000_000_000))
+
+    out = tmp_path / "s.json"
+    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", "--model", "resnet50", "--no-pretrained",
+               "--device", "cpu", "--no-compile", "--dtype", "float32", "--num-threads", "2", "--sweep",
+               "batch-size=2,240", "--results-file", out)  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=small_address_space)
+    assert proc.returncode == 1, proc.stderr
+    _one_line_error(proc, "out of memory on cpu with a batch of 240 images; try --batch-size 120")
+    sweep = read_json(out)["sweep"]
+    assert sweep["partial"] is True and [p["batch_size"] for p in sweep["points"]] == [2]
+
+
+# --- Round three: outputs that are devices or streams ---------------------------------------------
+
+
+def test_stdout_and_dash_are_no_output_files(dataset, tmp_path, capfd):
+    base = ["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST]
+    for flag in ("--results-file", "--predictions-file", "--plot", "--trace"):
+        status, _, stderr = _main([*base, flag, "-"], capfd)
+        assert status == 2 and _errors(stderr) == [f"error: {flag} -: the summary goes to stdout; give a file name "
+                                                   "(- is none)"], stderr  # fmt: skip
+    # In this process stdout is a file (the test's capture): /dev/stdout leads to it, and would replace it.
+    status, _, stderr = _main([*base, "--results-file", "/dev/stdout"], capfd)
+    assert status == 2 and "that is the file the run's stdout goes to" in _errors(stderr)[0], stderr
+    with pytest.raises(OSError, match="the file the run's stdout goes to"):  # the write's test is the same
+        ic.write_results("/dev/stdout", ic.RunReport(ic.RunResult(listed=1), {}, {}, []))
+
+
+def test_stdout_as_a_results_file_is_refused_before_the_run_wherever_it_goes(dataset, tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("the log so far\n")
+    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--results-file", "/dev/stdout")
+    with open(log, "a") as stdout:  # --results-file /dev/stdout >> run.log
+        proc = subprocess.run(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 2 and "that is the file the run's stdout goes to" in proc.stderr
+    assert log.read_text() == "the log so far\n"  # not replaced through the link
+    piped = subprocess.run(cmd, capture_output=True, text=True, timeout=300)  # ... | cat: a pipe
+    assert piped.returncode == 2 and "Model test_efficientnet" not in piped.stderr
+    _one_line_error(piped, "--results-file /dev/stdout: not a regular file (a folder, device, FIFO or pipe)")
