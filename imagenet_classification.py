@@ -3073,30 +3073,38 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     return total, gathered
 
 
-def _agree_on_images(images: ImageList, shard: Shard) -> None:
-    """Check that every rank read the same list (its length and a hash of its paths and labels):
-    a list still being written while the ranks read it would give each its own, and images that
-    no rank classifies. Every rank gets the same answer, so all stop or none.
+def _agree_on_job(config: RunConfig) -> None:
+    """Check that every rank read the same list (its length and a hash of its paths and labels)
+    and was given the same settings: a list still being written while the ranks read it would
+    give each its own, and images that no rank classifies. Every rank gets the same answer, so
+    all stop or none.
 
     Raises:
-        FileListError: the ranks' lists differ (the same line on every rank).
+        FileListError: the ranks' lists differ; UsageError: their settings do (the same line on every rank).
         PeerStopped: a rank stopped before it could compare.
     """
     import hashlib
 
     import torch.distributed as dist
 
+    images = config.images
     digest = hashlib.sha256("\n".join(images.paths).encode("utf-8", "surrogateescape"))
     digest.update(repr(images.labels).encode())
-    seen: list[tuple[int, str] | None] = [None] * shard.world_size
+    local = ("device", "decoder_backend", "dtype_reason", "images_from")  # may differ from node to node
+    settings = {k: v for k, v in config.to_dict().items() if k not in local}
+    seen: list = [None] * config.shard.world_size
     try:
-        dist.all_gather_object(seen, (len(images), digest.hexdigest()))
+        dist.all_gather_object(seen, (len(images), digest.hexdigest(), settings))
     except RuntimeError as e:
         raise PeerStopped(_peer_gone(e)) from None
-    if len(set(seen)) > 1:
-        counts = ", ".join(f"rank {rank}: {n}" for rank, (n, _) in enumerate(seen))  # type: ignore[misc]
+    if len({(n, h) for n, h, _ in seen}) > 1:
+        counts = ", ".join(f"rank {rank}: {n}" for rank, (n, _, _) in enumerate(seen))
         raise FileListError(f"{images.origin}: the ranks read different lists (images {counts}): was it still "
                             "being written? Write the list first, then start torchrun")  # fmt: skip
+    if differ := [k for k in settings if len({json.dumps(other[k]) for _, _, other in seen}) > 1]:
+        given = "; ".join(f"{k}: " + ", ".join(f"rank {r}: {other[k]}" for r, (_, _, other) in enumerate(seen))
+                          for k in differ)  # fmt: skip
+        raise UsageError(f"the ranks were given different settings ({given}): start them with the same flags")
 
 
 _STOPPED_KEY = "imagenet_classification/stopped/"  # + rank: a stopped rank's share, in the job's store
@@ -3921,6 +3929,8 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         raise UsageError(f"{e.filename}: {e.strerror or e}") from None
     if args.breakdown and shard.world_size > 1:
         raise UsageError("--breakdown runs in a single process, not under torchrun")
+    if args.parity and shard.world_size > 1:  # rank 0 alone would compare, while the others wait out --timeout
+        raise UsageError("--parity compares in a single process, not under torchrun")
     device = resolve_device(args.device, shard.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that no library makes a context on cuda:0 for this rank
@@ -3930,7 +3940,9 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
     _check_caches(device, args.compile)
     transform = EvalTransform.from_model_name(args.model)
     torch_loader = args.loader == "torch"
-    threads = min(args.num_threads, max(1, shard.size_of(len(images))))  # a thread or worker with no image idles
+    # A thread or worker with no image idles, and costs memory (a process each for the DataLoader).
+    # (The queue is a bound that allocates nothing: it stays as given.)
+    threads = min(args.num_threads, max(1, shard.size_of(len(images))))
     if threads < args.num_threads:
         _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
     return RunConfig(
@@ -3970,11 +3982,10 @@ def _sweep_grid(args: argparse.Namespace, shard: Shard, listed: int) -> dict[str
 
 
 def _capped_sizes(grid: dict[str, list[int]], listed: int) -> dict[str, list[int]]:
-    """The grid with batch sizes and thread counts above ``listed`` at ``listed``: a batch
-    holds no more images than the list (as the run's own batches do), and a thread or worker
-    without an image does nothing but cost memory."""
-    capped = {name: sorted({min(v, listed) for v in values}) for name, values in grid.items() if name != "queue-size"}
-    return {**grid, **capped}
+    """The grid with every size above ``listed`` at ``listed``: a batch holds no more images than
+    the list (as the run's own batches do), a thread or worker without an image does nothing but
+    cost memory, and a queue of batches never holds more than there are images."""
+    return {name: sorted({min(v, listed) for v in values}) for name, values in grid.items()}
 
 
 def _check_decoder(config: RunConfig) -> DecoderCheck | None:
@@ -4291,15 +4302,22 @@ def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | 
 def _run_sweep(config: RunConfig, signals: _Signals) -> int:
     """The sweep instead of a run: the table, then the results file and the plot, with the
     settings measured so far if the sweep stopped (marked partial)."""
-    model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
-                      checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype)  # fmt: skip
-    sweep = run_sweep(config, model, config.sweep or {})
+    decoder_check = None
+    try:
+        decoder_check = _check_decoder(config)  # a GPU decoder is checked as for a run
+        model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
+                          checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype)  # fmt: skip
+        sweep = run_sweep(config, model, config.sweep or {})
+    except (RunStopped, RunInterrupted) as e:  # before the first setting: an empty sweep, written all the same
+        sweep = Sweep([], 0, error=e)
     with signals.deferred_while():
         status = 0
         if sweep.error is not None:
             sweep.stop_reason, status = _explain(sweep.error, config)
             _say(f"error: {sweep.stop_reason}; the settings measured before it are below (PARTIAL SWEEP)")
         payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": environment(config.device)}
+        if decoder_check is not None:
+            payload["decoder_check"] = asdict(decoder_check)
         _print_out(print_sweep, sweep, config.command)
         not_written = _write_outputs([
             (config.results_file, lambda path: _write_atomically(path, json.dumps(payload, indent=2) + "\n")),
@@ -4449,7 +4467,7 @@ def _run_or_stop(config: RunConfig) -> tuple[RunReport, _Outcome]:
         if config.shard.world_size > 1:
             # Compilation happens on the first batches, before the warm-up barrier: allow for it.
             init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
-            _agree_on_images(config.images, config.shard)
+            _agree_on_job(config)
         return _run(config, decoder_check)
     except (RunStopped, RunInterrupted) as e:
         outcome = _Outcome(RunResult(len(config.my_images), partial=True), e)

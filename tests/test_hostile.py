@@ -519,9 +519,11 @@ def test_a_signal_during_the_sweep_keeps_the_settings_measured(dataset, tmp_path
 # --- Round three: every rank sees the same job -----------------------------------------------------
 
 
-def _ranks(flists: list[Path], out: Path, *extra: str, timeout: str = "20", world_size: int = 0) -> list:
-    """Ranks started by hand (as torchrun would), rank r reading ``flists[r]``, of a job of
-    ``world_size`` (default: as many as lists); their completed processes."""
+def _ranks(flists: list[Path], out: Path, *extra: str, timeout: str = "20", world_size: int = 0,
+           per_rank: tuple = ()) -> list:  # fmt: skip
+    """Ranks started by hand (as torchrun would), rank r reading ``flists[r]`` with the flags
+    ``per_rank[r]`` too, of a job of ``world_size`` (default: as many as lists); their completed
+    processes."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -530,7 +532,7 @@ def _ranks(flists: list[Path], out: Path, *extra: str, timeout: str = "20", worl
         env = {**os.environ, "WORLD_SIZE": str(world_size or len(flists)), "RANK": str(rank), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
         cmd = _cli("--input-flist", flist, "--prefix", f"{flist.parent}/", *FAST, "--num-threads", "1", "--timeout",
-                   timeout, "--results-file", f"{out}.{rank}", *extra)  # fmt: skip
+                   timeout, "--results-file", f"{out}.{rank}", *extra, *(per_rank or [()] * 9)[rank])  # fmt: skip
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     done = []
     for p in procs:
@@ -548,6 +550,10 @@ def test_ranks_that_read_different_lists_stop_before_the_run(dataset, tmp_path):
         _one_line_error(proc, "the ranks read different lists (images rank 0: 12, rank 1: 15): was it still being "
                         "written?")  # fmt: skip
         assert "Model test_efficientnet" not in proc.stderr and not Path(f"{tmp_path / 'r.json'}.{rank}").exists()
+    procs = _ranks([dataset, dataset], tmp_path / "r.json", per_rank=([], ["--batch-size", "8"]))
+    for proc in procs:  # the same list, other flags: the warm-ups and shards would not match
+        assert proc.returncode == 2, proc.stderr
+        _one_line_error(proc, "the ranks were given different settings (batch_size: rank 0: 4, rank 1: 8)")
 
 
 def test_a_rank_that_never_joins_is_one_line_and_a_results_file(dataset, tmp_path):
@@ -600,6 +606,7 @@ TORCHRUN = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "1
         (["--max-bad", "3"], {}, ("--max-bad", "--skip-bad")),
         (["--breakdown"], TORCHRUN, ("--breakdown", "torchrun")),
         (["--sweep", "auto"], TORCHRUN, ("--sweep", "torchrun")),
+        (["--parity", "2"], TORCHRUN, ("--parity", "torchrun")),
         (["--input-flist", "-"], TORCHRUN, ("--input-flist -", "torchrun")),
     ],
 )
