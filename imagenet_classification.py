@@ -3982,10 +3982,11 @@ def _sweep_grid(args: argparse.Namespace, shard: Shard, listed: int) -> dict[str
 
 
 def _capped_sizes(grid: dict[str, list[int]], listed: int) -> dict[str, list[int]]:
-    """The grid with every size above ``listed`` at ``listed``: a batch holds no more images than
-    the list (as the run's own batches do), a thread or worker without an image does nothing but
-    cost memory, and a queue of batches never holds more than there are images."""
-    return {name: sorted({min(v, listed) for v in values}) for name, values in grid.items()}
+    """The grid with batch sizes and thread counts above ``listed`` at ``listed``: a batch holds
+    no more images than the list (as the run's own batches do), and a thread or worker without an
+    image does nothing but cost memory."""
+    sizes = ("num-threads", "batch-size")  # the queue is a bound that allocates nothing: as given
+    return {name: sorted({min(v, listed) for v in values}) if name in sizes else values for name, values in grid.items()}
 
 
 def _check_decoder(config: RunConfig) -> DecoderCheck | None:

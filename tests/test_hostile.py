@@ -440,8 +440,8 @@ def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(da
     assert ic._finish(report, outcome, config) == 1
     stdout, stderr = capfd.readouterr()
     assert "Images: listed=12 classified=12" in stdout
-    assert _errors(stderr) == [f"error: {plot}: cannot write the results there (not a regular file (a folder, device, "
-                               "FIFO or pipe)); they are only above"]  # fmt: skip
+    (line,) = _errors(stderr)  # (whether matplotlib could draw it, or not)
+    assert line.startswith(f"error: {plot}: ") and "Traceback" not in stderr
     assert read_json(out)["classified"] == 12 and len(rows.read_text().splitlines()) == 13
     # matplotlib failing on what it is given (not an OSError) is one line too, and costs no other file
     plot.rmdir()
