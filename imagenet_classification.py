@@ -3985,8 +3985,8 @@ def _capped_sizes(grid: dict[str, list[int]], listed: int) -> dict[str, list[int
     """The grid with batch sizes and thread counts above ``listed`` at ``listed``: a batch holds
     no more images than the list (as the run's own batches do), and a thread or worker without an
     image does nothing but cost memory."""
-    sizes = ("num-threads", "batch-size")  # the queue is a bound that allocates nothing: as given
-    return {name: sorted({min(v, listed) for v in values}) if name in sizes else values for name, values in grid.items()}
+    capped = {name: sorted({min(v, listed) for v in grid[name]}) for name in ("num-threads", "batch-size")}
+    return {**grid, **capped}  # the queue is a bound that allocates nothing: as given
 
 
 def _check_decoder(config: RunConfig) -> DecoderCheck | None:
