@@ -3126,7 +3126,8 @@ def _stopped_peers(shard: Shard, wait_s: float) -> list[dict]:
 
     found: dict[int, dict] = {}
     deadline = time.monotonic() + wait_s
-    with contextlib.suppress(RuntimeError, ValueError):
+    # RunInterrupted: torchrun ending this rank while it waits; what was found stands
+    with contextlib.suppress(RuntimeError, ValueError, RunInterrupted):
         store = c10d._get_default_store()
         while True:
             for rank in set(range(shard.world_size)) - {shard.rank} - set(found):
@@ -3680,8 +3681,9 @@ def _not_a_file(path: Path | str) -> str | None:
     would lose the summary)."""
     try:
         found = os.stat(path)
-    except FileNotFoundError:
-        return None
+    except FileNotFoundError:  # /dev/stdout with stdout closed leads to /proc, where no file can be made
+        in_proc = Path(os.path.realpath(path)).parts[1:2] == ("proc",)
+        return "a process's file descriptor (/proc), not a regular file" if in_proc else None
     if not stat.S_ISREG(found.st_mode):
         return "not a regular file (a folder, device, FIFO or pipe)"
     for fd, stream in enumerate(("stdin", "stdout", "stderr")):

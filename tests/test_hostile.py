@@ -681,6 +681,9 @@ def test_stdout_and_dash_are_no_output_files(dataset, tmp_path, capfd):
     assert status == 2 and "that is the file the run's stdout goes to" in _errors(stderr)[0], stderr
     with pytest.raises(OSError, match="the file the run's stdout goes to"):  # the write's test is the same
         ic.write_results("/dev/stdout", ic.RunReport(ic.RunResult(listed=1), {}, {}, []))
+    # A descriptor that is not open (/dev/stdout with stdout closed leads there): no file can be made in /proc.
+    status, _, stderr = _main([*base, "--results-file", "/proc/self/fd/987"], capfd)
+    assert status == 2 and "a process's file descriptor (/proc), not a regular file" in _errors(stderr)[0], stderr
 
 
 def test_stdout_as_a_results_file_is_refused_before_the_run_wherever_it_goes(dataset, tmp_path):
