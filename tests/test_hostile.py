@@ -1,4 +1,4 @@
-"""Hostile input, round two: every argument, every file read or written, every phase of a run.
+"""Hostile input, rounds two and three: every argument, every file read or written, every phase of a run.
 
 Each test is a case from the hostile sweeps: a traceback, a lost result or a wrong image that
 the command line must turn into a one-line error, a counted failure, or the right image.
