@@ -463,9 +463,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--prefix applies to --input-flist, not to --data-dir")
     if args.trace is not None and args.breakdown:
         parser.error("--trace profiles the run, which --breakdown would compare with unprofiled ones; use one")
-    if args.sweep and (args.breakdown or args.trace or args.parity or args.predictions_file):
-        parser.error("--sweep runs the loader at many settings; it takes no --breakdown, --trace, --parity or "
-                     "--predictions-file")  # fmt: skip
+    given = {"--breakdown": args.breakdown, "--trace": args.trace, "--parity": args.parity,
+             "--predictions-file": args.predictions_file, "--max-bad": args.max_bad}  # fmt: skip
+    if args.sweep and (clash := [flag for flag, value in given.items() if value]):
+        parser.error(f"--sweep runs the loader at many settings, skipping bad images; it takes no {clash[0]}")
     return args
 
 

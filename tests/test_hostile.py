@@ -601,6 +601,7 @@ TORCHRUN = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "1
         (["--sweep", "auto", "--trace", "t"], {}, ("--sweep", "--trace")),
         (["--sweep", "auto", "--parity", "2"], {}, ("--sweep", "--parity")),
         (["--sweep", "auto", "--predictions-file", "p.csv"], {}, ("--sweep", "--predictions-file")),
+        (["--sweep", "auto", "--skip-bad", "--max-bad", "2"], {}, ("--sweep", "--max-bad")),
         (["--use-nvjpeg", "--use-nvdec"], {}, ("--use-nvjpeg", "--use-nvdec")),
         (["--use-nvdec"], {}, ("--use-nvdec", "cpu")),  # FAST runs on --device cpu
         (["--max-bad", "3"], {}, ("--max-bad", "--skip-bad")),
