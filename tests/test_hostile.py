@@ -668,6 +668,24 @@ def test_out_of_memory_in_the_sweep_keeps_what_was_measured_with_the_runs_advice
     assert sweep["partial"] is True and [p["batch_size"] for p in sweep["points"]] == [2]
 
 
+def test_out_of_memory_in_the_parity_pass_is_the_runs_advice_and_a_results_file(dataset, tmp_path):
+    lines = dataset.read_text().splitlines()
+    dataset.write_text("\n".join(lines * 20) + "\n")  # 240 images
+
+    def small_address_space() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (5_000_000_000, 5_000_000_000))
+
+    out = tmp_path / "r.json"
+    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", "--model", "resnet50", "--no-pretrained",
+               "--device", "cpu", "--no-compile", "--dtype", "float32", "--num-threads", "2", "--batch-size", "240",
+               "--parity", "240", "--results-file", out)  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=small_address_space)
+    assert proc.returncode == 1, proc.stderr
+    _one_line_error(proc, "out of memory on cpu with a batch of 240 images; try --batch-size 120")
+    result = read_json(out)  # stopped before the loop: nothing measured, and said so
+    assert result["partial"] is True and result["not_reached"] == 240 and result["stop_reason"].startswith("out of")
+
+
 # --- Round three: outputs that are devices or streams ---------------------------------------------
 
 
