@@ -434,6 +434,7 @@ def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(da
     out, rows, plot = tmp_path / "r.json", tmp_path / "p.csv", tmp_path / "t.png"
     args = ["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--results-file", out,
             "--predictions-file", rows, "--plot", plot]  # fmt: skip
+    ic._init_logging()  # onto this test's stderr (an earlier in-process main() left it on its own)
     config = ic._preflight(ic._parse_args([str(a) for a in args]), ic.Shard())
     plot.mkdir()  # the plot's name taken by a folder after the start-up check
     report, outcome = ic._run_or_stop(config)
