@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import io
 import itertools
@@ -459,13 +460,16 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--max-bad only applies with --skip-bad")
     if args.loader == "torch" and (args.use_nvjpeg or args.use_nvdec):
         parser.error("--loader torch decodes with PIL on the CPU; it does not take --use-nvjpeg / --use-nvdec")
+    if args.loader == "torch" and args.stats_interval is not None:
+        parser.error("--stats-interval logs SPDL's stage statistics; --loader torch has no SPDL stages")
     if args.data_dir is not None and args.prefix:
         parser.error("--prefix applies to --input-flist, not to --data-dir")
     if args.trace is not None and args.breakdown:
         parser.error("--trace profiles the run, which --breakdown would compare with unprofiled ones; use one")
-    if args.sweep and (args.breakdown or args.trace or args.parity or args.predictions_file):
-        parser.error("--sweep runs the loader at many settings; it takes no --breakdown, --trace, --parity or "
-                     "--predictions-file")  # fmt: skip
+    given = {"--breakdown": args.breakdown, "--trace": args.trace, "--parity": args.parity,
+             "--predictions-file": args.predictions_file, "--max-bad": args.max_bad}  # fmt: skip
+    if args.sweep and (clash := [flag for flag, value in given.items() if value]):
+        parser.error(f"--sweep runs the loader at many settings, skipping bad images; it takes no {clash[0]}")
     if args.sweep and args.cold_cache:
         parser.error("--sweep times many settings over the same files, warm after the first; it takes no --cold-cache")
     return args
@@ -3091,6 +3095,18 @@ def _is_out_of_memory(error: BaseException) -> bool:
     )
 
 
+@contextlib.contextmanager
+def _out_of_memory_stops(device: torch.device, batch_size: int) -> Iterator[None]:
+    """Memory running out in the block (a synthetic batch, the model, the loader's batches)
+    stops with OutOfMemory and its advice, as it does in the run."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as e:
+        if not _is_out_of_memory(e):
+            raise
+        raise OutOfMemory(device, batch_size) from None
+
+
 def _logits(model: ModelBundle, images: Tensor) -> Tensor:
     """The bundle's logits for one batch; OutOfMemory or ModelFailed for what can go wrong there."""
     try:
@@ -3457,7 +3473,11 @@ def measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_
 
 
 def init_distributed(device: torch.device, timeout_s: float) -> None:
-    """Join the torchrun job: NCCL on CUDA, Gloo on the CPU; collectives give up after ``timeout_s``."""
+    """Join the torchrun job: NCCL on CUDA, Gloo on the CPU; collectives give up after ``timeout_s``.
+
+    Raises:
+        PeerStopped: the other ranks did not join within ``timeout_s``.
+    """
     import datetime
 
     import torch.distributed as dist
@@ -3471,7 +3491,11 @@ def init_distributed(device: torch.device, timeout_s: float) -> None:
         # does not set: without this, every rank would use cuda:0.
         torch.cuda.set_device(device)
         kwargs["device_id"] = device
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    except RuntimeError as e:  # DistStoreError: the other ranks did not all come (or the store is gone)
+        raise PeerStopped(f"the job's other ranks did not join within {timeout_s:g} s "
+                          f"({str(e).splitlines()[0]})") from None  # fmt: skip
 
 
 def _warmup_for_all_ranks(shard: Shard, listed: int, batch_size: int, warmup_batches: int) -> int:
@@ -3542,6 +3566,72 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     if result.loader_lead is not None:  # every rank's loader holds as many batches ahead
         total.loader_lead = result.loader_lead * shard.world_size
     return total, gathered
+
+
+def _agree_on_job(config: RunConfig) -> None:
+    """Check that every rank read the same list (its length and a hash of its paths and labels)
+    and was given the same settings: a list still being written while the ranks read it would
+    give each its own, and images that no rank classifies. Every rank gets the same answer, so
+    all stop or none.
+
+    Raises:
+        FileListError: the ranks' lists differ; UsageError: their settings do (the same line on every rank).
+        PeerStopped: a rank stopped before it could compare.
+    """
+    import hashlib
+
+    import torch.distributed as dist
+
+    images = config.images
+    digest = hashlib.sha256("\n".join(images.paths).encode("utf-8", "surrogateescape"))
+    digest.update(repr(images.labels).encode())
+    local = ("device", "decoder_backend", "dtype_reason", "images_from")  # may differ from node to node
+    settings = {k: v for k, v in config.to_dict().items() if k not in local}
+    seen: list = [None] * config.shard.world_size
+    try:
+        dist.all_gather_object(seen, (len(images), digest.hexdigest(), settings))
+    except RuntimeError as e:
+        raise PeerStopped(_peer_gone(e)) from None
+    if len({(n, h) for n, h, _ in seen}) > 1:
+        counts = ", ".join(f"rank {rank}: {n}" for rank, (n, _, _) in enumerate(seen))
+        raise FileListError(f"{images.origin}: the ranks read different lists (images {counts}): was it still "
+                            "being written? Write the list first, then start torchrun")  # fmt: skip
+    if differ := [k for k in settings if len({json.dumps(other[k]) for _, _, other in seen}) > 1]:
+        given = "; ".join(f"{k}: " + ", ".join(f"rank {r}: {other[k]}" for r, (_, _, other) in enumerate(seen))
+                          for k in differ)  # fmt: skip
+        raise UsageError(f"the ranks were given different settings ({given}): start them with the same flags")
+
+
+_STOPPED_KEY = "imagenet_classification/stopped/"  # + rank: a stopped rank's share, in the job's store
+
+
+def _publish_stop(entry: dict, rank: int) -> None:
+    """Leave a stopped rank's share (counts, failures, why) in torchrun's store, where rank 0 can
+    read it after this rank is gone; nothing if the store is gone too."""
+    import torch.distributed.distributed_c10d as c10d
+
+    with contextlib.suppress(RuntimeError, ValueError):
+        c10d._get_default_store().set(f"{_STOPPED_KEY}{rank}", json.dumps(entry))
+
+
+def _stopped_peers(shard: Shard, wait_s: float) -> list[dict]:
+    """The shares other ranks left when they stopped (see ``_publish_stop``), waiting up to
+    ``wait_s`` for those not there yet; a rank still running, or killed, leaves none."""
+    import torch.distributed.distributed_c10d as c10d
+
+    found: dict[int, dict] = {}
+    deadline = time.monotonic() + wait_s
+    # RunInterrupted: torchrun ending this rank while it waits; what was found stands
+    with contextlib.suppress(RuntimeError, ValueError, RunInterrupted):
+        store = c10d._get_default_store()
+        while True:
+            for rank in set(range(shard.world_size)) - {shard.rank} - set(found):
+                if store.check([f"{_STOPPED_KEY}{rank}"]):
+                    found[rank] = json.loads(store.get(f"{_STOPPED_KEY}{rank}"))
+            if len(found) == shard.world_size - 1 or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    return [found[rank] for rank in sorted(found)]
 
 
 ################################################################################
@@ -3624,8 +3714,8 @@ def measure_parity(
     with torch.inference_mode():
         for start in range(0, len(paths), batch_size):
             chunk = paths[start : start + batch_size]
-            a = model.logits(torch.stack([ours[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
-            b = model.logits(torch.stack([reference[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
+            a = _logits(model, torch.stack([ours[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
+            b = _logits(model, torch.stack([reference[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
             truth = torch.tensor([labels[p] for p in chunk])
             agree1 += int((a[:, 0] == b[:, 0]).sum())
             agree5 += sum(set(x.tolist()) == set(y.tolist()) for x, y in zip(a, b, strict=True))
@@ -3697,29 +3787,34 @@ class Sweep:
 
     points: list[SweepPoint]
     images: int
+    stop_reason: str | None = None  # why it stopped before every setting was measured (then partial)
+    error: BaseException | None = field(default=None, repr=False)  # what stopped it, for the exit status
 
     @property
     def candidates(self) -> list[SweepPoint]:
         """The settings whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first
         (fewest threads, then batch, then queue): those worth running end to end."""
-        best = max(p.bound_fps for p in self.points)
+        best = max((p.bound_fps for p in self.points), default=0.0)
         near = [p for p in self.points if p.bound_fps >= (1 - SWEEP_TOLERANCE) * best]
         return sorted(near, key=lambda p: (p.num_threads, p.batch_size, p.queue_size))
 
     @property
-    def recommended(self) -> SweepPoint:
+    def recommended(self) -> SweepPoint | None:
         """The smallest setting run end to end whose end-to-end rate is within
         ``SWEEP_TOLERANCE`` of the best one measured (the bound alone says too little where the
-        loader and the model share a CPU's cores); the smallest candidate if none was run."""
+        loader and the model share a CPU's cores); the smallest candidate if none was run; None
+        if the sweep stopped before any setting was measured."""
         measured = [p for p in self.candidates if p.e2e_fps is not None]
         if not measured:
-            return self.candidates[0]
+            return self.candidates[0] if self.points else None
         best = max(p.e2e_fps or 0.0 for p in measured)
         return next(p for p in measured if (p.e2e_fps or 0.0) >= (1 - SWEEP_TOLERANCE) * best)
 
     def to_dict(self) -> dict:
+        best = self.recommended
         return {"images_per_setting": self.images, "points": [asdict(p) for p in self.points],
-                "recommended": asdict(self.recommended), "tolerance": SWEEP_TOLERANCE}  # fmt: skip
+                "recommended": None if best is None else asdict(best), "tolerance": SWEEP_TOLERANCE,
+                "partial": self.error is not None, "stop_reason": self.stop_reason}  # fmt: skip
 
 
 def _sweep_settings(config: RunConfig, threads: int, batch_size: int, queue_size: int) -> RunConfig:
@@ -3732,28 +3827,46 @@ def run_sweep(config: RunConfig, model: ModelBundle, grid: dict[str, list[int]],
     """Time the loader alone at every setting of ``grid`` (from :py:func:`parse_sweep`), each on
     the first images of the list (two warm-up batches, then enough batches to keep every thread
     busy), and the model alone per batch size; then end to end the setting with the best bound
-    and the smallest of the candidates (at most ``e2e_runs`` runs in all)."""
-    sweep_warmup, points = 2, []
+    and the smallest of the candidates (at most ``e2e_runs`` runs in all).
+
+    What stops the sweep (a signal, out of memory, a stalled loader) keeps the settings measured
+    so far: ``sweep.error`` holds it, and the sweep is partial."""
+    sweep_warmup = 2
     most = max(grid["batch-size"]) * (2 * max(grid["num-threads"]) + 8 + sweep_warmup)
     images = config.my_images.head(min(len(config.my_images), most))
-    model_fps = {b: measure_model(model, b, 10, sweep_warmup) for b in grid["batch-size"]}
-    for threads, batch_size, queue_size in itertools.product(*(grid[name] for name in SWEEP_FLAGS)):
-        point = SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size])
-        settings = _sweep_settings(config, threads, batch_size, queue_size)
-        with _open_loader(settings, images, BadImagePolicy(skip=True)) as loader:  # speed, whatever the images
-            point.loader_fps = measure_loader(loader.batches, config.device, sweep_warmup)
-        _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
-        points.append(point)
-    sweep = Sweep(points, len(images))
-    best = max(points, key=lambda p: p.bound_fps)
-    for point in [best, *[p for p in sweep.candidates if p is not best][: e2e_runs - 1]]:
-        settings = _sweep_settings(config, point.num_threads, point.batch_size, point.queue_size)
-        policy = BadImagePolicy(skip=True)
-        with _open_loader(settings, images, policy) as loader:
-            point.e2e_fps = benchmark(loader.batches, model, listed=len(images), warmup_batches=sweep_warmup,
-                                      policy=policy).fps  # fmt: skip
-        _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
+    sweep, model_fps = Sweep([], len(images)), {}
+    try:
+        for threads, batch_size, queue_size in itertools.product(*(grid[name] for name in SWEEP_FLAGS)):
+            if batch_size not in model_fps:  # measured when first needed: a stop keeps whole points only
+                with _out_of_memory_stops(config.device, batch_size):
+                    model_fps[batch_size] = measure_model(model, batch_size, 10, sweep_warmup)
+            settings = _sweep_settings(config, threads, batch_size, queue_size)
+            loader_fps = _sweep_timed(settings, images, lambda loader, _: measure_loader(loader.batches,
+                                      config.device, sweep_warmup))  # fmt: skip
+            sweep.points.append(SweepPoint(threads, batch_size, queue_size, loader_fps, model_fps[batch_size]))
+            _LG.info("Sweep: %s: the loader alone %.1f images/s", sweep.points[-1].flags(), loader_fps)
+        best = max(sweep.points, key=lambda p: p.bound_fps)
+        for point in [best, *[p for p in sweep.candidates if p is not best][: e2e_runs - 1]]:
+            settings = _sweep_settings(config, point.num_threads, point.batch_size, point.queue_size)
+            point.e2e_fps = _sweep_timed(settings, images, lambda loader, policy: benchmark(
+                loader.batches, model, listed=len(images), warmup_batches=sweep_warmup, policy=policy).fps)  # fmt: skip
+            _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
+    except (RunStopped, RunInterrupted) as e:
+        sweep.error = e
     return sweep
+
+
+def _sweep_timed(settings: RunConfig, images: ImageList, measure: Callable[[_Loader, BadImagePolicy], float]) -> float:
+    """``measure(loader, policy)`` on a loader of ``settings`` over ``images``, skipping bad images
+    (speed, whatever the images); an interrupt stops the loader at once."""
+    policy = BadImagePolicy(skip=True)
+    with _open_loader(settings, images, policy) as loader:
+        try:
+            with _out_of_memory_stops(settings.device, settings.batch_size):
+                return measure(loader, policy)
+        except RunInterrupted:
+            loader.stop_at_once = True
+            raise
 
 
 ################################################################################
@@ -3775,6 +3888,7 @@ class RunReport:
         pipeline_stats: SPDL's stage statistics (:py:meth:`PipelineStats.summary`).
         decoder_check: The decoder against FFmpeg on the CPU, before the run.
         parity: The loader against timm's reference transform, before the run.
+        world_size: The job's processes (torchrun's WORLD_SIZE).
     """
 
     result: RunResult
@@ -3786,9 +3900,10 @@ class RunReport:
     pipeline_stats: dict | None = None
     decoder_check: DecoderCheck | None = None
     parity: Parity | None = None
+    world_size: int | None = None  # the job's processes (default: one per entry of ``ranks``)
 
     def to_dict(self) -> dict:
-        payload = {**self.result.to_dict(), "world_size": len(self.ranks), "ranks": self.ranks,
+        payload = {**self.result.to_dict(), "world_size": self.world_size or len(self.ranks), "ranks": self.ranks,
                    "config": self.config, "env": self.env}  # fmt: skip
         extras = {"breakdown": self.breakdown, "decoder_check": self.decoder_check, "parity": self.parity}
         payload.update({k: asdict(v) for k, v in extras.items() if v is not None})
@@ -3909,7 +4024,8 @@ def print_sweep(sweep: Sweep, command: Sequence[str], file: TextIO | None = None
         e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
         print(f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} {p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}",
               file=file)  # fmt: skip
-    best = sweep.recommended
+    if (best := sweep.recommended) is None:  # stopped before any setting was measured
+        return
     print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
     print(f"  {' '.join(_with_settings(command, best))}", file=file)
 
@@ -4077,13 +4193,15 @@ def _write_atomically(path: Path | str, text: str | bytes) -> None:
     Raises:
         OSError: the write failed (no space, the folder gone, no permission, not a regular file).
     """
+    if (problem := _not_a_file(path)) is not None:  # the start-up check's own test (_check_output_path)
+        raise OSError(errno.EINVAL, problem, str(path))
     target = Path(os.path.realpath(path))
-    if target.exists() and not target.is_file():
-        raise OSError(f"{target} is not a regular file")
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(text.encode() if isinstance(text, str) else text)
+            # surrogateescape: a name that is not UTF-8 (read with the file system's own
+            # surrogateescape) is written back as the bytes it has on disk, not refused
+            f.write(text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~_umask())
@@ -4092,6 +4210,25 @@ def _write_atomically(path: Path | str, text: str | bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _not_a_file(path: Path | str) -> str | None:
+    """Why ``path`` cannot take an output, or None: it names (links followed, ``/dev/stdout``'s
+    too) a folder, a device, a FIFO or a pipe, or the file this process's stdin, stdout or stderr
+    is (``--results-file /dev/stdout > run.log``: its link leads to run.log, and replacing that
+    would lose the summary)."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:  # /dev/stdout with stdout closed leads to /proc, where no file can be made
+        in_proc = Path(os.path.realpath(path)).parts[1:2] == ("proc",)
+        return "a process's file descriptor (/proc), not a regular file" if in_proc else None
+    if not stat.S_ISREG(found.st_mode):
+        return "not a regular file (a folder, device, FIFO or pipe)"
+    for fd, stream in enumerate(("stdin", "stdout", "stderr")):
+        with contextlib.suppress(OSError):
+            if os.path.samestat(found, os.fstat(fd)):
+                return f"that is the file the run's {stream} goes to, which it would replace; give another name"
+    return None
 
 
 def _umask() -> int:
@@ -4286,13 +4423,15 @@ PREDICTION_SUFFIXES = (".csv", ".jsonl")
 
 def _check_output_path(flag: str, path: Path) -> str:
     """One file the run will write (see _check_outputs); returns its real path."""
+    if str(path) == "-":  # stdout carries the summary; a file beside it is what was meant, or a mistake
+        raise UsageError(f"{flag} -: the summary goes to stdout; give a file name (- is none)")
     if path.name in ("", ".", "..") or str(path).endswith(os.sep):
         raise UsageError(f"{flag} {path}: not a file name")
+    if (problem := _not_a_file(path)) is not None:
+        raise UsageError(f"{flag} {path}: {problem}")
     target = Path(os.path.realpath(path))
     if not target.parent.is_dir():
         raise UsageError(f"{flag} {path}: folder {target.parent} does not exist")
-    if target.exists() and not target.is_file():
-        raise UsageError(f"{flag} {path}: not a regular file")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"{flag} {path}: cannot write there")
     return str(target)
@@ -4322,6 +4461,8 @@ def _check_caches(device: torch.device, compile: bool) -> None:
 
 def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = ()) -> RunConfig:
     """Check everything that can be checked before the model is built; build the run's config."""
+    if shard.world_size > 1 and str(args.input_flist) == "-":
+        raise UsageError("--input-flist -: under torchrun every rank would read stdin; give the list as a file")
     images = _read_images(args)
     try:
         if args.checkpoint is not None and not args.checkpoint.is_file():
@@ -4334,6 +4475,8 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         raise UsageError("--breakdown runs in a single process, not under torchrun")
     if args.cold_cache and not hasattr(os, "posix_fadvise"):
         raise UsageError(f"--cold-cache: {platform.system()} has no posix_fadvise to evict files from the page cache")
+    if args.parity and shard.world_size > 1:  # rank 0 alone would compare, while the others wait out --timeout
+        raise UsageError("--parity compares in a single process, not under torchrun")
     device = resolve_device(args.device, shard.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that no library makes a context on cuda:0 for this rank
@@ -4343,12 +4486,17 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
     _check_caches(device, args.compile)
     transform = EvalTransform.from_model_name(args.model)
     torch_loader = args.loader == "torch"
+    # A thread or worker with no image idles, and costs memory (a process each for the DataLoader).
+    # (The queue is a bound that allocates nothing: it stays as given.)
+    threads = min(args.num_threads, max(1, shard.size_of(len(images))))
+    if threads < args.num_threads:
+        _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
     return RunConfig(
         images=images, shard=shard, device=device, loader=args.loader,
         decoder="pil" if torch_loader else decoder, decoder_backend="pil" if torch_loader else backend,
-        transform=transform, batch_size=args.batch_size, decode_threads=args.num_threads,
-        decode_concurrency=min(args.num_threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else args.num_threads,
-        loader_workers=args.num_threads, queue_size=args.queue_size, model=args.model,
+        transform=transform, batch_size=args.batch_size, decode_threads=threads,
+        decode_concurrency=min(threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else threads,
+        loader_workers=threads, queue_size=args.queue_size, model=args.model,
         weights=str(args.checkpoint) if args.checkpoint else "pretrained" if args.pretrained else "random",
         checkpoint=args.checkpoint, dtype=dtype, dtype_reason=dtype_reason, compile=args.compile and args.compile_mode,
         warmup_batches=args.warmup_batches, skip_bad=args.skip_bad, max_bad=args.max_bad,
@@ -4356,20 +4504,35 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         parity=args.parity, check_decoder=0 if torch_loader else args.check_decoder,
         stats_interval=args.stats_interval or -1, results_file=args.results_file,
         predictions_file=args.predictions_file, trace=args.trace, plot=args.plot, cold_cache=args.cold_cache,
-        sweep=_sweep_grid(args, shard), command=tuple(command),
+        sweep=_sweep_grid(args, shard, len(images)), command=tuple(command),
     )  # fmt: skip
 
 
-def _sweep_grid(args: argparse.Namespace, shard: Shard) -> dict[str, list[int]] | None:
+def _sweep_grid(args: argparse.Namespace, shard: Shard, listed: int) -> dict[str, list[int]] | None:
     if not args.sweep:
         return None
     if shard.world_size > 1:
         raise UsageError("--sweep runs in a single process, not under torchrun")
     defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size}
     try:
-        return parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
+        grid = parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
     except ValueError as e:
         raise UsageError(f"--sweep: {e}") from None
+    if args.loader == "torch" and len(grid["queue-size"]) > 1:
+        raise UsageError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
+    capped = _capped_sizes(grid, listed)
+    if capped != grid:
+        asked = ", ".join(f"{name}={','.join(map(str, grid[name]))}" for name in grid if capped[name] != grid[name])
+        _LG.info("Sweep: %s capped at the %d images listed.", asked, listed)
+    return capped
+
+
+def _capped_sizes(grid: dict[str, list[int]], listed: int) -> dict[str, list[int]]:
+    """The grid with batch sizes and thread counts above ``listed`` at ``listed``: a batch holds
+    no more images than the list (as the run's own batches do), and a thread or worker without an
+    image does nothing but cost memory."""
+    capped = {name: sorted({min(v, listed) for v in grid[name]}) for name in ("num-threads", "batch-size")}
+    return {**grid, **capped}  # the queue is a bound that allocates nothing: as given
 
 
 def _check_decoder(config: RunConfig) -> DecoderCheck | None:
@@ -4453,14 +4616,14 @@ def _clock_start_hook(shard: Shard, stats: PipelineStats | None) -> Callable[[],
 
 
 @contextlib.contextmanager
-def _tracing(path: Path | None) -> Iterator[None]:
-    """With a path, record torch's profiler trace (PATH.json) and SPDL's (PATH.pftrace)."""
+def _tracing(path: Path | None) -> Iterator[torch.profiler.profile | None]:
+    """With a path, record SPDL's trace (into PATH.pftrace as it goes) and torch's: yields torch's
+    profiler, whose trace (PATH.json) the caller exports once the run has ended or stopped."""
     if path is None:
-        yield
+        yield None
         return
     with torch.profiler.profile() as profiler, spdl.io.utils.tracing(f"{path}.pftrace"):
-        yield
-    profiler.export_chrome_trace(f"{path}.json")
+        yield profiler
 
 
 @dataclass
@@ -4471,6 +4634,8 @@ class _Outcome:
     error: BaseException | None = None
     pipeline_stats: dict | None = None
     stopped_cleanly: bool = True
+    profiler: torch.profiler.profile | None = None  # --trace: torch's trace, exported after the summary
+    job_stop_reason: str | None = None  # under torchrun: what stopped the job, if a peer's failure did
 
 
 def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
@@ -4483,7 +4648,7 @@ def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
     try:
         with _open_loader(config, images, policy) as loader:
             try:
-                with _tracing(config.trace if config.shard.rank == 0 else None):
+                with _tracing(config.trace if config.shard.rank == 0 else None) as outcome.profiler:
                     outcome.result = benchmark(
                         loader.batches, model, listed=len(images), warmup_batches=warmup, policy=policy,
                         sync_clocks=_clock_start_hook(config.shard, loader.stats), progress=progress,
@@ -4547,17 +4712,70 @@ def _look_at_cache(config: RunConfig) -> PageCache:
 
 
 def _combine_ranks(outcome: _Outcome, config: RunConfig) -> list[dict]:
-    """The job's totals into ``outcome.result`` (a rank that failed stays alone); the per-rank list."""
+    """The job's totals into ``outcome.result``; the per-rank list (see ``_job_after_stop`` for a
+    job that stopped)."""
     mine = _rank_entry(outcome.result, config.shard, config.device)
-    if config.shard.world_size == 1 or outcome.error is not None:
+    if config.shard.world_size == 1:
         return [mine]
-    try:
-        outcome.result, ranks = reduce_results(outcome.result, config.shard, config.device)
-    except RuntimeError as e:  # a peer stopped before the final reduction
+    if outcome.error is None:
+        try:
+            outcome.result, ranks = reduce_results(outcome.result, config.shard, config.device)
+            return ranks
+        except RuntimeError as e:  # a peer stopped before the final reduction
+            outcome.error = PeerStopped(_peer_gone(e))
+        except RunInterrupted as e:  # torchrun ends the other ranks once one has stopped
+            outcome.error = e
         outcome.result.partial = True
-        outcome.error = PeerStopped(_peer_gone(e))
+    return _job_after_stop(outcome, config, mine)
+
+
+_COUNTS = ("classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches", "batches_timed",
+           "decoder_fallbacks")  # fmt: skip
+PEER_WORD_S = 2.0  # how long rank 0, stopped by a peer or a signal, waits for the stopped ranks' shares
+
+
+def _job_after_stop(outcome: _Outcome, config: RunConfig, mine: dict) -> list[dict]:
+    """A stopped job as this rank can know it: its own share, left for rank 0 in the job's store;
+    on rank 0, the job's totals over the whole list from the shares of every rank that stopped
+    (a rank with no word: its images not reached), and in ``outcome.job_stop_reason`` the failure
+    that stopped the job, rather than the signal or lost peer it reached rank 0 as."""
+    result, shard = outcome.result, config.shard
+    own = _explain(outcome.error, config)[0] if outcome.error is not None else "stopped"
+    share = {**mine, **{k: getattr(result, k) for k in _COUNTS}, "failures": result.failures, "stop_reason": own,
+             "stopped_by": type(outcome.error).__name__}  # fmt: skip
+    _publish_stop(share, shard.rank)
+    if shard.rank != 0:
         return [mine]
-    return ranks
+    followed = isinstance(outcome.error, PeerStopped | RunInterrupted)  # then the cause may be a peer's
+    shares = [share, *_stopped_peers(shard, PEER_WORD_S if followed else 0.0)]
+    job = RunResult(len(config.images), partial=True, elapsed_s=max(e["elapsed_s"] for e in shares),
+                    warmup_included=result.warmup_included, timeline=result.timeline, predictions=result.predictions,
+                    failures=[f for e in shares for f in e["failures"]])  # fmt: skip
+    for k in _COUNTS:
+        setattr(job, k, sum(e[k] for e in shares))
+    if result.loader_lead is not None:
+        job.loader_lead = result.loader_lead * shard.world_size
+    causes = [e for e in shares if e["stopped_by"] not in ("PeerStopped", "RunInterrupted")]
+    cause = (causes or [e for e in shares if e["stopped_by"] == "RunInterrupted"] or [share])[0]
+    outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {cause['stop_reason']}"
+    outcome.result = job
+    return [{k: e[k] for k in (*mine, "stop_reason")} for e in sorted(shares, key=lambda e: e["rank"])]
+
+
+def _parity_decode(config: RunConfig) -> Callable[[Sequence[tuple[str, int]]], Batch]:
+    """The run's own decode for :py:func:`measure_parity`, skipping bad images: the decode
+    function of the SPDL loader, or the DataLoader's (PIL, in this process) for ``--loader torch``."""
+    policy = BadImagePolicy(skip=True)
+    if config.loader != "torch":
+        return get_decode_func(config.device, config.transform, config.decoder, policy,
+                               max_image_bytes=config.max_image_bytes)  # fmt: skip
+
+    def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> Batch:
+        images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
+        batch = collate_pil(list(PILDataset(images, config.transform, config.max_image_bytes)))
+        return next(torch_loader_batches(iter([batch]), config.device, policy))
+
+    return decode_like_the_dataloader
 
 
 def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunReport, _Outcome]:
@@ -4574,20 +4792,24 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
                  if config.compile == "max-autotune" else "")  # fmt: skip
     parity = None
     if config.parity and config.shard.rank == 0:
-        decode = get_decode_func(config.device, config.transform, config.decoder, BadImagePolicy(skip=True))
-        parity = measure_parity(list(config.images.head(config.parity)), decode, model, config.batch_size)
+        parity = measure_parity(list(config.images.head(config.parity)), _parity_decode(config), model,
+                                min(config.batch_size, config.parity))  # fmt: skip
     page_cache = _look_at_cache(config)  # last before the loop: the decoder check and parity read images too
     outcome = _run_loop(config, model)
     outcome.result.page_cache = page_cache
     report = RunReport(outcome.result, config.to_dict(), environment(config.device), [],
-                       pipeline_stats=outcome.pipeline_stats, decoder_check=decoder_check, parity=parity)  # fmt: skip
+                       pipeline_stats=outcome.pipeline_stats, decoder_check=decoder_check, parity=parity,
+                       world_size=config.shard.world_size)  # fmt: skip
     if config.breakdown and outcome.error is None and outcome.stopped_cleanly:
         try:
             report.breakdown = _measure_breakdown(config, model, outcome.result)
         except RunInterrupted as e:
             report.breakdown_cut, outcome.error = e.reason, e
         except (RunStopped, RuntimeError, MemoryError) as e:  # the run's result stands; say why this did not
-            report.breakdown_cut = f"it failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if not isinstance(e, RunStopped) and _is_out_of_memory(e):  # the model alone's batch: the run's advice
+                e = OutOfMemory(config.device, min(config.batch_size, len(config.my_images)))
+            reason = _explain(e, config)[0] if isinstance(e, RunStopped) else str(e).splitlines()[0] if str(e) else ""
+            report.breakdown_cut = f"it failed: {type(e).__name__}: {reason}"
     report.ranks = _combine_ranks(outcome, config)
     report.result = outcome.result
     return report, outcome
@@ -4629,7 +4851,8 @@ def _explain_input(error: InputError) -> str:
 
 
 def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | None]]]) -> list[str]:
-    """Write each ``(path, writer)`` that has a path; one line per file not written. A writer that
+    """Write each ``(path, writer)`` that has a path, each on its own: one that fails (the disk,
+    or a plot that cannot be drawn) costs no other; one line per file not written. A writer that
     returns False could not draw (no matplotlib): a note, not an error."""
     errors = []
     for path, write in outputs:
@@ -4640,25 +4863,44 @@ def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | 
                 _say(f"note: {path} not drawn: {PLOT_HINT}")
         except OSError as e:
             errors.append(f"{path}: cannot write the results there ({e.strerror or e}); they are only above")
+        except Exception as e:  # e.g. matplotlib on data it cannot draw: this file alone is lost, not the run's
+            _LG.debug("writing %s failed", path, exc_info=True)
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            errors.append(f"{path}: not written ({reason}; --debug shows where)")
     return errors
 
 
-def _run_sweep(config: RunConfig) -> int:
-    """The sweep instead of a run: the table, the results file, the plot."""
-    model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
-                      checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype)  # fmt: skip
-    sweep = run_sweep(config, model, config.sweep or {})
-    payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": environment(config.device)}
-    not_written = _write_outputs([
-        (config.results_file, lambda path: _write_atomically(path, json.dumps(payload, indent=2) + "\n")),
-        (config.plot, lambda path: plot_sweep(sweep, path)),
-    ])  # fmt: skip
-    _print_out(print_sweep, sweep, config.command)
-    if config.plot is None:
-        _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
-    for line in not_written:
-        _say(f"error: {line}")
-    return EXIT_FAILED if not_written else 0
+def _run_sweep(config: RunConfig, signals: _Signals) -> int:
+    """The sweep instead of a run: the table, then the results file and the plot, with the
+    settings measured so far if the sweep stopped (marked partial)."""
+    decoder_check = None
+    try:
+        decoder_check = _check_decoder(config)  # a GPU decoder is checked as for a run
+        model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
+                          checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype)  # fmt: skip
+        sweep = run_sweep(config, model, config.sweep or {})
+    except (RunStopped, RunInterrupted) as e:  # before the first setting: an empty sweep, written all the same
+        sweep = Sweep([], 0, error=e)
+    with signals.deferred_while():
+        status = 0
+        if sweep.error is not None:
+            sweep.stop_reason, status = _explain(sweep.error, config)
+            _say(f"error: {sweep.stop_reason}; the settings measured before it are below (PARTIAL SWEEP)")
+        payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": environment(config.device)}
+        if decoder_check is not None:
+            payload["decoder_check"] = asdict(decoder_check)
+        _print_out(print_sweep, sweep, config.command)
+        not_written = _write_outputs([
+            (config.results_file, lambda path: _write_atomically(path, json.dumps(payload, indent=2) + "\n")),
+            (config.plot if sweep.points else None, lambda path: plot_sweep(sweep, path)),
+        ])  # fmt: skip
+        if config.plot is None:
+            _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
+        for line in not_written:
+            _say(f"error: {line}")
+    if signals.deferred is not None:
+        status = status or (EXIT_SIGINT if signals.deferred == signal.SIGINT else EXIT_SIGTERM)
+    return status or (EXIT_FAILED if not_written else 0)
 
 
 def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
@@ -4669,17 +4911,23 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
     label = f"rank {shard.rank}: " if alone else ""
     if outcome.error is not None:
         message, status = _explain(outcome.error, config)
-        report.result.stop_reason = message
-        _say(f"error: {label}{message}")
-    rows, timeline = outcome.result.predictions, outcome.result.timeline
+        job = outcome.job_stop_reason
+        report.result.stop_reason = job or message
+        _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
+    rows, timeline, profiler = outcome.result.predictions, outcome.result.timeline, outcome.profiler
     outputs = [
         (config.results_file, lambda path: write_results(path, report)),
-        (config.predictions_file if rows is not None else None, lambda path: write_predictions(path, rows or [])),
+        (config.predictions_file, lambda path: write_predictions(path, rows or [])),  # a stopped run's rows too
         (config.plot if timeline else None, lambda path: plot_timeline(timeline or {}, path)),
+        (config.trace if profiler is not None else None, lambda path: profiler.export_chrome_trace(f"{path}.json")),
     ]
-    not_written = _write_outputs(outputs) if shard.rank == 0 else []  # first: the lasting record
-    if shard.rank == 0 or alone:
-        _print_out(print_report, report)
+    try:
+        if shard.rank == 0 or alone:  # the summary first: no file, however it fails, can cost it
+            _print_out(print_report, report)
+    finally:  # nor can the summary cost the files
+        not_written = _write_outputs(outputs) if shard.rank == 0 else []
+    if config.plot is not None and not timeline and shard.rank == 0:
+        _say(f"note: {config.plot} not drawn: the run stopped before its first batch")
     for line in not_written:
         _say(f"error: {line}")
     return status or (EXIT_FAILED if not_written else 0)
@@ -4764,29 +5012,48 @@ def _shard_from_env() -> Shard:
 
 def _run_job(config: RunConfig, signals: _Signals) -> int:
     """The run, alone or as one rank of a torchrun job. Returns the exit status."""
-    decoder_check = _check_decoder(config) if config.shard.rank == 0 or config.shard.world_size == 1 else None
-    if config.shard.world_size > 1:
-        # Compilation happens on the first batches, before the warm-up barrier: allow for it.
-        init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
     try:
-        report, outcome = _run(config, decoder_check)
+        report, outcome = _run_or_stop(config)
         with signals.deferred_while():
             status = _finish(report, outcome, config)
     finally:
         if config.shard.world_size > 1:
             import torch.distributed as dist
 
-            # Left to interpreter shutdown, Gloo's threads free tensors without the GIL and abort.
-            dist.destroy_process_group()
+            if dist.is_initialized():  # left to interpreter shutdown, Gloo's threads free tensors without the GIL
+                dist.destroy_process_group()
     if signals.deferred is not None:
         status = status or (EXIT_SIGINT if signals.deferred == signal.SIGINT else EXIT_SIGTERM)
     return status
+
+
+def _run_or_stop(config: RunConfig) -> tuple[RunReport, _Outcome]:
+    """The decoder check, joining the torchrun job, the run; what stops it before its loop (a
+    signal while the model compiles, out of memory in the parity pass) is an outcome too, with
+    nothing measured, reported and written like any stopped run."""
+    decoder_check = None
+    try:
+        if config.shard.rank == 0 or config.shard.world_size == 1:
+            decoder_check = _check_decoder(config)
+        if config.shard.world_size > 1:
+            # Compilation happens on the first batches, before the warm-up barrier: allow for it.
+            init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
+            _agree_on_job(config)
+        return _run(config, decoder_check)
+    except (RunStopped, RunInterrupted) as e:
+        outcome = _Outcome(RunResult(len(config.my_images), partial=True), e)
+        report = RunReport(outcome.result, config.to_dict(), environment(config.device), [],
+                           decoder_check=decoder_check, world_size=config.shard.world_size)  # fmt: skip
+        report.ranks = _combine_ranks(outcome, config)
+        report.result = outcome.result
+        return report, outcome
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line's work: check the inputs, build the model and loader, run, report.
     Returns the exit status (argparse exits with 2 itself on a malformed command line)."""
     args = _parse_args(argv)
+    _escape_unprintable()
     command = ("imagenet_classification.py", *(sys.argv[1:] if argv is None else argv))
     _init_logging(args.debug, spdl_stats=args.stats_interval is not None)
     config = None
@@ -4796,7 +5063,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if shard.rank != 0:
                 logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
             config = _preflight(args, shard, command)
-            return _run_sweep(config) if config.sweep else _run_job(config, signals)
+            return _run_sweep(config, signals) if config.sweep else _run_job(config, signals)
         except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
             message, status = _explain(e, config)
             _say(f"error: {message}")
@@ -4811,9 +5078,7 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
     when Gloo's threads free their last tensors, and print nanobind's warnings about SPDL
     buffers still alive.
     """
-    with contextlib.suppress(AttributeError, ValueError):  # a path the terminal cannot show is escaped
-        sys.stdout.reconfigure(errors="backslashreplace")
-        sys.stderr.reconfigure(errors="backslashreplace")
+    _escape_unprintable()
     try:
         status = main(argv)
     except SystemExit as e:  # argparse: a malformed command line (2), or --help (0)
@@ -4829,6 +5094,14 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
         sys.stderr.flush()
     _end_children()
     os._exit(status)
+
+
+def _escape_unprintable() -> None:
+    """Escape on screen what stdout and stderr cannot encode (a name that is not UTF-8, read with
+    surrogateescape): a strict stream (a notebook's) would otherwise cut the summary there."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _end_children() -> None:

@@ -1,4 +1,4 @@
-"""Hostile input, round two: every argument, every file read or written, every phase of a run.
+"""Hostile input, rounds two and three: every argument, every file read or written, every phase of a run.
 
 Each test is a case from the hostile sweeps: a traceback, a lost result or a wrong image that
 the command line must turn into a one-line error, a counted failure, or the right image.
@@ -12,6 +12,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -410,3 +411,309 @@ def test_a_signal_stops_the_dataloader_baseline_quickly(dataset):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and time.monotonic() - sent < 2.0, stderr
     assert "(PARTIAL RUN)" in stdout and "Traceback" not in stderr
+
+
+# --- Round three: what the user asked for is written, whatever the run met --------------------------
+
+
+def _main(argv: list, capfd) -> tuple[int, str, str]:
+    """``main(argv)`` in this process: the exit status (argparse's too), stdout, stderr."""
+    try:
+        status = ic.main([str(a) for a in argv])
+    except SystemExit as e:
+        status = e.code
+    out, err = capfd.readouterr()
+    return status, out, err
+
+
+def _errors(err: str) -> list[str]:
+    return [line for line in err.splitlines() if re.match(r"(\S+\.py: )?error:", line)]  # argparse's too
+
+
+def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(dataset, tmp_path, capfd, monkeypatch):
+    out, rows, plot = tmp_path / "r.json", tmp_path / "p.csv", tmp_path / "t.png"
+    args = ["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--results-file", out,
+            "--predictions-file", rows, "--plot", plot]  # fmt: skip
+    ic._init_logging()  # onto this test's stderr (an earlier in-process main() left it on its own)
+    config = ic._preflight(ic._parse_args([str(a) for a in args]), ic.Shard())
+    plot.mkdir()  # the plot's name taken by a folder after the start-up check
+    report, outcome = ic._run_or_stop(config)
+    assert ic._finish(report, outcome, config) == 1
+    stdout, stderr = capfd.readouterr()
+    assert "Images: listed=12 classified=12" in stdout
+    (line,) = _errors(stderr)  # (whether matplotlib could draw it, or not)
+    assert line.startswith(f"error: {plot}: ") and "Traceback" not in stderr
+    assert read_json(out)["classified"] == 12 and len(rows.read_text().splitlines()) == 13
+    # matplotlib failing on what it is given (not an OSError) is one line too, and costs no other file
+    plot.rmdir()
+    out.unlink()
+
+    def cannot_draw(timeline: dict, path: Path) -> bool:
+        raise ValueError("x and y must have same first dimension, but have shapes (4,) and (5,)")
+
+    monkeypatch.setattr(ic, "plot_timeline", cannot_draw)
+    assert ic._finish(report, outcome, config) == 1
+    stdout, stderr = capfd.readouterr()
+    assert "Images: listed=12 classified=12" in stdout and "Traceback" not in stderr
+    assert _errors(stderr) == [f"error: {plot}: not written (ValueError: x and y must have same first dimension, "
+                               "but have shapes (4,) and (5,); --debug shows where)"]  # fmt: skip
+    assert read_json(out)["classified"] == 12 and not plot.exists()
+
+
+def test_names_that_are_not_utf8_are_written_as_their_bytes(tmp_path, capfd):
+    root = tmp_path / "data"
+    make_jpeg_set(root, 4)
+    folder = root / "val" / "n01440764"
+    good = os.fsencode(folder) + b"/caf\xe9-\xff.JPEG"  # Latin-1 bytes: not UTF-8
+    bad = os.fsencode(folder) + b"/bad-\xfe.JPEG"
+    os.rename(next(folder.iterdir()), good)
+    Path(os.fsdecode(bad)).write_bytes(b"not a JPEG" * 30)
+    rows, out = tmp_path / "p.csv", tmp_path / "r.json"
+    base = ["--data-dir", root / "val", *FAST, "--skip-bad", "--results-file", out]
+    status, stdout, stderr = _main([*base, "--predictions-file", rows], capfd)
+    assert status == 0, stderr
+    assert "failed: " in stdout and "bad-\\udcfe.JPEG" in stdout  # escaped on screen, the summary whole
+    assert any(line.startswith(good + b",") for line in rows.read_bytes().splitlines())  # CSV: the name's own bytes
+    result = read_json(out)  # JSON: Python's surrogate escapes, which os.fsencode turns back into the bytes
+    assert [os.fsencode(f["path"]) for f in result["failures"]] == [bad]
+    jsonl = tmp_path / "p.jsonl"
+    status, _, stderr = _main([*base, "--predictions-file", jsonl], capfd)
+    assert status == 0, stderr
+    assert good in [os.fsencode(json.loads(line)["path"]) for line in jsonl.read_text().splitlines()]
+
+
+def test_a_stopped_run_keeps_its_trace_and_predictions(dataset, tmp_path, capfd):
+    lines = dataset.read_text().splitlines()
+    (dataset.parent / "broken.JPEG").write_bytes(b"\xff\xd8 not the rest of a JPEG")
+    dataset.write_text("\n".join([*lines[:9], "val/n01440764/../../broken.JPEG", *lines[9:]]) + "\n")
+    trace, rows = tmp_path / "t", tmp_path / "p.jsonl"
+    status, stdout, stderr = _main(["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--num-threads",
+                                    "1", "--trace", trace, "--predictions-file", rows], capfd)  # fmt: skip
+    assert status == 1 and "(PARTIAL RUN)" in stdout, stderr
+    assert json.loads(Path(f"{trace}.json").read_text())["traceEvents"] and Path(f"{trace}.pftrace").stat().st_size
+    kept = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert len(kept) == int(re.search(r"classified=(\d+)", stdout).group(1)) == 8  # the two batches before it
+
+
+def test_a_signal_during_the_sweep_keeps_the_settings_measured(dataset, tmp_path):
+    lines = dataset.read_text().splitlines()
+    dataset.write_text("\n".join(lines * 9) + "\n")
+    out = tmp_path / "s.json"
+    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--sweep", "num-threads=1,2",
+               "batch-size=2,4,8", "--results-file", out)  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    measured = 0
+    while measured < 2:
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None
+        measured += "the loader alone" in line
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert "error: interrupted by SIGTERM; the settings measured before it are below (PARTIAL SWEEP)" in stderr
+    sweep = read_json(out)["sweep"]
+    assert sweep["partial"] is True and sweep["stop_reason"] == "interrupted by SIGTERM"
+    assert [(p["num_threads"], p["batch_size"]) for p in sweep["points"]][:2] == [(1, 2), (1, 4)]
+    assert "threads  batch  queue" in stdout and re.search(r"\n +1 +4 +16 ", stdout)
+
+
+# --- Round three: every rank sees the same job -----------------------------------------------------
+
+
+def _ranks(flists: list[Path], out: Path, *extra: str, timeout: str = "20", world_size: int = 0,
+           per_rank: tuple = ()) -> list:  # fmt: skip
+    """Ranks started by hand (as torchrun would), rank r reading ``flists[r]`` with the flags
+    ``per_rank[r]`` too, of a job of ``world_size`` (default: as many as lists); their completed
+    processes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, flist in enumerate(flists):
+        env = {**os.environ, "WORLD_SIZE": str(world_size or len(flists)), "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        cmd = _cli("--input-flist", flist, "--prefix", f"{flist.parent}/", *FAST, "--num-threads", "1", "--timeout",
+                   timeout, "--results-file", f"{out}.{rank}", *extra, *(per_rank or [()] * 9)[rank])  # fmt: skip
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    done = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return done
+
+
+def test_ranks_that_read_different_lists_stop_before_the_run(dataset, tmp_path):
+    grown = dataset.with_name("grown.flist")  # the list as a later rank read it: three more lines written
+    grown.write_text(dataset.read_text() + "\n".join(dataset.read_text().splitlines()[:3]) + "\n")
+    procs = _ranks([dataset, grown], tmp_path / "r.json")
+    for rank, proc in enumerate(procs):
+        assert proc.returncode == 2, proc.stderr
+        _one_line_error(proc, "the ranks read different lists (images rank 0: 12, rank 1: 15): was it still being "
+                        "written?")  # fmt: skip
+        assert "Model test_efficientnet" not in proc.stderr and not Path(f"{tmp_path / 'r.json'}.{rank}").exists()
+    procs = _ranks([dataset, dataset], tmp_path / "r.json", per_rank=([], ["--batch-size", "8"]))
+    for proc in procs:  # the same list, other flags: the warm-ups and shards would not match
+        assert proc.returncode == 2, proc.stderr
+        _one_line_error(proc, "the ranks were given different settings (batch_size: rank 0: 4, rank 1: 8)")
+
+
+def test_a_rank_that_never_joins_is_one_line_and_a_results_file(dataset, tmp_path):
+    (proc,) = _ranks([dataset], tmp_path / "r.json", timeout="2", world_size=2)  # rank 1 never starts
+    assert proc.returncode == 1, proc.stderr
+    _one_line_error(proc, "the job's other ranks did not join within 2 s")
+    result = read_json(f"{tmp_path / 'r.json'}.0")
+    assert result["world_size"] == 2 and result["listed"] == 12 and result["not_reached"] == 12 and result["partial"]
+
+
+def test_rank_0s_results_file_gives_the_job_that_a_rank_stopped(dataset, tmp_path):
+    lines = dataset.read_text().splitlines() * 4
+    (dataset.parent / "broken.JPEG").write_bytes(b"not a JPEG at all" * 20)
+    lines[5] = "val/n01440764/../../broken.JPEG"  # line index 5 falls to rank 1
+    dataset.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r.json"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd = [*launcher, *_cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--batch-size", "2",
+                            "--num-threads", "1", "--warmup-batches", "1", "--results-file", out)[1:]]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode != 0
+    result = read_json(out)
+    assert result["world_size"] == 2 and result["listed"] == 48 and _accounted(result) and result["partial"] is True
+    assert [f["path"] for f in result["failures"]] == [f"{dataset.parent}/{lines[5]}"]
+    assert result["stop_reason"].startswith(f"rank 1: cannot decode {dataset.parent}/{lines[5]}")
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert result["ranks"][1]["stop_reason"].startswith("cannot decode")
+    assert result["classified"] == sum(r["classified"] for r in result["ranks"])
+
+
+# --- Round three: flags that cannot work together stop before the model is built -------------------
+
+TORCHRUN = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+
+
+@pytest.mark.parametrize(
+    "args, env, flags",
+    [
+        (["--loader", "torch", "--use-nvjpeg"], {}, ("--loader torch", "--use-nvjpeg")),
+        (["--loader", "torch", "--use-nvdec"], {}, ("--loader torch", "--use-nvdec")),
+        (["--loader", "torch", "--stats-interval", "1"], {}, ("--stats-interval", "--loader torch")),
+        (["--loader", "torch", "--sweep", "queue-size=2,4"], {}, ("--sweep queue-size", "--loader torch")),
+        (["--trace", "t", "--breakdown"], {}, ("--trace", "--breakdown")),
+        (["--sweep", "auto", "--breakdown"], {}, ("--sweep", "--breakdown")),
+        (["--sweep", "auto", "--trace", "t"], {}, ("--sweep", "--trace")),
+        (["--sweep", "auto", "--parity", "2"], {}, ("--sweep", "--parity")),
+        (["--sweep", "auto", "--predictions-file", "p.csv"], {}, ("--sweep", "--predictions-file")),
+        (["--sweep", "auto", "--skip-bad", "--max-bad", "2"], {}, ("--sweep", "--max-bad")),
+        (["--use-nvjpeg", "--use-nvdec"], {}, ("--use-nvjpeg", "--use-nvdec")),
+        (["--use-nvdec"], {}, ("--use-nvdec", "cpu")),  # FAST runs on --device cpu
+        (["--max-bad", "3"], {}, ("--max-bad", "--skip-bad")),
+        (["--breakdown"], TORCHRUN, ("--breakdown", "torchrun")),
+        (["--sweep", "auto"], TORCHRUN, ("--sweep", "torchrun")),
+        (["--parity", "2"], TORCHRUN, ("--parity", "torchrun")),
+        (["--input-flist", "-"], TORCHRUN, ("--input-flist -", "torchrun")),
+    ],
+)
+def test_flags_that_cannot_work_together_stop_before_the_model(dataset, tmp_path, capfd, monkeypatch, args, env, flags):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    where = [] if "--input-flist" in args else ["--input-flist", dataset, "--prefix", f"{dataset.parent}/"]
+    status, _, stderr = _main([*where, *FAST, *args], capfd)
+    assert status == 2, stderr
+    assert len(_errors(stderr)) == 1 and all(flag in _errors(stderr)[0] for flag in flags), stderr
+    assert "Traceback" not in stderr and "Model test_efficientnet" not in stderr
+
+
+def test_flag_pairs_that_work_together(dataset, tmp_path, capfd):
+    # --parity with the DataLoader baseline compares PIL's decode (the baseline's) with timm's; its N
+    # is capped at the images listed; --trace with the baseline writes both traces.
+    out, trace = tmp_path / "r.json", tmp_path / "t"
+    args = ["--loader", "torch", "--parity", "100000", "--trace", trace, "--results-file", out]
+    status, stdout, stderr = _main(["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, *args], capfd)
+    assert status == 0, stderr
+    parity = read_json(out)["parity"]
+    assert parity["images"] == 12 and parity["mad_max"] == 0.0 and "Parity with timm's reference" in stdout
+    assert Path(f"{trace}.json").stat().st_size and Path(f"{trace}.pftrace").exists()
+
+
+# --- Round three: sizes the user gives are capped by the run's own work -----------------------------
+
+
+def test_sweep_and_worker_sizes_are_capped_at_the_images_listed(dataset, tmp_path, capfd):
+    out = tmp_path / "s.json"
+    status, stdout, stderr = _main(["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--sweep",
+                                    "batch-size=100000", "num-threads=64", "--results-file", out], capfd)  # fmt: skip
+    assert status == 0, stderr
+    assert [(p["batch_size"], p["num_threads"]) for p in read_json(out)["sweep"]["points"]] == [(12, 12)]
+    assert "Sweep: num-threads=64, batch-size=100000 capped at the 12 images listed." in stderr
+    status, _, stderr = _main(["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--loader", "torch",
+                               "--num-threads", "500", "--max-samples", "3", "--results-file", out], capfd)  # fmt: skip
+    assert status == 0, stderr  # not 500 worker processes for 3 images
+    assert read_json(out)["config"]["loader_workers"] == 3 and read_json(out)["classified"] == 3
+
+
+def test_out_of_memory_in_the_sweep_keeps_what_was_measured_with_the_runs_advice(dataset, tmp_path):
+    lines = dataset.read_text().splitlines()
+    dataset.write_text("\n".join(lines * 20) + "\n")  # 240 images
+
+    def small_address_space() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (5_000_000_000, 5_000_000_000))
+
+    out = tmp_path / "s.json"
+    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", "--model", "resnet50", "--no-pretrained",
+               "--device", "cpu", "--no-compile", "--dtype", "float32", "--num-threads", "2", "--sweep",
+               "batch-size=2,240", "--results-file", out)  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=small_address_space)
+    assert proc.returncode == 1, proc.stderr
+    _one_line_error(proc, "out of memory on cpu with a batch of 240 images; try --batch-size 120")
+    sweep = read_json(out)["sweep"]
+    assert sweep["partial"] is True and [p["batch_size"] for p in sweep["points"]] == [2]
+
+
+def test_out_of_memory_in_the_parity_pass_is_the_runs_advice_and_a_results_file(dataset, tmp_path):
+    lines = dataset.read_text().splitlines()
+    dataset.write_text("\n".join(lines * 20) + "\n")  # 240 images
+
+    def small_address_space() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (5_000_000_000, 5_000_000_000))
+
+    out = tmp_path / "r.json"
+    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", "--model", "resnet50", "--no-pretrained",
+               "--device", "cpu", "--no-compile", "--dtype", "float32", "--num-threads", "2", "--batch-size", "240",
+               "--parity", "240", "--results-file", out)  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=small_address_space)
+    assert proc.returncode == 1, proc.stderr
+    _one_line_error(proc, "out of memory on cpu with a batch of 240 images; try --batch-size 120")
+    result = read_json(out)  # stopped before the loop: nothing measured, and said so
+    assert result["partial"] is True and result["not_reached"] == 240 and result["stop_reason"].startswith("out of")
+
+
+# --- Round three: outputs that are devices or streams ---------------------------------------------
+
+
+def test_stdout_and_dash_are_no_output_files(dataset, tmp_path, capfd):
+    base = ["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST]
+    for flag in ("--results-file", "--predictions-file", "--plot", "--trace"):
+        status, _, stderr = _main([*base, flag, "-"], capfd)
+        assert status == 2 and _errors(stderr) == [f"error: {flag} -: the summary goes to stdout; give a file name "
+                                                   "(- is none)"], stderr  # fmt: skip
+    # In this process stdout is a file (the test's capture): /dev/stdout leads to it, and would replace it.
+    status, _, stderr = _main([*base, "--results-file", "/dev/stdout"], capfd)
+    assert status == 2 and "that is the file the run's stdout goes to" in _errors(stderr)[0], stderr
+    with pytest.raises(OSError, match="the file the run's stdout goes to"):  # the write's test is the same
+        ic.write_results("/dev/stdout", ic.RunReport(ic.RunResult(listed=1), {}, {}, []))
+    # A descriptor that is not open (/dev/stdout with stdout closed leads there): no file can be made in /proc.
+    status, _, stderr = _main([*base, "--results-file", "/proc/self/fd/987"], capfd)
+    assert status == 2 and "a process's file descriptor (/proc), not a regular file" in _errors(stderr)[0], stderr
+
+
+def test_stdout_as_a_results_file_is_refused_before_the_run_wherever_it_goes(dataset, tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("the log so far\n")
+    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--results-file", "/dev/stdout")
+    with open(log, "a") as stdout:  # --results-file /dev/stdout >> run.log
+        proc = subprocess.run(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 2 and "that is the file the run's stdout goes to" in proc.stderr
+    assert log.read_text() == "the log so far\n"  # not replaced through the link
+    piped = subprocess.run(cmd, capture_output=True, text=True, timeout=300)  # ... | cat: a pipe
+    assert piped.returncode == 2 and "Model test_efficientnet" not in piped.stderr
+    _one_line_error(piped, "--results-file /dev/stdout: not a regular file (a folder, device, FIFO or pipe)")
