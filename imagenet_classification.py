@@ -178,7 +178,6 @@ _LG = logging.getLogger(__name__)
 DEFAULT_MODEL = "mobilenetv3_large_100"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 COMPILE_MODE = "max-autotune"  # what compile=True and the CLI use
-CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")
 NUM_CLASSES = 1000
 TRACE_BATCHES = 60  # --trace keeps traces small: only this many batches are run.
 MAX_IMAGE_MB = 64  # the default cap on one image file's size (--max-image-mb)
@@ -477,11 +476,25 @@ _WNID = re.compile(r"n\d{8}")
 
 
 @functools.cache
+def _class_table() -> tuple[tuple[str, str], ...]:
+    """ImageNet-1k's ``(WordNet ID, name)`` pairs in class-index order, from the lists timm ships
+    in its wheel (so an installed copy of this module needs no file of its own)."""
+    from timm.data import ImageNetInfo
+
+    info = ImageNetInfo("imagenet-1k")
+    wnids = sorted(info.label_names())
+    return tuple((wnid, info.label_name_to_description(wnid)) for wnid in wnids)
+
+
+@functools.cache
 def _class_index() -> dict[str, int]:
     """WordNet ID -> class index, read once; never handed out (see get_mappings)."""
-    with open(CLASS_TSV, encoding="utf-8") as f:
-        rows = (line.split("\t")[:2] for line in f if line.strip())
-        return {wnid: int(index) for index, wnid in rows}
+    return {wnid: index for index, (wnid, _) in enumerate(_class_table())}
+
+
+def _class_name(index: int) -> str:
+    """The short name of an ImageNet-1k class index (its first WordNet lemma), e.g. 636 -> 'mailbag'."""
+    return _class_table()[index][1].split(",")[0]
 
 
 def get_mappings() -> dict[str, int]:
@@ -733,6 +746,7 @@ def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: Lab
     root = str(root)
     if not os.path.isdir(root):
         raise FileListError(f"{root}: no such folder")
+    _class_index()  # read before the listing, whose OSErrors name the folder
     paths: list[str] = []
     classes: list[int] = []
     try:
