@@ -34,8 +34,8 @@ def installed(tmp_path_factory) -> Path:
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
     Path(purelib, "shared_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
-                    str(wheel)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
+                    "--ignore-installed", str(wheel)], check=True, capture_output=True)  # fmt: skip
     return env_dir
 
 
@@ -67,8 +67,9 @@ def test_installed_command_runs_from_another_folder(installed, tmp_path, how):
     assert "Images: listed=12 classified=12 failed=0 not_reached=0" in done.stdout
     assert "Traceback" not in done.stderr
     # --data-dir too: the class folders are read against the class table, found in the install.
-    done = _run([*program, "--data-dir", str(flist.parent / "val"), "--model", "test_efficientnet", "--no-pretrained",
-                 "--device", "cpu", "--no-compile", "--batch-size", "4", "--warmup-batches", "1"], elsewhere)  # fmt: skip
+    done = _run([*program, "--data-dir", str(flist.parent / "val"), "--model", "test_efficientnet",
+                 "--no-pretrained", "--device", "cpu", "--no-compile", "--batch-size", "4", "--warmup-batches", "1"],
+                elsewhere)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "classified=12" in done.stdout
     assert read_json(results)["classified"] == 12

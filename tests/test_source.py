@@ -5,7 +5,6 @@ from importlib import resources
 import pytest
 
 from imagenet_classification import FileListError, count_list, get_mappings, parse_wnid, source
-from tests.conftest import ROOT
 
 
 def _timm_list(name: str) -> list[str]:
