@@ -1976,6 +1976,9 @@ def check_decoder(
 ################################################################################
 
 
+_SPDL_STAGE_BUFFER = 2  # batches SPDL's queue between the decode stage and the sink holds (its _BUFFER_SIZE)
+
+
 class _TimedQueue(StatsQueue):
     """SPDL's ``StatsQueue`` (its logs unchanged) that also keeps, from its stage's start or the
     last :py:meth:`restart` up to the last ``get`` from it, how long it was empty and how long
@@ -1992,6 +1995,8 @@ class _TimedQueue(StatsQueue):
         self.get_wait_s = 0.0
         self.last_get: float | None = None
         self.changes: list[tuple[float, bool]] = []  # (time, whether a batch is now waiting)
+        self.taken = 0  # batches taken over the queue's whole life, never restarted
+        self.window_opened: tuple[float, int] | None = None  # (time, taken) at the last restart
 
     def restart(self) -> None:
         """Count afresh from now."""
@@ -1999,6 +2004,7 @@ class _TimedQueue(StatsQueue):
             self.started = now = time.monotonic()
             self.empty_s, self.gets, self.get_wait_s, self.last_get = 0.0, 0, 0.0, None
             self.empty_since = now if self.qsize() == 0 else None
+            self.window_opened = (now, self.taken)
 
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:
@@ -2022,6 +2028,7 @@ class _TimedQueue(StatsQueue):
         with self._lock:
             self.last_get = now = time.monotonic()
             self.gets += 1
+            self.taken += 1
             self.get_wait_s += now - max(t0, self.started or t0)  # a wait across a restart counts from it
             if self.qsize() == 0:
                 self.empty_since = now
@@ -2050,6 +2057,24 @@ class _TimedQueue(StatsQueue):
         return max(0.0, 1.0 - empty / (self.last_get - self.started))
 
 
+class _TaskEnds(TaskHook):
+    """When each task of a stage ended (``time.monotonic``), and when the stage started."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.ends: list[float] = []
+
+    @contextlib.asynccontextmanager
+    async def stage_hook(self) -> AsyncIterator[None]:
+        self.started = time.monotonic()
+        yield
+
+    @contextlib.asynccontextmanager
+    async def task_hook(self, input_item: Any = None) -> AsyncIterator[None]:
+        yield
+        self.ends.append(time.monotonic())  # a task that raised is no batch: not reached
+
+
 class PipelineStats:
     """Collect SPDL's per-stage statistics through the builder's public hooks, for a summary at
     the end of the run (SPDL's own logs, periodic with ``--stats-interval``, are kept).
@@ -2066,13 +2091,15 @@ class PipelineStats:
     def __init__(self, interval: float = -1) -> None:
         self.interval = interval
         self.hooks: list[TaskStatsHook] = []
+        self.task_ends: list[_TaskEnds] = []
         self.queues: list[_TimedQueue] = []
 
     def task_hooks(self, info: StageInfo) -> list[TaskHook]:
         """``task_hook_factory`` for :py:meth:`PipelineBuilder.build`."""
-        hook = TaskStatsHook(info, interval=self.interval)
+        hook, ends = TaskStatsHook(info, interval=self.interval), _TaskEnds()
         self.hooks.append(hook)
-        return [hook]
+        self.task_ends.append(ends)
+        return [hook, ends]
 
     def queue(self, info: StageInfo, *, buffer_size: int = 1) -> AsyncQueue:
         """``queue_class`` for :py:meth:`PipelineBuilder.build`; the last one made is the sink's."""
@@ -2088,6 +2115,29 @@ class PipelineStats:
         """Measure the sink queue from now on, leaving out what came before (e.g. the warm-up)."""
         for q in self.queues:
             q.restart()
+
+    def window_lead(self, concurrency: int) -> tuple[int, float | None] | None:
+        """What the loader had done when the FPS window opened (the last :py:meth:`start_window`),
+        from when its last stage's tasks (the decode, one batch each) ended: the batches decoded
+        that the model had not taken, plus those it may have had under way (at most
+        ``concurrency``, never more than it went on to decode); and the rate, in batches/s, that
+        it is known to reach: the better of all its batches over the time from its start to the
+        last, and of those it decoded after the window opened (less those that may have been
+        under way) over the time to the last. Each rate is a lower bound: a full queue or a slow
+        start only slows a loader. None without a pipeline or before the window opened."""
+        if not self.queues or not self.task_ends or (opened := self.queues[-1].window_opened) is None:
+            return None
+        t0, taken0 = opened
+        stage = self.task_ends[-1]
+        ends = sorted(stage.ends)
+        done0 = sum(1 for t in ends if t <= t0)
+        under_way = min(concurrency, len(ends) - done0)
+        rates = [0.0]
+        if ends and stage.started is not None and ends[-1] > stage.started:
+            rates.append(len(ends) / (ends[-1] - stage.started))
+        if (new_work := len(ends) - done0 - under_way) > 0 and ends[-1] > t0:
+            rates.append(new_work / (ends[-1] - t0))
+        return max(0, done0 - taken0) + under_way, max(rates) or None
 
     def summary(self) -> dict | None:
         """``stages`` (name, tasks, failures, average task seconds) and the ``sink_queue``'s
@@ -2544,6 +2594,9 @@ class RunResult:
         batches_timed: Batches in the FPS window.
         loader_lead: Batches the loader can have decoded or in progress ahead of the model
             (its buffer and its concurrent decodes), when known: see ``fps_max_overstatement``.
+            After an SPDL run, what it had when the window opened (never more than the window's batches).
+        loader_min_fps: Images/s the loader is known to have reached in the window, from when it
+            delivered its batches (SPDL's sink queue), when known: see ``fps_max_overstatement``.
         partial: The run stopped before every listed image was classified or failed.
         stop_reason: Why it stopped early, or None.
         failures: Path and reason of each image that failed.
@@ -2563,6 +2616,7 @@ class RunResult:
     warmup_included: bool = False
     batches_timed: int = 0
     loader_lead: int | None = None
+    loader_min_fps: float | None = None
     partial: bool = False
     stop_reason: str | None = None
     failures: list[dict[str, str]] = field(default_factory=list)
@@ -2586,15 +2640,20 @@ class RunResult:
         """How much FPS can overstate a loader-bound rate, as a share (0.1: up to 10 %).
 
         When the FPS window opens, the loader may already hold ``loader_lead`` batches ready or
-        in progress; a window of T batches then needs only T - lead batches from the loader, so
-        FPS is at most T / (T - lead) times the loader's rate (inf: the window may be all
-        buffered, and FPS is then the model's rate). None when the lead is unknown or the
-        window includes the start (when nothing is buffered yet).
+        in progress (never more than the window's T batches); the window then needs only
+        T - lead batches from the loader, so FPS is at most T / (T - lead) times the loader's
+        rate (inf: the window may be all buffered, and FPS is then the model's rate). A loader
+        known to reach ``loader_min_fps`` overstates FPS by at most FPS / loader_min_fps - 1 (0
+        when it kept up). None when the lead is unknown or the window includes the start (when
+        nothing is buffered yet).
         """
         if self.loader_lead is None or self.warmup_included or not self.batches_timed:
             return None
-        lead = self.loader_lead
-        return math.inf if self.batches_timed <= lead else lead / (self.batches_timed - lead)
+        lead = min(self.loader_lead, self.batches_timed)
+        bound = math.inf if self.batches_timed <= lead else lead / (self.batches_timed - lead)
+        if self.loader_min_fps:
+            bound = min(bound, max(0.0, self.fps / self.loader_min_fps - 1))
+        return bound
 
     @property
     def top1(self) -> float:
@@ -2607,9 +2666,9 @@ class RunResult:
     def to_dict(self) -> dict:
         fields = {k: v for k, v in asdict(self).items() if k != "predictions"}
         over = self.fps_max_overstatement
-        over = "unbounded" if over == math.inf else over  # valid JSON
-        return {**fields, "not_reached": self.not_reached, "fps": self.fps, "fps_max_overstatement": over,
-                "top1": self.top1, "top5": self.top5}  # fmt: skip
+        return {**fields, "not_reached": self.not_reached, "fps": self.fps,
+                "fps_max_overstatement": None if over == math.inf else over,  # a number or null: valid JSON
+                "fps_window_may_be_buffered": over == math.inf, "top1": self.top1, "top5": self.top5}  # fmt: skip
 
 
 class _Clock:
@@ -3326,10 +3385,12 @@ def print_summary(result: RunResult, file: TextIO | None = None) -> None:
         print(f"WARNING: only {result.batches} batch(es), not more than the warm-up: FPS includes it", file=file)
     over = result.fps_max_overstatement
     if over is not None and over > FPS_WINDOW_SLACK:
-        bound = "the window may be all buffered" if over == math.inf else f"FPS is up to {over:.0%} high"
+        lead = min(result.loader_lead or 0, result.batches_timed)
+        had = "all of them" if lead == result.batches_timed else f"{lead}"
+        bound = "FPS may be the model's rate alone" if over == math.inf else f"FPS may be up to {over:.0%} high"
         print(f"WARNING: the FPS window holds {result.batches_timed} batches and the loader may have had "
-              f"{result.loader_lead} ready or under way when it opened: if the loader is the bottleneck, {bound}; "
-              f"list more images", file=file)  # fmt: skip
+              f"{had} ready or under way when it opened: if the loader is the bottleneck, {bound}; "
+              f"list more images (repeating the list is fine)", file=file)  # fmt: skip
     print(f"FPS={result.fps:.2f} ({result.frames_timed}/{result.elapsed_s:.2f})", file=file)
     skipped = f", {result.failed} failed to decode" if result.failed else ""
     for k, correct, acc in (("1", result.top1_correct, result.top1), ("5", result.top5_correct, result.top5)):
@@ -3681,11 +3742,12 @@ class RunConfig:
 
     @property
     def loader_lead(self) -> int:
-        """Batches the loader can hold ahead of the model: SPDL's sink buffer and the batches
-        decoded at once; the DataLoader's prefetch (2 per worker)."""
+        """Batches the loader can hold ahead of the model: SPDL's sink buffer, the one its sink
+        stage holds on the way there, its queue before the sink and the batches decoded at once;
+        the DataLoader's prefetch (2 per worker)."""
         if self.loader == "torch":
             return 2 * self.loader_workers
-        return self.queue_size + self.decode_concurrency
+        return self.queue_size + 1 + _SPDL_STAGE_BUFFER + self.decode_concurrency
 
     def policy(self) -> BadImagePolicy:
         """A fresh bad-image policy as the flags ask."""
@@ -3969,19 +4031,35 @@ def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
     except RunInterrupted as e:  # while the loader started or stopped: what was measured stands
         outcome.error, outcome.stopped_cleanly = outcome.error or e, False
     if loader is not None:
-        _add_loader_stats(outcome, loader)
+        _add_loader_stats(outcome, loader, config.decode_concurrency if config.shard.world_size == 1 else None)
     return outcome
 
 
-def _add_loader_stats(outcome: _Outcome, loader: _Loader) -> None:
-    """SPDL's stage statistics, and the sink queue's occupancy per second in the timeline."""
+def _add_loader_stats(outcome: _Outcome, loader: _Loader, concurrency: int | None) -> None:
+    """SPDL's stage statistics, what the loader had done when the FPS window opened (for the
+    bound on FPS; not with ``concurrency`` None: under torchrun, where the job's bound is every
+    rank's capacity), and the sink queue's occupancy per second in the timeline."""
     outcome.stopped_cleanly = outcome.stopped_cleanly and loader.stopped_cleanly
     if loader.stats is None:
         return
     outcome.pipeline_stats = loader.stats.summary()
+    if concurrency is not None:
+        _add_window_lead(outcome.result, loader.stats, concurrency)
     if t := outcome.result.timeline:
         start, end = t["started_at"], t["started_at"] + t["end_s"]
         t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, t["interval_s"])
+
+
+def _add_window_lead(result: RunResult, stats: PipelineStats, concurrency: int) -> None:
+    """The loader's lead and known rate when the FPS window opened, as measured, in ``result``
+    (the lead never above the loader's capacity already there)."""
+    window = stats.window_lead(concurrency)
+    if window is None or result.warmup_included or result.loader_lead is None:
+        return
+    lead, batches_per_s = window
+    result.loader_lead = min(result.loader_lead, lead)
+    if batches_per_s is not None and result.batches_timed:
+        result.loader_min_fps = batches_per_s * result.frames_timed / result.batches_timed
 
 
 def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult) -> Breakdown:
