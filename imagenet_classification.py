@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 import zipfile
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -173,11 +174,13 @@ __all__ = [
     "write_results",
 ]
 
+__version__ = "0.1.0"  # pyproject.toml reads it from here
+
 _LG = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "mobilenetv3_large_100"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
-COMPILE_MODE = "max-autotune"  # what compile=True and the CLI use
+COMPILE_MODE = "default"  # what compile=True and the CLI use: seconds to compile; max-autotune took minutes
 NUM_CLASSES = 1000
 TRACE_BATCHES = 60  # --trace keeps traces small: only this many batches are run.
 MAX_IMAGE_MB = 64  # the default cap on one image file's size (--max-image-mb)
@@ -349,6 +352,15 @@ def _number(kind: type, low: float, what: str) -> Callable[[str], Any]:
 
 
 _count = _number(int, 1, "a whole number of at least 1")
+
+
+def _fraction(text: str) -> float:
+    value = _number(float, 1e-6, "a number in (0, 1]")(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
 _count0 = _number(int, 0, "a whole number of at least 0")
 _seconds = _number(float, 1e-3, "a number of seconds above 0")
 
@@ -381,6 +393,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _data_flags(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     where = data.add_mutually_exclusive_group(required=True)
+    where.add_argument("data", nargs="?", type=Path, metavar="DATA_DIR",
+                       help="the same as --data-dir, as timm's scripts take it")  # fmt: skip
     where.add_argument("--input-flist", type=Path,
                        help="file list: one image path per line, optionally a label; - reads stdin")  # fmt: skip
     where.add_argument("--data-dir", type=Path,
@@ -388,14 +402,14 @@ def _data_flags(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--prefix", default="", help="prepended to every path in the file list")
     data.add_argument("--labels", type=Path,
                       help="labels by file name: Kaggle's LOC_val_solution.csv, or 'name label' lines")  # fmt: skip
-    data.add_argument("--max-samples", type=_count, help="use only the first N images (default: all)")
+    data.add_argument("--max-samples", "--num-samples", type=_count, help="use only the first N images (default: all)")
     data.add_argument("--max-image-mb", type=_count, default=MAX_IMAGE_MB, help="a larger image file is a bad image")
 
 
 def _loader_flags(parser: argparse.ArgumentParser) -> None:
     loader = parser.add_argument_group("loader")
-    loader.add_argument("--batch-size", type=_count, default=32, help="images per batch")
-    loader.add_argument("--num-threads", type=_count, default=16,
+    loader.add_argument("-b", "--batch-size", type=_count, default=32, help="images per batch")
+    loader.add_argument("-j", "--num-threads", "--workers", type=_count, default=16,
                         help="decode threads (SPDL), or worker processes (--loader torch)")  # fmt: skip
     loader.add_argument("--queue-size", type=_count, default=16, help="decoded batches held ready for the model")
     loader.add_argument("--loader", choices=("spdl", "torch"), default="spdl",
@@ -409,17 +423,40 @@ def _loader_flags(parser: argparse.ArgumentParser) -> None:
 
 def _model_flags(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default=DEFAULT_MODEL, help="any timm model name")
+    model.add_argument("-m", "--model", default=DEFAULT_MODEL, help="any timm model name")
     model.add_argument("--checkpoint", type=Path, help="local state dict to load (no model hub access)")
-    model.add_argument("--no-pretrained", action="store_false", dest="pretrained", help="random weights")
+    pretrained = model.add_mutually_exclusive_group()
+    pretrained.add_argument("--pretrained", action="store_true", default=True,
+                            help="timm's pretrained weights (the default)")  # fmt: skip
+    pretrained.add_argument("--no-pretrained", action="store_false", dest="pretrained", help="random weights")
     model.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    model.add_argument("--no-compile", action="store_false", dest="compile", help="skip torch.compile")
-    model.add_argument("--compile-mode", choices=COMPILE_MODES, default=COMPILE_MODE,
-                       help="torch.compile's mode; max-autotune tunes every kernel (minutes on a GPU, "
-                            "before the timed window), default compiles in seconds")  # fmt: skip
-    model.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
+    compile = model.add_mutually_exclusive_group()
+    compile.add_argument("--compile", action="store_const", const=True, default=None,
+                         help="torch.compile the model (default: on a GPU, not on the CPU)")  # fmt: skip
+    compile.add_argument("--torchcompile", nargs="?", const="inductor", choices=("inductor",), metavar="inductor",
+                         help="timm's name for --compile (its one backend here: inductor)")  # fmt: skip
+    compile.add_argument("--no-compile", action="store_const", const=False, dest="compile", help="skip torch.compile")
+    model.add_argument("--compile-mode", choices=COMPILE_MODES,
+                       help=f"torch.compile's mode, and compile on (default: {COMPILE_MODE}, which compiles in "
+                            "seconds; max-autotune tunes every kernel: minutes on a GPU, before the timed "
+                            "window)")  # fmt: skip
+    model.add_argument("--dtype", "--amp-dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
                        help="the model's precision; auto: bfloat16 where the hardware has it (README)")  # fmt: skip
+    model.add_argument("--amp", action="store_const", const="auto", dest="dtype",
+                       help="timm's flag for reduced precision: the same as --dtype auto, the default")  # fmt: skip
     model.add_argument("--no-bf16", action="store_const", const="float32", dest="dtype", help="same as --dtype float32")
+    _transform_flags(parser)
+
+
+def _transform_flags(parser: argparse.ArgumentParser) -> None:
+    transform = parser.add_argument_group("evaluation transform (default: the model's pretrained config)")
+    transform.add_argument("--img-size", type=_count, metavar="N", help="side of the square crop fed to the model")
+    transform.add_argument("--crop-pct", type=_fraction, metavar="F",
+                           help="the shorter side is resized to img-size / F before the centre crop")  # fmt: skip
+    transform.add_argument("--interpolation", choices=sorted(_FFMPEG_SCALE_FLAGS), help="the resize's filter")
+    for name in ("mean", "std"):
+        transform.add_argument(f"--{name}", type=_number(float, 0, "a number"), nargs=3, metavar=("R", "G", "B"),
+                               help=f"per-channel {name} on the 0-1 scale")  # fmt: skip
 
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
@@ -451,6 +488,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for add_flags in (_data_flags, _loader_flags, _model_flags, _run_flags):
         add_flags(parser)
     args = parser.parse_args(argv)
+    if args.data is not None:
+        args.data_dir = args.data
+    if args.torchcompile or args.compile is None and args.compile_mode:
+        args.compile = True  # asked for by timm's name, or by naming a mode
     if args.max_bad is not None and not args.skip_bad:
         parser.error("--max-bad only applies with --skip-bad")
     if args.loader == "torch" and (args.use_nvjpeg or args.use_nvdec):
@@ -907,14 +948,16 @@ class EvalTransform:
     crop_mode: str = "center"
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module) -> EvalTransform:
-        """Read size, crop_pct, interpolation, mean and std from a timm model's pretrained config."""
+    def from_model(cls, model: torch.nn.Module, overrides: dict | None = None) -> EvalTransform:
+        """Read size, crop_pct, interpolation, mean and std from a timm model's pretrained config;
+        ``overrides`` as timm's ``resolve_data_config`` takes them (``img_size``, ``crop_pct``,
+        ``interpolation``, ``mean``, ``std``; None leaves the config's)."""
         import timm.data
 
-        return cls._from_data_config(timm.data.resolve_data_config({}, model=model))
+        return cls._from_data_config(timm.data.resolve_data_config(overrides or {}, model=model))
 
     @classmethod
-    def from_model_name(cls, model_name: str) -> EvalTransform:
+    def from_model_name(cls, model_name: str, overrides: dict | None = None) -> EvalTransform:
         """The same, from timm's pretrained config for a model name, without building the model.
 
         Raises:
@@ -922,7 +965,8 @@ class EvalTransform:
         """
         import timm.data
 
-        return cls._from_data_config(timm.data.resolve_data_config({}, pretrained_cfg=pretrained_config(model_name)))
+        config = pretrained_config(model_name)
+        return cls._from_data_config(timm.data.resolve_data_config(overrides or {}, pretrained_cfg=config))
 
     @classmethod
     def _from_data_config(cls, cfg: dict) -> EvalTransform:
@@ -2507,14 +2551,56 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
         raise ModelError(f"{path}: cannot load checkpoint ({str(e).splitlines()[-1].strip()})", "checkpoint") from None
 
 
+HUB_CHECK_S = 3.0  # seconds to wait for the model hub's server before calling it out of reach
+
+
+def _hub_unreachable(config: dict) -> str | None:
+    """Why the Hugging Face hub, where timm fetches these weights, cannot be reached (one
+    connection attempt of at most :py:data:`HUB_CHECK_S`), or None: it answers, the weights come
+    from elsewhere, the user set ``HF_HUB_OFFLINE`` (the cache alone), or a proxy stands between."""
+    import socket
+    import urllib.parse
+
+    from huggingface_hub import constants
+
+    proxied = any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+    if not config.get("hf_hub_id") or constants.HF_HUB_OFFLINE or proxied:
+        return None
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=HUB_CHECK_S).close()
+    except OSError as e:
+        return f"{url.hostname}: {e.strerror or e}"
+    return None
+
+
+@contextlib.contextmanager
+def _hub_offline() -> Iterator[None]:
+    """huggingface_hub's offline mode (what ``HF_HUB_OFFLINE=1`` sets) for the block: weights from
+    its cache, without the minute of retries it spends on a hub out of reach."""
+    from huggingface_hub import constants
+
+    before, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+
+
 def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
     import timm
 
-    _check_imagenet_head(model_name, pretrained_config(model_name).get("num_classes"))
+    config = pretrained_config(model_name)
+    _check_imagenet_head(model_name, config.get("num_classes"))
+    logging.getLogger("huggingface_hub").propagate = not logging.getLogger("huggingface_hub").handlers  # once
+    unreachable = _hub_unreachable(config) if pretrained else None
     try:
-        model = timm.create_model(model_name, pretrained=pretrained)
+        with _hub_offline() if unreachable else contextlib.nullcontext():
+            model = timm.create_model(model_name, pretrained=pretrained)
     except OSError as e:  # the hub is out of reach and the weights are not in its cache
-        raise ModelError(f"{model_name}: cannot get its pretrained weights ({type(e).__name__})", "weights") from None
+        where = f"the model hub is out of reach ({unreachable})" if unreachable else type(e).__name__
+        raise ModelError(f"{model_name}: cannot get its pretrained weights ({where}, and they are not in "
+                         "its cache)", "weights") from None  # fmt: skip
     except Exception as e:  # e.g. no pretrained weights, or a corrupt cached file (SafetensorError)
         raise ModelError(f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''})", "weights") from None  # fmt: skip
@@ -2532,6 +2618,7 @@ def get_model(
     dtype: torch.dtype | str = "auto",
     use_bf16: bool | None = None,
     batch_size: int | None = None,
+    transform: dict | None = None,
 ) -> ModelBundle:
     """Build the model bundle: normalisation, a timm model in eval mode, top-k counting.
 
@@ -2541,10 +2628,12 @@ def get_model(
         pretrained: Load timm's pretrained weights (from the model hub or its cache).
         checkpoint: A local state dict to load instead; no hub access.
         compile: ``torch.compile`` the model and the normalisation: True for mode
-            ``max-autotune``, or one of :py:data:`COMPILE_MODES`.
+            :py:data:`COMPILE_MODE`, or one of :py:data:`COMPILE_MODES`.
         dtype: The model's precision: a torch dtype, its name, or ``auto`` (see :py:func:`choose_dtype`).
         use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
         batch_size: With ``compile``, pad smaller batches to this size (see ModelBundle).
+        transform: Overrides of the model's evaluation transform, as timm's ``resolve_data_config``
+            takes them: ``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``.
 
     Raises:
         ModelError: an unknown model, weights out of reach, or a checkpoint that does not fit.
@@ -2557,7 +2646,7 @@ def get_model(
     model = _create_timm_model(model_name, pretrained and checkpoint is None)
     if checkpoint is not None:
         _load_checkpoint(model, Path(checkpoint))
-    transform = EvalTransform.from_model(model)
+    transform = EvalTransform.from_model(model, transform)
     model = model.eval().to(device=device, dtype=dtype)
     preprocessing = Preprocessing(transform.mean, transform.std).to(device)
     if compile:
@@ -2850,7 +2939,15 @@ def benchmark(
             _check_delivered(loop.result.classified + policy.failed, listed)
     finally:
         loop.close(policy, seen or [])
+    if loop.result.warmup_included and warmup_batches:  # the command line's summary says it itself
+        warnings.warn(f"only {loop.result.batches} batch(es), not more than warmup_batches={warmup_batches}: the "
+                      "FPS window includes the warm-up (compilation, caches, thread start-up); pass more images "
+                      "or a smaller warmup_batches", WarmupIncluded, stacklevel=2)  # fmt: skip
     return loop.result
+
+
+class WarmupIncluded(UserWarning):
+    """:py:func:`benchmark`'s run had no more batches than its warm-up: FPS includes the warm-up."""
 
 
 @contextlib.contextmanager
@@ -3593,6 +3690,7 @@ def environment(device: torch.device) -> dict:
     """Versions and hardware that the numbers depend on."""
     ffmpeg = spdl.io.utils.get_ffmpeg_versions()
     env = {
+        "imagenet_classification": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "timm": _version("timm"),
@@ -3641,12 +3739,50 @@ def _umask() -> int:
 
 
 def write_results(path: Path | str, report: RunReport) -> None:
-    """Write the report as one JSON object (atomically, see ``_write_atomically``).
+    """Write the report as one JSON object, or for a ``.csv`` path one CSV row as timm's
+    validate.py and benchmark.py write theirs (see :py:func:`_results_row`); atomically (see
+    ``_write_atomically``).
 
     Raises:
         OSError: the file could not be written; an existing one is left as it was.
     """
-    _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
+    if str(path).lower().endswith(".csv"):
+        _write_atomically(path, _csv_text([_results_row(report.to_dict())]))
+    else:
+        _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
+
+
+def _results_row(payload: dict) -> dict:
+    """The results as one flat row: timm's column names where it has them, in its units (top-1
+    and top-5 in percent, as validate.py writes them; ``infer_*`` as benchmark.py does), then
+    this tool's figures (fractions and images/s, as in the JSON)."""
+    c = payload["config"]
+    top1, top5 = 100 * payload["top1"], 100 * payload["top5"]
+    return {
+        "model": c["model"], "top1": round(top1, 4), "top1_err": round(100 - top1, 4), "top5": round(top5, 4),
+        "top5_err": round(100 - top5, 4), "img_size": c["input_size"][-1], "crop_pct": c["crop_pct"],
+        "interpolation": c["interpolation"], "infer_samples_per_sec": round(payload["fps"], 2),
+        "infer_batch_size": c["batch_size"], "fps": payload["fps"], "elapsed_s": payload["elapsed_s"],
+        "frames_timed": payload["frames_timed"], "listed": payload["listed"], "classified": payload["classified"],
+        "failed": payload["failed"], "not_reached": payload["not_reached"], "partial": payload["partial"],
+        "warmup_included": payload["warmup_included"], "fps_max_overstatement": payload["fps_max_overstatement"],
+        "fps_window_may_be_buffered": payload["fps_window_may_be_buffered"], "world_size": payload["world_size"],
+        "device": c["device"], "dtype": c["dtype"], "compile": c["compile"], "weights": c["weights"],
+        "loader": c["loader"], "decoder": c["decoder"], "num_threads": c["num_threads"],
+        "queue_size": c["queue_size"], "version": payload["env"]["imagenet_classification"],
+        "start_time": c["start_time"], "command": c["command"],
+    }  # fmt: skip
+
+
+def _csv_text(rows: Sequence[dict]) -> str:
+    """Rows with the same keys as CSV, a header first; None as an empty field."""
+    import csv
+
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
 
 
 def write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
@@ -3734,6 +3870,8 @@ class RunConfig:
     plot: Path | None = None
     sweep: dict[str, list[int]] | None = None
     command: tuple[str, ...] = ()
+    transform_overrides: dict = field(default_factory=dict)
+    start_time: str = ""
 
     @property
     def my_images(self) -> ImageList:
@@ -3770,7 +3908,15 @@ class RunConfig:
             "warmup_batches": self.warmup_batches, "skip_bad": self.skip_bad,
             "max_bad": None if self.max_bad is None else f"{self.max_bad[0]:g}{'%' if self.max_bad[1] else ''}",
             "max_image_mb": self.max_image_bytes >> 20, "images_from": self.images.origin,
+            "command": _shell_join(self.command), "start_time": self.start_time,
         }  # fmt: skip
+
+
+def _shell_join(words: Sequence[str]) -> str:
+    """A command line to paste into a shell (each word quoted as it needs)."""
+    import shlex
+
+    return shlex.join(words)
 
 
 def _read_images(args: argparse.Namespace) -> ImageList:
@@ -3873,8 +4019,9 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
     decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
     backend = check_gpu_decoder(decoder, device)
     dtype, dtype_reason = choose_dtype(device, args.dtype)
-    _check_caches(device, args.compile)
-    transform = EvalTransform.from_model_name(args.model)
+    compile = args.compile if args.compile is not None else device.type == "cuda"
+    _check_caches(device, compile)
+    transform = EvalTransform.from_model_name(args.model, _transform_overrides(args))
     torch_loader = args.loader == "torch"
     return RunConfig(
         images=images, shard=shard, device=device, loader=args.loader,
@@ -3883,7 +4030,8 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         decode_concurrency=min(args.num_threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else args.num_threads,
         loader_workers=args.num_threads, queue_size=args.queue_size, model=args.model,
         weights=str(args.checkpoint) if args.checkpoint else "pretrained" if args.pretrained else "random",
-        checkpoint=args.checkpoint, dtype=dtype, dtype_reason=dtype_reason, compile=args.compile and args.compile_mode,
+        checkpoint=args.checkpoint, dtype=dtype, dtype_reason=dtype_reason,
+        compile=compile and (args.compile_mode or COMPILE_MODE), transform_overrides=_transform_overrides(args),
         warmup_batches=args.warmup_batches, skip_bad=args.skip_bad, max_bad=args.max_bad,
         max_image_bytes=args.max_image_mb << 20, timeout=args.timeout, breakdown=args.breakdown,
         parity=args.parity, check_decoder=0 if torch_loader else args.check_decoder,
@@ -3891,6 +4039,13 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         predictions_file=args.predictions_file, trace=args.trace, plot=args.plot,
         sweep=_sweep_grid(args, shard), command=tuple(command),
     )  # fmt: skip
+
+
+def _transform_overrides(args: argparse.Namespace) -> dict:
+    """The transform flags given, as timm's ``resolve_data_config`` takes them."""
+    given = {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation,
+             "mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}  # fmt: skip
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _sweep_grid(args: argparse.Namespace, shard: Shard) -> dict[str, list[int]] | None:
@@ -4091,7 +4246,8 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
     """Build the model, run, then the breakdown; everything measured, in a report."""
     model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
                       checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
-                      batch_size=min(config.batch_size, len(config.my_images)))  # fmt: skip
+                      batch_size=min(config.batch_size, len(config.my_images)),
+                      transform=config.transform_overrides)  # fmt: skip
     _LG.info("Model %s on %s in %s (%s), %s loader, decoder %s, %d images listed.", config.model, config.device,
              str(config.dtype).removeprefix("torch."), config.dtype_reason, config.loader, config.decoder,
              len(config.my_images))  # fmt: skip
@@ -4171,11 +4327,14 @@ def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | 
 def _run_sweep(config: RunConfig) -> int:
     """The sweep instead of a run: the table, the results file, the plot."""
     model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
-                      checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype)  # fmt: skip
+                      checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
+                      transform=config.transform_overrides)  # fmt: skip
     sweep = run_sweep(config, model, config.sweep or {})
     payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": environment(config.device)}
     not_written = _write_outputs([
-        (config.results_file, lambda path: _write_atomically(path, json.dumps(payload, indent=2) + "\n")),
+        (config.results_file, lambda path: _write_atomically(path, _csv_text([
+            {**asdict(p), "bound_fps": p.bound_fps, "recommended": p is sweep.recommended} for p in sweep.points
+        ]) if str(path).lower().endswith(".csv") else json.dumps(payload, indent=2) + "\n")),
         (config.plot, lambda path: plot_sweep(sweep, path)),
     ])  # fmt: skip
     _print_out(print_sweep, sweep, config.command)
@@ -4311,21 +4470,42 @@ def _run_job(config: RunConfig, signals: _Signals) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line's work: check the inputs, build the model and loader, run, report.
     Returns the exit status (argparse exits with 2 itself on a malformed command line)."""
+    import datetime
+
+    start_time = datetime.datetime.now().astimezone().isoformat(timespec="seconds")  # ISO 8601, local offset
     args = _parse_args(argv)
-    command = ("imagenet_classification.py", *(sys.argv[1:] if argv is None else argv))
+    command = (*_program(), *(sys.argv[1:] if argv is None else argv))
     _init_logging(args.debug, spdl_stats=args.stats_interval is not None)
+    warnings.filterwarnings("ignore", category=WarmupIncluded)  # the summary's first line says it
     config = None
     with _Signals() as signals:
         try:
             shard = _shard_from_env()
             if shard.rank != 0:
                 logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
-            config = _preflight(args, shard, command)
+            config = replace(_preflight(args, shard, command), start_time=start_time)
             return _run_sweep(config) if config.sweep else _run_job(config, signals)
         except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
             message, status = _explain(e, config)
             _say(f"error: {message}")
             return status
+
+
+def _program() -> list[str]:
+    """How this process was started, as a user would type it again: ``python -m
+    imagenet_classification``, ``python PATH.py``, or the installed command (by name when that
+    name on PATH is this one)."""
+    import shutil
+
+    main_module = sys.modules.get("__main__")
+    if getattr(getattr(main_module, "__spec__", None), "name", None) == __name__ or not sys.argv or not sys.argv[0]:
+        return ["python", "-m", __name__]
+    argv0 = sys.argv[0]
+    if argv0.endswith(".py"):
+        return ["python", argv0]
+    name = os.path.basename(argv0)
+    found = shutil.which(name)
+    return [name if found and os.path.realpath(found) == os.path.realpath(argv0) else argv0]
 
 
 def entrypoint(argv: Sequence[str] | None = None) -> None:
