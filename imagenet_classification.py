@@ -2880,8 +2880,10 @@ class _Predictions:
             classes_l, probs_l, labels_l = classes.tolist(), probs.tolist(), labels.tolist()
             names = paths if len(paths) == len(labels_l) else [None] * len(labels_l)
             for path, label, top, p in zip(names, labels_l, classes_l, probs_l, strict=True):
-                rows.append({"path": path, "label": label, "top5": top, "probs": [round(x, 6) for x in p],
-                             "correct1": top[0] == label, "correct5": label in top})  # fmt: skip
+                rows.append({"path": path, "label": label, "label_name": _class_name(label) if label >= 0 else None,
+                             "top5": top, "top5_names": [_class_name(c) for c in top],
+                             "probs": [round(x, 6) for x in p], "correct1": top[0] == label,
+                             "correct5": label in top})  # fmt: skip
         return rows
 
 
@@ -3788,8 +3790,8 @@ def _csv_text(rows: Sequence[dict]) -> str:
 def write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
     """Write one row per classified image: CSV for a ``.csv`` path, JSON Lines otherwise.
 
-    Columns: path, label, top5 (class indices, best first), probs (their softmax
-    probabilities), correct1, correct5.
+    Columns: path, label, label_name, top5 (class indices, best first), top5_names (their
+    names; in CSV joined by `` | ``), probs (their softmax probabilities), correct1, correct5.
 
     Raises:
         OSError: the file could not be written.
@@ -3799,10 +3801,11 @@ def write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
 
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
-        writer.writerow(["path", "label", "top5", "probs", "correct1", "correct5"])
+        writer.writerow(["path", "label", "label_name", "top5", "top5_names", "probs", "correct1", "correct5"])
         for r in rows:
-            writer.writerow([r["path"], r["label"], " ".join(map(str, r["top5"])), " ".join(map(str, r["probs"])),
-                             int(r["correct1"]), int(r["correct5"])])  # fmt: skip
+            writer.writerow([r["path"], r["label"], r["label_name"], " ".join(map(str, r["top5"])),
+                             " | ".join(r["top5_names"]), " ".join(map(str, r["probs"])), int(r["correct1"]),
+                             int(r["correct5"])])  # fmt: skip
         _write_atomically(path, text.getvalue())
     else:
         _write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
@@ -4355,7 +4358,7 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
         message, status = _explain(outcome.error, config)
         report.result.stop_reason = message
         _say(f"error: {label}{message}")
-    rows, timeline = outcome.result.predictions, outcome.result.timeline
+    rows, timeline = _in_list_order(outcome.result.predictions, config.images), outcome.result.timeline
     outputs = [
         (config.results_file, lambda path: write_results(path, report)),
         (config.predictions_file if rows is not None else None, lambda path: write_predictions(path, rows or [])),
@@ -4367,6 +4370,17 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
     for line in not_written:
         _say(f"error: {line}")
     return status or (EXIT_FAILED if not_written else 0)
+
+
+def _in_list_order(rows: list[dict] | None, images: ImageList) -> list[dict] | None:
+    """Prediction rows in the list's order (batches arrive as their decodes finish, and ranks
+    each hold their shard): two runs of one list give the same rows in the same order."""
+    if rows is None:
+        return None
+    position: dict[str, int] = {}
+    for i, path in enumerate(images.paths):
+        position.setdefault(path, i)
+    return sorted(rows, key=lambda row: position.get(row["path"], len(position)))
 
 
 def _say(line: str) -> None:

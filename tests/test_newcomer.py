@@ -108,3 +108,23 @@ def test_benchmark_says_when_its_warmup_is_in_the_fps():
         with warnings.catch_warnings():
             warnings.simplefilter("error", WarmupIncluded)
             benchmark((_batch([1]) for _ in range(3)), _bundle(), listed=3, warmup_batches=2)  # 1 timed: no warning
+
+
+def test_predictions_in_list_order_with_class_names(jpeg_set, tmp_path):
+    from imagenet_classification import ImageList, _in_list_order
+
+    # Rows as batches finished out of order, one path listed twice: back in the list's order.
+    images = ImageList(("a", "b", "c", "a"), (0, 1, 2, 0))
+    rows = [{"path": p} for p in ("c", "a", "b", "a")]
+    assert [r["path"] for r in _in_list_order(rows, images)] == ["a", "a", "b", "c"]
+    # A real run: 4 decode threads on batches of 2, so batches finish in any order.
+    out = tmp_path / "p.csv"
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY[:-2], "-j", "4", "-b", "2",
+                   "--no-compile", "--predictions-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader(out.open()))
+    listed = [f"{jpeg_set.parent}/{line}" for line in jpeg_set.read_text().split()]
+    assert [r["path"] for r in rows] == listed
+    names = {"0": "tench", "281": "tabby", "636": "mailbag", "967": "espresso"}
+    assert all(r["label_name"] == names[r["label"]] for r in rows)
+    assert all(len(r["top5_names"].split(" | ")) == 5 for r in rows)
