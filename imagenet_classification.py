@@ -2285,25 +2285,32 @@ def get_pipeline(
 
 
 class PILDataset(torch.utils.data.IterableDataset):
-    """Images decoded by PIL (:py:func:`decode_pil`) in DataLoader workers; each worker takes
-    every n-th image.
+    """Batches of images decoded by PIL (:py:func:`decode_pil`) in DataLoader workers: the list
+    cut into batches of ``batch_size`` in order, as the SPDL loader cuts it, each worker taking
+    every n-th batch (the DataLoader hands them out in that order again).
 
-    Yields ``(image or None, label, path, failure reason or None)``; see :py:func:`collate_pil`.
+    Yields :py:func:`collate_pil`'s batches.
     """
 
-    def __init__(self, images: ImageList, transform: EvalTransform, max_bytes: int = MAX_IMAGE_MB << 20) -> None:
+    def __init__(
+        self, images: ImageList, transform: EvalTransform, max_bytes: int = MAX_IMAGE_MB << 20, batch_size: int = 1
+    ) -> None:
         super().__init__()
-        self.images, self.transform, self.max_bytes = images, transform, max_bytes
+        self.images, self.transform, self.max_bytes, self.batch_size = images, transform, max_bytes, batch_size
 
     def __iter__(self) -> Iterator[tuple]:
         worker = torch.utils.data.get_worker_info()
         worker_id, workers = (worker.id, worker.num_workers) if worker else (0, 1)
-        for i, (path, label) in enumerate(self.images):
+        for i, items in enumerate(_batched(self.images, self.batch_size)):
             if i % workers == worker_id:
-                try:
-                    yield decode_pil(path, self.transform, read_image_bytes(path, self.max_bytes)), label, path, None
-                except ImageDecodeError as e:
-                    yield None, label, path, e.reason
+                yield collate_pil([self._sample(path, label) for path, label in items])
+
+    def _sample(self, path: str, label: int) -> tuple:
+        """``(image or None, label, path, failure reason or None)``."""
+        try:
+            return decode_pil(path, self.transform, read_image_bytes(path, self.max_bytes)), label, path, None
+        except ImageDecodeError as e:
+            return None, label, path, e.reason
 
 
 def collate_pil(samples: list[tuple]) -> tuple[Tensor, Tensor, list[str], list[tuple[str, str]]]:
@@ -2361,11 +2368,18 @@ def torch_loader_batches(
 def get_torch_loader(
     dataset: PILDataset, batch_size: int, num_workers: int, device: torch.device, timeout: float
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over ``dataset`` in ``num_workers`` processes, pinned memory on CUDA."""
+    """A DataLoader over ``dataset``'s images in batches of ``batch_size`` (the SPDL loader's
+    batches), in ``num_workers`` processes, pinned memory on CUDA."""
+    batches = PILDataset(dataset.images, dataset.transform, dataset.max_bytes, batch_size)
     return torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_pil,
+        batches, batch_size=None, num_workers=num_workers, collate_fn=_as_batched,
         pin_memory=device.type == "cuda", timeout=timeout if num_workers else 0,
     )  # fmt: skip
+
+
+def _as_batched(batch: tuple) -> tuple:
+    """The DataLoader's collate function for a dataset that yields whole batches: as they are."""
+    return batch
 
 
 ################################################################################
