@@ -4234,14 +4234,21 @@ def _clock_start_hook(shard: Shard, stats: PipelineStats | None) -> Callable[[],
 
 
 @contextlib.contextmanager
-def _tracing(path: Path | None) -> Iterator[None]:
-    """With a path, record torch's profiler trace (PATH.json) and SPDL's (PATH.pftrace)."""
+def _tracing(path: Path | None, device: torch.device) -> Iterator[None]:
+    """With a path, record torch's profiler trace (PATH.json) and SPDL's (PATH.pftrace), and say
+    where they are."""
     if path is None:
         yield
         return
-    with torch.profiler.profile() as profiler, spdl.io.utils.tracing(f"{path}.pftrace"):
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    else:  # Kineto's 'gpuGetDeviceCount failed' on a CPU run is an error line about nothing
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    with torch.profiler.profile(activities=activities) as profiler, spdl.io.utils.tracing(f"{path}.pftrace"):
         yield
     profiler.export_chrome_trace(f"{path}.json")
+    _say(f"trace: {path}.json (torch's profiler) and {path}.pftrace (SPDL's); open either in https://ui.perfetto.dev")
 
 
 @dataclass
@@ -4264,7 +4271,7 @@ def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
     try:
         with _open_loader(config, images, policy) as loader:
             try:
-                with _tracing(config.trace if config.shard.rank == 0 else None):
+                with _tracing(config.trace if config.shard.rank == 0 else None, config.device):
                     outcome.result = benchmark(
                         loader.batches, model, listed=len(images), warmup_batches=warmup, policy=policy,
                         sync_clocks=_clock_start_hook(config.shard, loader.stats), progress=progress,
@@ -4545,6 +4552,8 @@ def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
     logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO, force=True)
     if not (debug or spdl_stats):
         logging.getLogger("spdl.pipeline").setLevel(logging.WARNING)
+    # Logged only where torch finds no CUDA runtime, i.e. on a CPU run, when compiling: noise there.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
 def _shard_from_env() -> Shard:

@@ -85,6 +85,9 @@ def test_trace_writes_both_traces(jpeg_set, tmp_path):
                    "--batch-size", "8", "--trace", tmp_path / "run")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "run.json").stat().st_size > 0 and (tmp_path / "run.pftrace").stat().st_size > 0
+    # It says where they are, and a CPU run prints no error about GPUs it never asked for.
+    assert f"trace: {tmp_path / 'run'}.json (torch's profiler) and {tmp_path / 'run'}.pftrace" in proc.stderr
+    assert "gpuGetDeviceCount" not in proc.stderr and "ERROR" not in proc.stderr
 
 
 def test_gpu_decoder_without_cuda_stops_at_start(jpeg_set):
