@@ -354,6 +354,16 @@ def _number(kind: type, low: float, what: str) -> Callable[[str], Any]:
 _count = _number(int, 1, "a whole number of at least 1")
 
 
+MAX_IMG_SIZE = 4096  # --img-size: larger crops are a typo, not a model's input
+
+
+def _img_size(text: str) -> int:
+    value = _count(text)
+    if value > MAX_IMG_SIZE:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_IMG_SIZE} pixels, got {text!r}")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = _number(float, 1e-6, "a number in (0, 1]")(text)
     if value > 1:
@@ -450,7 +460,7 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
 
 def _transform_flags(parser: argparse.ArgumentParser) -> None:
     transform = parser.add_argument_group("evaluation transform (default: the model's pretrained config)")
-    transform.add_argument("--img-size", type=_count, metavar="N", help="side of the square crop fed to the model")
+    transform.add_argument("--img-size", type=_img_size, metavar="N", help="side of the square crop fed to the model")
     transform.add_argument("--crop-pct", type=_fraction, metavar="F",
                            help="the shorter side is resized to img-size / F before the centre crop")  # fmt: skip
     transform.add_argument("--interpolation", choices=sorted(_FFMPEG_SCALE_FLAGS), help="the resize's filter")
