@@ -3650,7 +3650,8 @@ def plot_sweep(sweep: Sweep, path: Path | str, title: str = "") -> bool:
     for batch_size in sorted({p.batch_size for p in sweep.points}):
         model = next(p.model_fps for p in sweep.points if p.batch_size == batch_size)
         ax.axhline(model, linestyle="--", color="grey", linewidth=1)
-        ax.annotate(f"model alone, batch {batch_size}: {model:,.0f}/s", (threads[-1], model), fontsize=8,
+        rate = f"{model:,.0f}" if model >= 100 else f"{model:.3g}"
+        ax.annotate(f"model alone, batch {batch_size}: {rate}/s", (threads[-1], model), fontsize=8,
                     xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom", color="dimgrey")  # fmt: skip
     best = sweep.recommended
     ax.plot([best.num_threads], [best.e2e_fps or best.loader_fps], marker="o", markersize=18, fillstyle="none",
