@@ -529,12 +529,20 @@ _WNID = re.compile(r"n\d{8}")
 @functools.cache
 def _class_table() -> tuple[tuple[str, str], ...]:
     """ImageNet-1k's ``(WordNet ID, name)`` pairs in class-index order, from the lists timm ships
-    in its wheel (so an installed copy of this module needs no file of its own)."""
-    from timm.data import ImageNetInfo
+    in its wheel (so an installed copy of this module needs no file of its own): the files timm's
+    ``ImageNetInfo`` reads, read without importing timm (which would set up torch's compiler
+    caches before the pre-flight checks them, and take seconds)."""
+    import importlib.util
 
-    info = ImageNetInfo("imagenet-1k")
-    wnids = sorted(info.label_names())
-    return tuple((wnid, info.label_name_to_description(wnid)) for wnid in wnids)
+    spec = importlib.util.find_spec("timm")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("timm is not installed; pip install timm")
+    info = Path(next(iter(spec.submodule_search_locations)), "data", "_info")
+    synsets = (info / "imagenet_synsets.txt").read_text("utf-8").splitlines()
+    wnids = sorted(w.strip() for w in synsets if w.strip())
+    lemmas = (info / "imagenet_synset_to_lemma.txt").read_text("utf-8").splitlines()
+    names = dict(line.split("\t", 1) for line in lemmas if "\t" in line)
+    return tuple((wnid, names[wnid].strip()) for wnid in wnids)
 
 
 @functools.cache
