@@ -45,8 +45,13 @@ test: ffmpeg $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
-demo: ffmpeg $(VENV)/.installed $(DEMO)/val.flist $(DEMO)/efficientnet_lite0.pth
-	$(PY) imagenet_classification.py --input-flist $(DEMO)/val.flist --prefix $(DEMO)/ \
+# The 40 photos ten times over: 50 batches, a window long enough for a steady FPS (the
+# repeats come from the page cache, as in any run of a list read before).
+$(DEMO)/passes.flist: $(DEMO)/val.flist
+	for pass in 1 2 3 4 5 6 7 8 9 10; do cat $<; done > $@
+
+demo: ffmpeg $(VENV)/.installed $(DEMO)/passes.flist $(DEMO)/efficientnet_lite0.pth
+	$(PY) imagenet_classification.py --input-flist $(DEMO)/passes.flist --prefix $(DEMO)/ \
 		--model efficientnet_lite0 --checkpoint $(DEMO)/efficientnet_lite0.pth \
 		--device cpu --no-compile --batch-size 8 --num-threads 2 --warmup-batches 1 \
 		--results-file $(DEMO)/results.json

@@ -49,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 import zipfile
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -174,12 +175,13 @@ __all__ = [
     "write_results",
 ]
 
+__version__ = "0.1.0"  # pyproject.toml reads it from here
+
 _LG = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "mobilenetv3_large_100"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
-COMPILE_MODE = "max-autotune"  # what compile=True and the CLI use
-CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")
+COMPILE_MODE = "default"  # what compile=True and the CLI use: seconds to compile; max-autotune took minutes
 NUM_CLASSES = 1000
 TRACE_BATCHES = 60  # --trace keeps traces small: only this many batches are run.
 MAX_IMAGE_MB = 64  # the default cap on one image file's size (--max-image-mb)
@@ -351,6 +353,25 @@ def _number(kind: type, low: float, what: str) -> Callable[[str], Any]:
 
 
 _count = _number(int, 1, "a whole number of at least 1")
+
+
+MAX_IMG_SIZE = 4096  # --img-size: larger crops are a typo, not a model's input
+
+
+def _img_size(text: str) -> int:
+    value = _count(text)
+    if value > MAX_IMG_SIZE:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_IMG_SIZE} pixels, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _number(float, 1e-6, "a number in (0, 1]")(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
 _count0 = _number(int, 0, "a whole number of at least 0")
 _seconds = _number(float, 1e-3, "a number of seconds above 0")
 
@@ -383,6 +404,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _data_flags(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     where = data.add_mutually_exclusive_group(required=True)
+    where.add_argument("data", nargs="?", type=Path, metavar="DATA_DIR",
+                       help="the same as --data-dir, as timm's scripts take it")  # fmt: skip
     where.add_argument("--input-flist", type=Path,
                        help="file list: one image path per line, optionally a label; - reads stdin")  # fmt: skip
     where.add_argument("--data-dir", type=Path,
@@ -390,14 +413,14 @@ def _data_flags(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--prefix", default="", help="prepended to every path in the file list")
     data.add_argument("--labels", type=Path,
                       help="labels by file name: Kaggle's LOC_val_solution.csv, or 'name label' lines")  # fmt: skip
-    data.add_argument("--max-samples", type=_count, help="use only the first N images (default: all)")
+    data.add_argument("--max-samples", "--num-samples", type=_count, help="use only the first N images (default: all)")
     data.add_argument("--max-image-mb", type=_count, default=MAX_IMAGE_MB, help="a larger image file is a bad image")
 
 
 def _loader_flags(parser: argparse.ArgumentParser) -> None:
     loader = parser.add_argument_group("loader")
-    loader.add_argument("--batch-size", type=_count, default=32, help="images per batch")
-    loader.add_argument("--num-threads", type=_count, default=16,
+    loader.add_argument("-b", "--batch-size", type=_count, default=32, help="images per batch")
+    loader.add_argument("-j", "--num-threads", "--workers", type=_count, default=16,
                         help="decode threads (SPDL), or worker processes (--loader torch)")  # fmt: skip
     loader.add_argument("--queue-size", type=_count, default=16, help="decoded batches held ready for the model")
     loader.add_argument("--loader", choices=("spdl", "torch"), default="spdl",
@@ -411,17 +434,40 @@ def _loader_flags(parser: argparse.ArgumentParser) -> None:
 
 def _model_flags(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default=DEFAULT_MODEL, help="any timm model name")
+    model.add_argument("-m", "--model", default=DEFAULT_MODEL, help="any timm model name")
     model.add_argument("--checkpoint", type=Path, help="local state dict to load (no model hub access)")
-    model.add_argument("--no-pretrained", action="store_false", dest="pretrained", help="random weights")
+    pretrained = model.add_mutually_exclusive_group()
+    pretrained.add_argument("--pretrained", action="store_true", default=True,
+                            help="timm's pretrained weights (the default)")  # fmt: skip
+    pretrained.add_argument("--no-pretrained", action="store_false", dest="pretrained", help="random weights")
     model.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    model.add_argument("--no-compile", action="store_false", dest="compile", help="skip torch.compile")
-    model.add_argument("--compile-mode", choices=COMPILE_MODES, default=COMPILE_MODE,
-                       help="torch.compile's mode; max-autotune tunes every kernel (minutes on a GPU, "
-                            "before the timed window), default compiles in seconds")  # fmt: skip
-    model.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
+    compile = model.add_mutually_exclusive_group()
+    compile.add_argument("--compile", action="store_const", const=True, default=None,
+                         help="torch.compile the model (default: on a GPU, not on the CPU)")  # fmt: skip
+    compile.add_argument("--torchcompile", nargs="?", const="inductor", choices=("inductor",), metavar="inductor",
+                         help="timm's name for --compile (its one backend here: inductor)")  # fmt: skip
+    compile.add_argument("--no-compile", action="store_const", const=False, dest="compile", help="skip torch.compile")
+    model.add_argument("--compile-mode", choices=COMPILE_MODES,
+                       help=f"torch.compile's mode, and compile on (default: {COMPILE_MODE}, which compiles in "
+                            "seconds; max-autotune tunes every kernel: minutes on a GPU, before the timed "
+                            "window)")  # fmt: skip
+    model.add_argument("--dtype", "--amp-dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
                        help="the model's precision; auto: bfloat16 where the hardware has it (README)")  # fmt: skip
+    model.add_argument("--amp", action="store_const", const="auto", dest="dtype",
+                       help="timm's flag for reduced precision: the same as --dtype auto, the default")  # fmt: skip
     model.add_argument("--no-bf16", action="store_const", const="float32", dest="dtype", help="same as --dtype float32")
+    _transform_flags(parser)
+
+
+def _transform_flags(parser: argparse.ArgumentParser) -> None:
+    transform = parser.add_argument_group("evaluation transform (default: the model's pretrained config)")
+    transform.add_argument("--img-size", type=_img_size, metavar="N", help="side of the square crop fed to the model")
+    transform.add_argument("--crop-pct", type=_fraction, metavar="F",
+                           help="the shorter side is resized to img-size / F before the centre crop")  # fmt: skip
+    transform.add_argument("--interpolation", choices=sorted(_FFMPEG_SCALE_FLAGS), help="the resize's filter")
+    for name in ("mean", "std"):
+        transform.add_argument(f"--{name}", type=_number(float, 0, "a number"), nargs=3, metavar=("R", "G", "B"),
+                               help=f"per-channel {name} on the 0-1 scale")  # fmt: skip
 
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
@@ -456,6 +502,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for add_flags in (_data_flags, _loader_flags, _model_flags, _run_flags):
         add_flags(parser)
     args = parser.parse_args(argv)
+    if args.data is not None:
+        args.data_dir = args.data
+    if args.torchcompile or args.compile is None and args.compile_mode:
+        args.compile = True  # asked for by timm's name, or by naming a mode
     if args.max_bad is not None and not args.skip_bad:
         parser.error("--max-bad only applies with --skip-bad")
     if args.loader == "torch" and (args.use_nvjpeg or args.use_nvdec):
@@ -486,11 +536,33 @@ _WNID = re.compile(r"n\d{8}")
 
 
 @functools.cache
+def _class_table() -> tuple[tuple[str, str], ...]:
+    """ImageNet-1k's ``(WordNet ID, name)`` pairs in class-index order, from the lists timm ships
+    in its wheel (so an installed copy of this module needs no file of its own): the files timm's
+    ``ImageNetInfo`` reads, read without importing timm (which would set up torch's compiler
+    caches before the pre-flight checks them, and take seconds)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("timm")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("timm is not installed; pip install timm")
+    info = Path(next(iter(spec.submodule_search_locations)), "data", "_info")
+    synsets = (info / "imagenet_synsets.txt").read_text("utf-8").splitlines()
+    wnids = sorted(w.strip() for w in synsets if w.strip())
+    lemmas = (info / "imagenet_synset_to_lemma.txt").read_text("utf-8").splitlines()
+    names = dict(line.split("\t", 1) for line in lemmas if "\t" in line)
+    return tuple((wnid, names[wnid].strip()) for wnid in wnids)
+
+
+@functools.cache
 def _class_index() -> dict[str, int]:
     """WordNet ID -> class index, read once; never handed out (see get_mappings)."""
-    with open(CLASS_TSV, encoding="utf-8") as f:
-        rows = (line.split("\t")[:2] for line in f if line.strip())
-        return {wnid: int(index) for index, wnid in rows}
+    return {wnid: index for index, (wnid, _) in enumerate(_class_table())}
+
+
+def _class_name(index: int) -> str:
+    """The short name of an ImageNet-1k class index (its first WordNet lemma), e.g. 636 -> 'mailbag'."""
+    return _class_table()[index][1].split(",")[0]
 
 
 def get_mappings() -> dict[str, int]:
@@ -745,6 +817,7 @@ def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: Lab
     root = str(root)
     if not os.path.isdir(root):
         raise FileListError(f"{root}: no such folder")
+    _class_index()  # read before the listing, whose OSErrors name the folder
     paths: list[str] = []
     classes: list[int] = []
     try:
@@ -1054,14 +1127,16 @@ class EvalTransform:
     crop_mode: str = "center"
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module) -> EvalTransform:
-        """Read size, crop_pct, interpolation, mean and std from a timm model's pretrained config."""
+    def from_model(cls, model: torch.nn.Module, overrides: dict | None = None) -> EvalTransform:
+        """Read size, crop_pct, interpolation, mean and std from a timm model's pretrained config;
+        ``overrides`` as timm's ``resolve_data_config`` takes them (``img_size``, ``crop_pct``,
+        ``interpolation``, ``mean``, ``std``; None leaves the config's)."""
         import timm.data
 
-        return cls._from_data_config(timm.data.resolve_data_config({}, model=model))
+        return cls._from_data_config(timm.data.resolve_data_config(overrides or {}, model=model))
 
     @classmethod
-    def from_model_name(cls, model_name: str) -> EvalTransform:
+    def from_model_name(cls, model_name: str, overrides: dict | None = None) -> EvalTransform:
         """The same, from timm's pretrained config for a model name, without building the model.
 
         Raises:
@@ -1069,7 +1144,8 @@ class EvalTransform:
         """
         import timm.data
 
-        return cls._from_data_config(timm.data.resolve_data_config({}, pretrained_cfg=pretrained_config(model_name)))
+        config = pretrained_config(model_name)
+        return cls._from_data_config(timm.data.resolve_data_config(overrides or {}, pretrained_cfg=config))
 
     @classmethod
     def _from_data_config(cls, cfg: dict) -> EvalTransform:
@@ -2360,6 +2436,9 @@ def check_decoder(
 ################################################################################
 
 
+_SPDL_STAGE_BUFFER = 2  # batches SPDL's queue between the decode stage and the sink holds (its _BUFFER_SIZE)
+
+
 class _TimedQueue(StatsQueue):
     """SPDL's ``StatsQueue`` (its logs unchanged) that also keeps, from its stage's start or the
     last :py:meth:`restart` up to the last ``get`` from it, how long it was empty and how long
@@ -2376,6 +2455,8 @@ class _TimedQueue(StatsQueue):
         self.get_wait_s = 0.0
         self.last_get: float | None = None
         self.changes: list[tuple[float, bool]] = []  # (time, whether a batch is now waiting)
+        self.taken = 0  # batches taken over the queue's whole life, never restarted
+        self.window_opened: tuple[float, int] | None = None  # (time, taken) at the last restart
 
     def restart(self) -> None:
         """Count afresh from now."""
@@ -2383,6 +2464,7 @@ class _TimedQueue(StatsQueue):
             self.started = now = time.monotonic()
             self.empty_s, self.gets, self.get_wait_s, self.last_get = 0.0, 0, 0.0, None
             self.empty_since = now if self.qsize() == 0 else None
+            self.window_opened = (now, self.taken)
 
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:
@@ -2406,16 +2488,20 @@ class _TimedQueue(StatsQueue):
         with self._lock:
             self.last_get = now = time.monotonic()
             self.gets += 1
+            self.taken += 1
             self.get_wait_s += now - max(t0, self.started or t0)  # a wait across a restart counts from it
             if self.qsize() == 0:
                 self.empty_since = now
                 self.changes.append((now, False))
         return item
 
-    def waiting_per_interval(self, start: float, end: float, interval: float = 1.0) -> list[float]:
+    def waiting_per_interval(
+        self, start: float, end: float, interval: float = 1.0, bins: int | None = None
+    ) -> list[float]:
         """The share of each ``interval`` from ``start`` to ``end`` (``time.monotonic`` readings)
-        in which a batch was waiting in the queue."""
-        bins = [0.0] * max(1, math.ceil((end - start) / interval))
+        in which a batch was waiting in the queue; ``bins`` of them (default: as many as cover
+        the span), to match the timeline's images."""
+        bins = [0.0] * (bins or _bin_count(end - start, interval))
         with self._lock:
             changes = [*self.changes, (end, False)]
         waiting, since = False, start
@@ -2434,6 +2520,24 @@ class _TimedQueue(StatsQueue):
         return max(0.0, 1.0 - empty / (self.last_get - self.started))
 
 
+class _TaskEnds(TaskHook):
+    """When each task of a stage ended (``time.monotonic``), and when the stage started."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.ends: list[float] = []
+
+    @contextlib.asynccontextmanager
+    async def stage_hook(self) -> AsyncIterator[None]:
+        self.started = time.monotonic()
+        yield
+
+    @contextlib.asynccontextmanager
+    async def task_hook(self, input_item: Any = None) -> AsyncIterator[None]:
+        yield
+        self.ends.append(time.monotonic())  # a task that raised is no batch: not reached
+
+
 class PipelineStats:
     """Collect SPDL's per-stage statistics through the builder's public hooks, for a summary at
     the end of the run (SPDL's own logs, periodic with ``--stats-interval``, are kept).
@@ -2450,13 +2554,15 @@ class PipelineStats:
     def __init__(self, interval: float = -1) -> None:
         self.interval = interval
         self.hooks: list[TaskStatsHook] = []
+        self.task_ends: list[_TaskEnds] = []
         self.queues: list[_TimedQueue] = []
 
     def task_hooks(self, info: StageInfo) -> list[TaskHook]:
         """``task_hook_factory`` for :py:meth:`PipelineBuilder.build`."""
-        hook = TaskStatsHook(info, interval=self.interval)
+        hook, ends = TaskStatsHook(info, interval=self.interval), _TaskEnds()
         self.hooks.append(hook)
-        return [hook]
+        self.task_ends.append(ends)
+        return [hook, ends]
 
     def queue(self, info: StageInfo, *, buffer_size: int = 1) -> AsyncQueue:
         """``queue_class`` for :py:meth:`PipelineBuilder.build`; the last one made is the sink's."""
@@ -2464,14 +2570,39 @@ class PipelineStats:
         self.queues.append(q)
         return q
 
-    def waiting_per_interval(self, start: float, end: float, interval: float = 1.0) -> list[float] | None:
+    def waiting_per_interval(
+        self, start: float, end: float, interval: float = 1.0, bins: int | None = None
+    ) -> list[float] | None:
         """The sink queue's occupancy in each ``interval`` of the run (see the timeline)."""
-        return self.queues[-1].waiting_per_interval(start, end, interval) if self.queues else None
+        return self.queues[-1].waiting_per_interval(start, end, interval, bins) if self.queues else None
 
     def start_window(self) -> None:
         """Measure the sink queue from now on, leaving out what came before (e.g. the warm-up)."""
         for q in self.queues:
             q.restart()
+
+    def window_lead(self, concurrency: int) -> tuple[int, float | None] | None:
+        """What the loader had done when the FPS window opened (the last :py:meth:`start_window`),
+        from when its last stage's tasks (the decode, one batch each) ended: the batches decoded
+        that the model had not taken, plus those it may have had under way (at most
+        ``concurrency``, never more than it went on to decode); and the rate, in batches/s, that
+        it is known to reach: the better of all its batches over the time from its start to the
+        last, and of those it decoded after the window opened (less those that may have been
+        under way) over the time to the last. Each rate is a lower bound: a full queue or a slow
+        start only slows a loader. None without a pipeline or before the window opened."""
+        if not self.queues or not self.task_ends or (opened := self.queues[-1].window_opened) is None:
+            return None
+        t0, taken0 = opened
+        stage = self.task_ends[-1]
+        ends = sorted(stage.ends)
+        done0 = sum(1 for t in ends if t <= t0)
+        under_way = min(concurrency, len(ends) - done0)
+        rates = [0.0]
+        if ends and stage.started is not None and ends[-1] > stage.started:
+            rates.append(len(ends) / (ends[-1] - stage.started))
+        if (new_work := len(ends) - done0 - under_way) > 0 and ends[-1] > t0:
+            rates.append(new_work / (ends[-1] - t0))
+        return max(0, done0 - taken0) + under_way, max(rates) or None
 
     def summary(self) -> dict | None:
         """``stages`` (name, tasks, failures, average task seconds) and the ``sink_queue``'s
@@ -2570,25 +2701,32 @@ def get_pipeline(
 
 
 class PILDataset(torch.utils.data.IterableDataset):
-    """Images decoded by PIL (:py:func:`decode_pil`) in DataLoader workers; each worker takes
-    every n-th image.
+    """Batches of images decoded by PIL (:py:func:`decode_pil`) in DataLoader workers: the list
+    cut into batches of ``batch_size`` in order, as the SPDL loader cuts it, each worker taking
+    every n-th batch (the DataLoader hands them out in that order again).
 
-    Yields ``(image or None, label, path, failure reason or None)``; see :py:func:`collate_pil`.
+    Yields :py:func:`collate_pil`'s batches.
     """
 
-    def __init__(self, images: ImageList, transform: EvalTransform, max_bytes: int = MAX_IMAGE_MB << 20) -> None:
+    def __init__(
+        self, images: ImageList, transform: EvalTransform, max_bytes: int = MAX_IMAGE_MB << 20, batch_size: int = 1
+    ) -> None:
         super().__init__()
-        self.images, self.transform, self.max_bytes = images, transform, max_bytes
+        self.images, self.transform, self.max_bytes, self.batch_size = images, transform, max_bytes, batch_size
 
     def __iter__(self) -> Iterator[tuple]:
         worker = torch.utils.data.get_worker_info()
         worker_id, workers = (worker.id, worker.num_workers) if worker else (0, 1)
-        for i, (path, label) in enumerate(self.images):
+        for i, items in enumerate(_batched(self.images, self.batch_size)):
             if i % workers == worker_id:
-                try:
-                    yield decode_pil(path, self.transform, read_image_bytes(path, self.max_bytes)), label, path, None
-                except ImageDecodeError as e:
-                    yield None, label, path, e.reason
+                yield collate_pil([self._sample(path, label) for path, label in items])
+
+    def _sample(self, path: str, label: int) -> tuple:
+        """``(image or None, label, path, failure reason or None)``."""
+        try:
+            return decode_pil(path, self.transform, read_image_bytes(path, self.max_bytes)), label, path, None
+        except ImageDecodeError as e:
+            return None, label, path, e.reason
 
 
 def collate_pil(samples: list[tuple]) -> tuple[Tensor, Tensor, list[str], list[tuple[str, str]]]:
@@ -2646,11 +2784,18 @@ def torch_loader_batches(
 def get_torch_loader(
     dataset: PILDataset, batch_size: int, num_workers: int, device: torch.device, timeout: float
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over ``dataset`` in ``num_workers`` processes, pinned memory on CUDA."""
+    """A DataLoader over ``dataset``'s images in batches of ``batch_size`` (the SPDL loader's
+    batches), in ``num_workers`` processes, pinned memory on CUDA."""
+    batches = PILDataset(dataset.images, dataset.transform, dataset.max_bytes, batch_size)
     return torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_pil,
+        batches, batch_size=None, num_workers=num_workers, collate_fn=_as_batched,
         pin_memory=device.type == "cuda", timeout=timeout if num_workers else 0,
     )  # fmt: skip
+
+
+def _as_batched(batch: tuple) -> tuple:
+    """The DataLoader's collate function for a dataset that yields whole batches: as they are."""
+    return batch
 
 
 ################################################################################
@@ -2841,14 +2986,56 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
         raise ModelError(f"{path}: cannot load checkpoint ({str(e).splitlines()[-1].strip()})", "checkpoint") from None
 
 
+HUB_CHECK_S = 3.0  # seconds to wait for the model hub's server before calling it out of reach
+
+
+def _hub_unreachable(config: dict) -> str | None:
+    """Why the Hugging Face hub, where timm fetches these weights, cannot be reached (one
+    connection attempt of at most :py:data:`HUB_CHECK_S`), or None: it answers, the weights come
+    from elsewhere, the user set ``HF_HUB_OFFLINE`` (the cache alone), or a proxy stands between."""
+    import socket
+    import urllib.parse
+
+    from huggingface_hub import constants
+
+    proxied = any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+    if not config.get("hf_hub_id") or constants.HF_HUB_OFFLINE or proxied:
+        return None
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=HUB_CHECK_S).close()
+    except OSError as e:
+        return f"{url.hostname}: {e.strerror or e}"
+    return None
+
+
+@contextlib.contextmanager
+def _hub_offline() -> Iterator[None]:
+    """huggingface_hub's offline mode (what ``HF_HUB_OFFLINE=1`` sets) for the block: weights from
+    its cache, without the minute of retries it spends on a hub out of reach."""
+    from huggingface_hub import constants
+
+    before, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+
+
 def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
     import timm
 
-    _check_imagenet_head(model_name, pretrained_config(model_name).get("num_classes"))
+    config = pretrained_config(model_name)
+    _check_imagenet_head(model_name, config.get("num_classes"))
+    logging.getLogger("huggingface_hub").propagate = not logging.getLogger("huggingface_hub").handlers  # once
+    unreachable = _hub_unreachable(config) if pretrained else None
     try:
-        model = timm.create_model(model_name, pretrained=pretrained)
+        with _hub_offline() if unreachable else contextlib.nullcontext():
+            model = timm.create_model(model_name, pretrained=pretrained)
     except OSError as e:  # the hub is out of reach and the weights are not in its cache
-        raise ModelError(f"{model_name}: cannot get its pretrained weights ({type(e).__name__})", "weights") from None
+        where = f"the model hub is out of reach ({unreachable})" if unreachable else type(e).__name__
+        raise ModelError(f"{model_name}: cannot get its pretrained weights ({where}, and they are not in "
+                         "its cache)", "weights") from None  # fmt: skip
     except Exception as e:  # e.g. no pretrained weights, or a corrupt cached file (SafetensorError)
         raise ModelError(f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''})", "weights") from None  # fmt: skip
@@ -2866,6 +3053,7 @@ def get_model(
     dtype: torch.dtype | str = "auto",
     use_bf16: bool | None = None,
     batch_size: int | None = None,
+    transform: dict | None = None,
 ) -> ModelBundle:
     """Build the model bundle: normalisation, a timm model in eval mode, top-k counting.
 
@@ -2875,10 +3063,12 @@ def get_model(
         pretrained: Load timm's pretrained weights (from the model hub or its cache).
         checkpoint: A local state dict to load instead; no hub access.
         compile: ``torch.compile`` the model and the normalisation: True for mode
-            ``max-autotune``, or one of :py:data:`COMPILE_MODES`.
+            :py:data:`COMPILE_MODE`, or one of :py:data:`COMPILE_MODES`.
         dtype: The model's precision: a torch dtype, its name, or ``auto`` (see :py:func:`choose_dtype`).
         use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
         batch_size: With ``compile``, pad smaller batches to this size (see ModelBundle).
+        transform: Overrides of the model's evaluation transform, as timm's ``resolve_data_config``
+            takes them: ``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``.
 
     Raises:
         ModelError: an unknown model, weights out of reach, or a checkpoint that does not fit.
@@ -2891,7 +3081,7 @@ def get_model(
     model = _create_timm_model(model_name, pretrained and checkpoint is None)
     if checkpoint is not None:
         _load_checkpoint(model, Path(checkpoint))
-    transform = EvalTransform.from_model(model)
+    transform = EvalTransform.from_model(model, transform)
     model = model.eval().to(device=device, dtype=dtype)
     preprocessing = Preprocessing(transform.mean, transform.std).to(device)
     if compile:
@@ -2930,6 +3120,9 @@ class RunResult:
         batches_timed: Batches in the FPS window.
         loader_lead: Batches the loader can have decoded or in progress ahead of the model
             (its buffer and its concurrent decodes), when known: see ``fps_max_overstatement``.
+            After an SPDL run, what it had when the window opened (never more than the window's batches).
+        loader_min_fps: Images/s the loader is known to have reached in the window, from when it
+            delivered its batches (SPDL's sink queue), when known: see ``fps_max_overstatement``.
         partial: The run stopped before every listed image was classified or failed.
         stop_reason: Why it stopped early, or None.
         failures: Path and reason of each image that failed.
@@ -2952,6 +3145,7 @@ class RunResult:
     warmup_included: bool = False
     batches_timed: int = 0
     loader_lead: int | None = None
+    loader_min_fps: float | None = None
     partial: bool = False
     stop_reason: str | None = None
     failures: list[dict[str, str]] = field(default_factory=list)
@@ -2976,15 +3170,20 @@ class RunResult:
         """How much FPS can overstate a loader-bound rate, as a share (0.1: up to 10 %).
 
         When the FPS window opens, the loader may already hold ``loader_lead`` batches ready or
-        in progress; a window of T batches then needs only T - lead batches from the loader, so
-        FPS is at most T / (T - lead) times the loader's rate (inf: the window may be all
-        buffered, and FPS is then the model's rate). None when the lead is unknown or the
-        window includes the start (when nothing is buffered yet).
+        in progress (never more than the window's T batches); the window then needs only
+        T - lead batches from the loader, so FPS is at most T / (T - lead) times the loader's
+        rate (inf: the window may be all buffered, and FPS is then the model's rate). A loader
+        known to reach ``loader_min_fps`` overstates FPS by at most FPS / loader_min_fps - 1 (0
+        when it kept up). None when the lead is unknown or the window includes the start (when
+        nothing is buffered yet).
         """
         if self.loader_lead is None or self.warmup_included or not self.batches_timed:
             return None
-        lead = self.loader_lead
-        return math.inf if self.batches_timed <= lead else lead / (self.batches_timed - lead)
+        lead = min(self.loader_lead, self.batches_timed)
+        bound = math.inf if self.batches_timed <= lead else lead / (self.batches_timed - lead)
+        if self.loader_min_fps:
+            bound = min(bound, max(0.0, self.fps / self.loader_min_fps - 1))
+        return bound
 
     @property
     def top1(self) -> float:
@@ -2998,9 +3197,9 @@ class RunResult:
         fields = {k: v for k, v in asdict(self).items() if k != "predictions"}
         fields["page_cache"] = self.page_cache.to_dict() if self.page_cache is not None else None  # with its shares
         over = self.fps_max_overstatement
-        over = "unbounded" if over == math.inf else over  # valid JSON
-        return {**fields, "not_reached": self.not_reached, "fps": self.fps, "fps_max_overstatement": over,
-                "top1": self.top1, "top5": self.top5}  # fmt: skip
+        return {**fields, "not_reached": self.not_reached, "fps": self.fps,
+                "fps_max_overstatement": None if over == math.inf else over,  # a number or null: valid JSON
+                "fps_window_may_be_buffered": over == math.inf, "top1": self.top1, "top5": self.top5}  # fmt: skip
 
 
 class _Clock:
@@ -3065,7 +3264,10 @@ class TimingWindow:
             times = [self._start_mark.elapsed_time(event) / 1e3 for event, _ in self.marks]
         else:
             times = [t - self._start_mark for t, _ in self.marks]
-        images = [0] * (int(max(times, default=0.0) // interval) + 1)
+        # As many bins as the run's span has (the sink queue's occupancy gets as many), and one
+        # more only for a batch marked past the end (a GPU's events and the host clock differ).
+        last = int(max(times, default=0.0) // interval) + 1
+        images = [0] * max(_bin_count(self.t_end - self.t_start, interval), last)
         for t, frames in zip(times, (f for _, f in self.marks), strict=True):
             images[int(t // interval)] += frames
         timed = self.batches > self.warmup_batches
@@ -3079,6 +3281,11 @@ class TimingWindow:
             "end_s": self.t_end - self.t_start,
             "started_at": self.started_at,  # time.monotonic() at the start, to align other traces
         }
+
+
+def _bin_count(span_s: float, interval: float) -> int:
+    """Bins of ``interval`` seconds that cover ``span_s`` seconds: at least one."""
+    return max(1, math.ceil(span_s / interval))
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -3135,8 +3342,10 @@ class _Predictions:
             classes_l, probs_l, labels_l = classes.tolist(), probs.tolist(), labels.tolist()
             names = paths if len(paths) == len(labels_l) else [None] * len(labels_l)
             for path, label, top, p in zip(names, labels_l, classes_l, probs_l, strict=True):
-                rows.append({"path": path, "label": label, "top5": top, "probs": [round(x, 6) for x in p],
-                             "correct1": top[0] == label, "correct5": label in top})  # fmt: skip
+                rows.append({"path": path, "label": label, "label_name": _class_name(label) if label >= 0 else None,
+                             "top5": top, "top5_names": [_class_name(c) for c in top],
+                             "probs": [round(x, 6) for x in p], "correct1": top[0] == label,
+                             "correct5": label in top})  # fmt: skip
         return rows
 
 
@@ -3194,7 +3403,15 @@ def benchmark(
             _check_delivered(loop.result.classified + policy.failed, listed)
     finally:
         loop.close(policy, seen or [])
+    if loop.result.warmup_included and warmup_batches:  # the command line's summary says it itself
+        warnings.warn(f"only {loop.result.batches} batch(es), not more than warmup_batches={warmup_batches}: the "
+                      "FPS window includes the warm-up (compilation, caches, thread start-up); pass more images "
+                      "or a smaller warmup_batches", WarmupIncluded, stacklevel=2)  # fmt: skip
     return loop.result
+
+
+class WarmupIncluded(UserWarning):
+    """:py:func:`benchmark`'s run had no more batches than its warm-up: FPS includes the warm-up."""
 
 
 @contextlib.contextmanager
@@ -3921,10 +4138,12 @@ def print_summary(result: RunResult, file: TextIO | None = None) -> None:
         print(f"WARNING: only {result.batches} batch(es), not more than the warm-up: FPS includes it", file=file)
     over = result.fps_max_overstatement
     if over is not None and over > FPS_WINDOW_SLACK:
-        bound = "the window may be all buffered" if over == math.inf else f"FPS is up to {over:.0%} high"
+        lead = min(result.loader_lead or 0, result.batches_timed)
+        had = "all of them" if lead == result.batches_timed else f"{lead}"
+        bound = "FPS may be the model's rate alone" if over == math.inf else f"FPS may be up to {over:.0%} high"
         print(f"WARNING: the FPS window holds {result.batches_timed} batches and the loader may have had "
-              f"{result.loader_lead} ready or under way when it opened: if the loader is the bottleneck, {bound}; "
-              f"list more images", file=file)  # fmt: skip
+              f"{had} ready or under way when it opened: if the loader is the bottleneck, {bound}; "
+              f"list more images (repeating the list is fine)", file=file)  # fmt: skip
     print(f"FPS={result.fps:.2f} ({result.frames_timed}/{result.elapsed_s:.2f})", file=file)
     skipped = f", {result.failed} failed to decode" if result.failed else ""
     for k, correct, acc in (("1", result.top1_correct, result.top1), ("5", result.top5_correct, result.top5)):
@@ -4020,23 +4239,35 @@ def print_sweep(sweep: Sweep, command: Sequence[str], file: TextIO | None = None
     file = file or sys.stdout
     print(f"Sweep ({sweep.images} images per setting; images/s):", file=file)
     print(f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} {'end-to-end':>11}", file=file)
+    noisy = False
     for p in sweep.points:
         e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
-        print(f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} {p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}",
-              file=file)  # fmt: skip
+        mark = " *" if p.e2e_fps is not None and p.e2e_fps > p.bound_fps else ""
+        noisy = noisy or bool(mark)
+        print(f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} {p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}"
+              f"{mark}", file=file)  # fmt: skip
+    if noisy:
+        print("  * end to end above min(loader, model), which neither side can beat beside the other: measurement "
+              "noise (a short, buffered window); the ranking near it is uncertain", file=file)  # fmt: skip
     if (best := sweep.recommended) is None:  # stopped before any setting was measured
         return
     print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
-    print(f"  {' '.join(_with_settings(command, best))}", file=file)
+    print(f"  {_shell_join(_with_settings(command, best))}", file=file)
+
+
+# The sweep's own flags, and the settings it sets, by every name the parser takes.
+_SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--num-threads", "-j", "--workers", "--batch-size", "-b",
+                  "--queue-size"}  # fmt: skip
 
 
 def _with_settings(command: Sequence[str], point: SweepPoint) -> list[str]:
-    """The command line, without --sweep and its values, with the point's settings."""
-    dropped = {"--sweep", *(f"--{name}" for name in SWEEP_FLAGS)}
+    """The command line as typed, without the sweep's own flags (--sweep, --plot, --results-file)
+    and the settings it chose, which come last from the point."""
     out, skipping = [], False
     for word in command:
-        if word.startswith("--"):
-            skipping = word.split("=")[0] in dropped
+        if word.startswith("-") and not re.fullmatch(r"-\d.*", word):
+            name = word.split("=")[0]
+            skipping = name in _SWEEP_DROPPED or name[:2] in ("-j", "-b") and not name.startswith("--")
         if not skipping:
             out.append(word)
     return [*out, *point.flags().split()]
@@ -4054,48 +4285,100 @@ def _pyplot() -> Any:
     return plt
 
 
-PLOT_HINT = "pip install 'imagenet-classification[plot]' (matplotlib) to draw it"
+PLOT_HINT = "pip install matplotlib (or, in the checkout, pip install '.[plot]') to draw it"
 
 
-def plot_sweep(sweep: Sweep, path: Path | str) -> bool:
-    """Images/s against threads, one line per batch size (and queue size), the model-alone rate
-    as a dashed line, the recommended setting circled. False where matplotlib is missing."""
+def plot_sweep(sweep: Sweep, path: Path | str, title: str = "") -> bool:
+    """Images/s against decode threads: the loader alone, one line per batch size (and queue
+    size); the end-to-end rates measured, as crosses, the recommended one circled; the model
+    alone per batch size, a dashed line named at its end. The axes read in plain numbers
+    (threads 1, 2, 4; images/s on a log scale when the model is far faster than the loader).
+    False where matplotlib is missing."""
     if (plt := _pyplot()) is None:
         return False
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, ScalarFormatter
+
+    fig, ax = plt.subplots(figsize=(11, 5))
+    threads = sorted({p.num_threads for p in sweep.points})
     for batch_size, queue_size in sorted({(p.batch_size, p.queue_size) for p in sweep.points}):
-        line = sorted((p.num_threads, p.loader_fps) for p in sweep.points if (p.batch_size, p.queue_size) ==
-                      (batch_size, queue_size))  # fmt: skip
-        drawn = ax.plot(*zip(*line, strict=True), marker="o", label=f"loader, batch {batch_size}, queue {queue_size}")
+        mine = sorted((p for p in sweep.points if (p.batch_size, p.queue_size) == (batch_size, queue_size)),
+                      key=lambda p: p.num_threads)  # fmt: skip
+        colour = ax.plot([p.num_threads for p in mine], [p.loader_fps for p in mine], marker="o",
+                         label=f"loader alone, batch {batch_size}, queue {queue_size}")[0].get_color()  # fmt: skip
+        if ran := [p for p in mine if p.e2e_fps is not None]:
+            ax.plot([p.num_threads for p in ran], [p.e2e_fps for p in ran], marker="X", markersize=10, linestyle="none",
+                    color=colour, label=f"end to end, batch {batch_size}, queue {queue_size}")  # fmt: skip
+    for batch_size in sorted({p.batch_size for p in sweep.points}):
         model = next(p.model_fps for p in sweep.points if p.batch_size == batch_size)
-        ax.axhline(model, linestyle="--", color=drawn[0].get_color(), label=f"model alone, batch {batch_size}")
+        ax.axhline(model, linestyle="--", color="grey", linewidth=1)
+        rate = f"{model:,.0f}" if model >= 100 else f"{model:.3g}"
+        ax.annotate(f"model alone, batch {batch_size}: {rate}/s", (threads[-1], model), fontsize=8,
+                    xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom", color="dimgrey")  # fmt: skip
     best = sweep.recommended
-    ax.plot([best.num_threads], [best.loader_fps], marker="o", markersize=14, fillstyle="none", color="black",
-            linestyle="none", label="recommended")  # fmt: skip
+    ax.plot([best.num_threads], [best.e2e_fps or best.loader_fps], marker="o", markersize=18, fillstyle="none",
+            color="black", linestyle="none", label=f"recommended: {best.flags()}")  # fmt: skip
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="decode threads", ylabel="images/s", title="The loader alone at each setting")
-    ax.legend(fontsize=8)
+    ax.xaxis.set_major_locator(FixedLocator(threads))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    rates = [r for p in sweep.points for r in (p.loader_fps, p.model_fps, p.e2e_fps) if r]
+    if rates and max(rates) > 20 * min(rates):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates, default=1) * 1.3)
+    ax.set(xlabel="decode threads (--num-threads)", ylabel="images/s",
+           title=title or f"Sweep: {sweep.images} images per setting")  # fmt: skip
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     _save(fig, plt, path)
     return True
 
 
-def plot_timeline(timeline: dict, path: Path | str) -> bool:
-    """Images/s over the run, the warm-up shaded, the FPS window marked, and the sink queue's
-    occupancy where measured. False where matplotlib is missing."""
+def _sliding_rate(ends: Sequence[float], images: Sequence[int], batches: int) -> list[float]:
+    """Images/s at each batch's end over the last ``batches`` batches (from the start, 0 s, for
+    the first ones): ``sum(images[i-k+1 .. i]) / (ends[i] - ends[i-k])``. 0 where no time passed."""
+    rates = []
+    for i, end in enumerate(ends):
+        first = max(0, i - batches + 1)
+        since = ends[first - 1] if first else 0.0
+        rates.append(sum(images[first : i + 1]) / (end - since) if end > since else 0.0)
+    return rates
+
+
+def plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
+    """The run as it went: images/s over a sliding window of batches (a tenth of the run, 2 to
+    20 batches), the first batch (start-up, and compilation when on) and the warm-up shaded,
+    the FPS window and its rate marked, and the sink queue's occupancy per interval where
+    measured; every line in the legend. False where matplotlib is missing."""
     if (plt := _pyplot()) is None:
         return False
-    fig, ax = plt.subplots(figsize=(8, 4))
-    seconds = [i * timeline["interval_s"] for i in range(len(timeline["images_per_s"]))]
-    ax.step(seconds, timeline["images_per_s"], where="post", label="images/s")
-    ax.axvspan(0, timeline["warmup_end_s"], color="grey", alpha=0.25, label="warm-up")
-    for x in (timeline["warmup_end_s"], timeline["end_s"]):
-        ax.axvline(x, color="black", linestyle=":")
-    ax.set(xlabel="seconds since the start", ylabel="images/s", title="The run, second by second")
+    ends, images = timeline["batch_end_s"], timeline["batch_images"]
+    window = min(20, max(2, len(ends) // 10))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.plot(ends, _sliding_rate(ends, images, window), marker="." if len(ends) < 60 else None,
+            label=f"images/s over the last {window} batches")  # fmt: skip
+    if ends:
+        ax.axvspan(0, ends[0], color="tab:red", alpha=0.15, label="first batch: start-up (and compilation)")
+    warm = timeline["warmup_end_s"]
+    if warm > 0:
+        ax.axvspan(ends[0] if ends else 0, warm, color="grey", alpha=0.2, label="warm-up: not in FPS")
+    timed = [(e, n) for e, n in zip(ends, images, strict=True) if e > warm]
+    if timed and timeline["end_s"] > warm:
+        fps = sum(n for _, n in timed) / (timeline["end_s"] - warm)
+        ax.hlines(fps, warm, timeline["end_s"], color="black", linestyle="--", label=f"FPS window: {fps:,.1f} images/s")
+    ax.set(xlabel="seconds since the start", ylabel="images/s", title=title or "The run, batch by batch")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    handles = ax.get_legend_handles_labels()[0]
     if occupancy := timeline.get("sink_occupancy"):
         twin = ax.twinx()
-        twin.step(seconds[: len(occupancy)], occupancy, where="post", color="tab:orange", alpha=0.7)
-        twin.set(ylim=(0, 1.05), ylabel="a batch waiting (share of the second)")
-    ax.legend(loc="lower right", fontsize=8)
+        interval = timeline["interval_s"]
+        handles += twin.step([i * interval for i in range(len(occupancy))], occupancy, where="post", alpha=0.6,
+                             color="tab:orange", label=f"a batch waiting (share of each {interval:g} s)")  # fmt: skip
+        twin.set(ylim=(0, 1.05), ylabel="share of the time a batch was waiting")
+    ax.legend(handles=handles, loc="lower right", fontsize=8)
     _save(fig, plt, path)
     return True
 
@@ -4171,6 +4454,7 @@ def environment(device: torch.device) -> dict:
     """Versions and hardware that the numbers depend on."""
     ffmpeg = spdl.io.utils.get_ffmpeg_versions()
     env = {
+        "imagenet_classification": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "timm": _version("timm"),
@@ -4240,19 +4524,57 @@ def _umask() -> int:
 
 
 def write_results(path: Path | str, report: RunReport) -> None:
-    """Write the report as one JSON object (atomically, see ``_write_atomically``).
+    """Write the report as one JSON object, or for a ``.csv`` path one CSV row as timm's
+    validate.py and benchmark.py write theirs (see :py:func:`_results_row`); atomically (see
+    ``_write_atomically``).
 
     Raises:
         OSError: the file could not be written; an existing one is left as it was.
     """
-    _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
+    if str(path).lower().endswith(".csv"):
+        _write_atomically(path, _csv_text([_results_row(report.to_dict())]))
+    else:
+        _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
+
+
+def _results_row(payload: dict) -> dict:
+    """The results as one flat row: timm's column names where it has them, in its units (top-1
+    and top-5 in percent, as validate.py writes them; ``infer_*`` as benchmark.py does), then
+    this tool's figures (fractions and images/s, as in the JSON)."""
+    c = payload["config"]
+    top1, top5 = 100 * payload["top1"], 100 * payload["top5"]
+    return {
+        "model": c["model"], "top1": round(top1, 4), "top1_err": round(100 - top1, 4), "top5": round(top5, 4),
+        "top5_err": round(100 - top5, 4), "img_size": c["input_size"][-1], "crop_pct": c["crop_pct"],
+        "interpolation": c["interpolation"], "infer_samples_per_sec": round(payload["fps"], 2),
+        "infer_batch_size": c["batch_size"], "fps": payload["fps"], "elapsed_s": payload["elapsed_s"],
+        "frames_timed": payload["frames_timed"], "listed": payload["listed"], "classified": payload["classified"],
+        "failed": payload["failed"], "not_reached": payload["not_reached"], "partial": payload["partial"],
+        "warmup_included": payload["warmup_included"], "fps_max_overstatement": payload["fps_max_overstatement"],
+        "fps_window_may_be_buffered": payload["fps_window_may_be_buffered"], "world_size": payload["world_size"],
+        "device": c["device"], "dtype": c["dtype"], "compile": c["compile"], "weights": c["weights"],
+        "loader": c["loader"], "decoder": c["decoder"], "num_threads": c["num_threads"],
+        "queue_size": c["queue_size"], "version": payload["env"]["imagenet_classification"],
+        "start_time": c["start_time"], "command": c["command"],
+    }  # fmt: skip
+
+
+def _csv_text(rows: Sequence[dict]) -> str:
+    """Rows with the same keys as CSV, a header first; None as an empty field."""
+    import csv
+
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
 
 
 def write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
     """Write one row per classified image: CSV for a ``.csv`` path, JSON Lines otherwise.
 
-    Columns: path, label, top5 (class indices, best first), probs (their softmax
-    probabilities), correct1, correct5.
+    Columns: path, label, label_name, top5 (class indices, best first), top5_names (their
+    names; in CSV joined by `` | ``), probs (their softmax probabilities), correct1, correct5.
 
     Raises:
         OSError: the file could not be written.
@@ -4262,10 +4584,11 @@ def write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
 
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
-        writer.writerow(["path", "label", "top5", "probs", "correct1", "correct5"])
+        writer.writerow(["path", "label", "label_name", "top5", "top5_names", "probs", "correct1", "correct5"])
         for r in rows:
-            writer.writerow([r["path"], r["label"], " ".join(map(str, r["top5"])), " ".join(map(str, r["probs"])),
-                             int(r["correct1"]), int(r["correct5"])])  # fmt: skip
+            writer.writerow([r["path"], r["label"], r["label_name"], " ".join(map(str, r["top5"])),
+                             " | ".join(r["top5_names"]), " ".join(map(str, r["probs"])), int(r["correct1"]),
+                             int(r["correct5"])])  # fmt: skip
         _write_atomically(path, text.getvalue())
     else:
         _write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
@@ -4336,6 +4659,8 @@ class RunConfig:
     cold_cache: bool = False
     sweep: dict[str, list[int]] | None = None
     command: tuple[str, ...] = ()
+    transform_overrides: dict = field(default_factory=dict)
+    start_time: str = ""
 
     @property
     def my_images(self) -> ImageList:
@@ -4344,11 +4669,12 @@ class RunConfig:
 
     @property
     def loader_lead(self) -> int:
-        """Batches the loader can hold ahead of the model: SPDL's sink buffer and the batches
-        decoded at once; the DataLoader's prefetch (2 per worker)."""
+        """Batches the loader can hold ahead of the model: SPDL's sink buffer, the one its sink
+        stage holds on the way there, its queue before the sink and the batches decoded at once;
+        the DataLoader's prefetch (2 per worker)."""
         if self.loader == "torch":
             return 2 * self.loader_workers
-        return self.queue_size + self.decode_concurrency
+        return self.queue_size + 1 + _SPDL_STAGE_BUFFER + self.decode_concurrency
 
     def policy(self) -> BadImagePolicy:
         """A fresh bad-image policy as the flags ask."""
@@ -4372,7 +4698,15 @@ class RunConfig:
             "max_bad": None if self.max_bad is None else f"{self.max_bad[0]:g}{'%' if self.max_bad[1] else ''}",
             "max_image_mb": self.max_image_bytes >> 20, "images_from": self.images.origin,
             "cold_cache": self.cold_cache,
+            "command": _shell_join(self.command), "start_time": self.start_time,
         }  # fmt: skip
+
+
+def _shell_join(words: Sequence[str]) -> str:
+    """A command line to paste into a shell (each word quoted as it needs)."""
+    import shlex
+
+    return shlex.join(words)
 
 
 def _read_images(args: argparse.Namespace) -> ImageList:
@@ -4483,8 +4817,9 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
     decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
     backend = check_gpu_decoder(decoder, device)
     dtype, dtype_reason = choose_dtype(device, args.dtype)
-    _check_caches(device, args.compile)
-    transform = EvalTransform.from_model_name(args.model)
+    compile = args.compile if args.compile is not None else device.type == "cuda"
+    _check_caches(device, compile)
+    transform = EvalTransform.from_model_name(args.model, _transform_overrides(args))
     torch_loader = args.loader == "torch"
     # A thread or worker with no image idles, and costs memory (a process each for the DataLoader).
     # (The queue is a bound that allocates nothing: it stays as given.)
@@ -4498,7 +4833,8 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         decode_concurrency=min(threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else threads,
         loader_workers=threads, queue_size=args.queue_size, model=args.model,
         weights=str(args.checkpoint) if args.checkpoint else "pretrained" if args.pretrained else "random",
-        checkpoint=args.checkpoint, dtype=dtype, dtype_reason=dtype_reason, compile=args.compile and args.compile_mode,
+        checkpoint=args.checkpoint, dtype=dtype, dtype_reason=dtype_reason,
+        compile=compile and (args.compile_mode or COMPILE_MODE), transform_overrides=_transform_overrides(args),
         warmup_batches=args.warmup_batches, skip_bad=args.skip_bad, max_bad=args.max_bad,
         max_image_bytes=args.max_image_mb << 20, timeout=args.timeout, breakdown=args.breakdown,
         parity=args.parity, check_decoder=0 if torch_loader else args.check_decoder,
@@ -4506,6 +4842,13 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         predictions_file=args.predictions_file, trace=args.trace, plot=args.plot, cold_cache=args.cold_cache,
         sweep=_sweep_grid(args, shard, len(images)), command=tuple(command),
     )  # fmt: skip
+
+
+def _transform_overrides(args: argparse.Namespace) -> dict:
+    """The transform flags given, as timm's ``resolve_data_config`` takes them."""
+    given = {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation,
+             "mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}  # fmt: skip
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _sweep_grid(args: argparse.Namespace, shard: Shard, listed: int) -> dict[str, list[int]] | None:
@@ -4616,14 +4959,26 @@ def _clock_start_hook(shard: Shard, stats: PipelineStats | None) -> Callable[[],
 
 
 @contextlib.contextmanager
-def _tracing(path: Path | None) -> Iterator[torch.profiler.profile | None]:
+def _tracing(path: Path | None, device: torch.device) -> Iterator[torch.profiler.profile | None]:
     """With a path, record SPDL's trace (into PATH.pftrace as it goes) and torch's: yields torch's
-    profiler, whose trace (PATH.json) the caller exports once the run has ended or stopped."""
+    profiler, whose trace (PATH.json) the caller exports once the run has ended or stopped
+    (:py:func:`_export_trace`)."""
     if path is None:
         yield None
         return
-    with torch.profiler.profile() as profiler, spdl.io.utils.tracing(f"{path}.pftrace"):
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    else:  # Kineto's 'gpuGetDeviceCount failed' on a CPU run is an error line about nothing
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    with torch.profiler.profile(activities=activities) as profiler, spdl.io.utils.tracing(f"{path}.pftrace"):
         yield profiler
+
+
+def _export_trace(profiler: torch.profiler.profile, path: Path) -> None:
+    """Write torch's trace beside SPDL's, and say where both are."""
+    profiler.export_chrome_trace(f"{path}.json")
+    _say(f"trace: {path}.json (torch's profiler) and {path}.pftrace (SPDL's); open either in https://ui.perfetto.dev")
 
 
 @dataclass
@@ -4648,7 +5003,7 @@ def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
     try:
         with _open_loader(config, images, policy) as loader:
             try:
-                with _tracing(config.trace if config.shard.rank == 0 else None) as outcome.profiler:
+                with _tracing(config.trace if config.shard.rank == 0 else None, config.device) as outcome.profiler:
                     outcome.result = benchmark(
                         loader.batches, model, listed=len(images), warmup_batches=warmup, policy=policy,
                         sync_clocks=_clock_start_hook(config.shard, loader.stats), progress=progress,
@@ -4663,19 +5018,35 @@ def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
     except RunInterrupted as e:  # while the loader started or stopped: what was measured stands
         outcome.error, outcome.stopped_cleanly = outcome.error or e, False
     if loader is not None:
-        _add_loader_stats(outcome, loader)
+        _add_loader_stats(outcome, loader, config.decode_concurrency if config.shard.world_size == 1 else None)
     return outcome
 
 
-def _add_loader_stats(outcome: _Outcome, loader: _Loader) -> None:
-    """SPDL's stage statistics, and the sink queue's occupancy per second in the timeline."""
+def _add_loader_stats(outcome: _Outcome, loader: _Loader, concurrency: int | None) -> None:
+    """SPDL's stage statistics, what the loader had done when the FPS window opened (for the
+    bound on FPS; not with ``concurrency`` None: under torchrun, where the job's bound is every
+    rank's capacity), and the sink queue's occupancy per second in the timeline."""
     outcome.stopped_cleanly = outcome.stopped_cleanly and loader.stopped_cleanly
     if loader.stats is None:
         return
     outcome.pipeline_stats = loader.stats.summary()
+    if concurrency is not None:
+        _add_window_lead(outcome.result, loader.stats, concurrency)
     if t := outcome.result.timeline:
         start, end = t["started_at"], t["started_at"] + t["end_s"]
-        t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, t["interval_s"])
+        t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, t["interval_s"], len(t["images"]))
+
+
+def _add_window_lead(result: RunResult, stats: PipelineStats, concurrency: int) -> None:
+    """The loader's lead and known rate when the FPS window opened, as measured, in ``result``
+    (the lead never above the loader's capacity already there)."""
+    window = stats.window_lead(concurrency)
+    if window is None or result.warmup_included or result.loader_lead is None:
+        return
+    lead, batches_per_s = window
+    result.loader_lead = min(result.loader_lead, lead)
+    if batches_per_s is not None and result.batches_timed:
+        result.loader_min_fps = batches_per_s * result.frames_timed / result.batches_timed
 
 
 def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult) -> Breakdown:
@@ -4782,7 +5153,8 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
     """Build the model, run, then the breakdown; everything measured, in a report."""
     model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
                       checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
-                      batch_size=min(config.batch_size, len(config.my_images)))  # fmt: skip
+                      batch_size=min(config.batch_size, len(config.my_images)),
+                      transform=config.transform_overrides)  # fmt: skip
     _LG.info("Model %s on %s in %s (%s), %s loader, decoder %s, %d images listed.", config.model, config.device,
              str(config.dtype).removeprefix("torch."), config.dtype_reason, config.loader, config.decoder,
              len(config.my_images))  # fmt: skip
@@ -4877,7 +5249,8 @@ def _run_sweep(config: RunConfig, signals: _Signals) -> int:
     try:
         decoder_check = _check_decoder(config)  # a GPU decoder is checked as for a run
         model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
-                          checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype)  # fmt: skip
+                          checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
+                          transform=config.transform_overrides)  # fmt: skip
         sweep = run_sweep(config, model, config.sweep or {})
     except (RunStopped, RunInterrupted) as e:  # before the first setting: an empty sweep, written all the same
         sweep = Sweep([], 0, error=e)
@@ -4891,8 +5264,11 @@ def _run_sweep(config: RunConfig, signals: _Signals) -> int:
             payload["decoder_check"] = asdict(decoder_check)
         _print_out(print_sweep, sweep, config.command)
         not_written = _write_outputs([
-            (config.results_file, lambda path: _write_atomically(path, json.dumps(payload, indent=2) + "\n")),
-            (config.plot if sweep.points else None, lambda path: plot_sweep(sweep, path)),
+            (config.results_file, lambda path: _write_atomically(path, _csv_text([
+                {**asdict(p), "bound_fps": p.bound_fps, "recommended": p is sweep.recommended} for p in sweep.points
+            ]) if str(path).lower().endswith(".csv") else json.dumps(payload, indent=2) + "\n")),
+            (config.plot if sweep.points else None, lambda path: plot_sweep(
+                sweep, path, f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting")),
         ])  # fmt: skip
         if config.plot is None:
             _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
@@ -4914,12 +5290,13 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
         job = outcome.job_stop_reason
         report.result.stop_reason = job or message
         _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
-    rows, timeline, profiler = outcome.result.predictions, outcome.result.timeline, outcome.profiler
+    rows, timeline = _in_list_order(outcome.result.predictions, config.images), outcome.result.timeline
+    profiler = outcome.profiler
     outputs = [
         (config.results_file, lambda path: write_results(path, report)),
         (config.predictions_file, lambda path: write_predictions(path, rows or [])),  # a stopped run's rows too
-        (config.plot if timeline else None, lambda path: plot_timeline(timeline or {}, path)),
-        (config.trace if profiler is not None else None, lambda path: profiler.export_chrome_trace(f"{path}.json")),
+        (config.plot if timeline else None, lambda path: plot_timeline(timeline or {}, path, _run_title(report))),
+        (config.trace if profiler is not None else None, lambda path: _export_trace(profiler, path)),
     ]
     try:
         if shard.rank == 0 or alone:  # the summary first: no file, however it fails, can cost it
@@ -4931,6 +5308,26 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
     for line in not_written:
         _say(f"error: {line}")
     return status or (EXIT_FAILED if not_written else 0)
+
+
+def _run_title(report: RunReport) -> str:
+    """The run in a plot's title: the model and its settings, and the FPS."""
+    c, r = report.config, report.result
+    compiled = f"compiled ({c['compile']})" if c["compile"] else "not compiled"
+    return (f"{c['model']} on {c['device']} ({c['dtype']}, {compiled}), batch {c['batch_size']}, {c['loader']} "
+            f"{c['decoder']} x {c['num_threads']} threads\nFPS {r.fps:,.1f}, top-1 {r.top1:.1%} of "
+            f"{r.classified}")  # fmt: skip
+
+
+def _in_list_order(rows: list[dict] | None, images: ImageList) -> list[dict] | None:
+    """Prediction rows in the list's order (batches arrive as their decodes finish, and ranks
+    each hold their shard): two runs of one list give the same rows in the same order."""
+    if rows is None:
+        return None
+    position: dict[str, int] = {}
+    for i, path in enumerate(images.paths):
+        position.setdefault(path, i)
+    return sorted(rows, key=lambda row: position.get(row["path"], len(position)))
 
 
 def _say(line: str) -> None:
@@ -4995,6 +5392,8 @@ def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
     logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO, force=True)
     if not (debug or spdl_stats):
         logging.getLogger("spdl.pipeline").setLevel(logging.WARNING)
+    # Logged only where torch finds no CUDA runtime, i.e. on a CPU run, when compiling: noise there.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
 def _shard_from_env() -> Shard:
@@ -5052,22 +5451,43 @@ def _run_or_stop(config: RunConfig) -> tuple[RunReport, _Outcome]:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line's work: check the inputs, build the model and loader, run, report.
     Returns the exit status (argparse exits with 2 itself on a malformed command line)."""
+    import datetime
+
+    start_time = datetime.datetime.now().astimezone().isoformat(timespec="seconds")  # ISO 8601, local offset
     args = _parse_args(argv)
     _escape_unprintable()
-    command = ("imagenet_classification.py", *(sys.argv[1:] if argv is None else argv))
+    command = (*_program(), *(sys.argv[1:] if argv is None else argv))
     _init_logging(args.debug, spdl_stats=args.stats_interval is not None)
+    warnings.filterwarnings("ignore", category=WarmupIncluded)  # the summary's first line says it
     config = None
     with _Signals() as signals:
         try:
             shard = _shard_from_env()
             if shard.rank != 0:
                 logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
-            config = _preflight(args, shard, command)
+            config = replace(_preflight(args, shard, command), start_time=start_time)
             return _run_sweep(config, signals) if config.sweep else _run_job(config, signals)
         except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
             message, status = _explain(e, config)
             _say(f"error: {message}")
             return status
+
+
+def _program() -> list[str]:
+    """How this process was started, as a user would type it again: ``python -m
+    imagenet_classification``, ``python PATH.py``, or the installed command (by name when that
+    name on PATH is this one)."""
+    import shutil
+
+    main_module = sys.modules.get("__main__")
+    if getattr(getattr(main_module, "__spec__", None), "name", None) == __name__ or not sys.argv or not sys.argv[0]:
+        return ["python", "-m", __name__]
+    argv0 = sys.argv[0]
+    if argv0.endswith(".py"):
+        return ["python", argv0]
+    name = os.path.basename(argv0)
+    found = shutil.which(name)
+    return [name if found and os.path.realpath(found) == os.path.realpath(argv0) else argv0]
 
 
 def entrypoint(argv: Sequence[str] | None = None) -> None:

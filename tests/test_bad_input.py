@@ -92,6 +92,21 @@ def test_pretrained_weights_unreachable(dataset):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_hub_out_of_reach_is_one_line_without_retries(dataset):
+    # No HF_HUB_OFFLINE: the hub's address refuses connections (port 9 on this machine), and the
+    # cache is empty. One connection attempt says so, instead of a minute of retries.
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(dataset.parent / "hf-empty")}
+    env = {k: v for k, v in env.items() if k not in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy")}
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(dataset),
+           "--prefix", f"{dataset.parent}/", "--model", "test_efficientnet", "--device", "cpu",
+           "--no-compile"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the model hub is out of reach (127.0.0.1:" in errors[0]
+    assert "Retry" not in proc.stderr and "Traceback" not in proc.stderr
+
+
 # --- Images that must decode -----------------------------------------------------------------
 
 

@@ -62,14 +62,14 @@ def test_default_compile_and_bf16_with_short_run_warns(jpeg_set, tmp_path):
     assert "not more than the warm-up: FPS includes it" in proc.stdout
     result = read_json(out)
     native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # --dtype auto follows the hardware
-    expected = ("max-autotune", "bfloat16" if native_bf16 else "float32")
+    expected = (False, "bfloat16" if native_bf16 else "float32")  # no compile on the CPU unless asked for
     assert (result["config"]["compile"], result["config"]["dtype"]) == expected
     assert (result["listed"], result["classified"], result["frames_timed"]) == (10, 10, 10)  # last batch: 2 images
     assert result["warmup_included"] is True
 
 
 def test_compile_modes_accepted_and_refused(jpeg_set, capsys):
-    # The CLI offers torch.compile's modes; the library takes True (max-autotune), False or a mode.
+    # The CLI offers torch.compile's modes; the library takes True (mode default), False or a mode.
     with pytest.raises(SystemExit) as refused:  # argparse's usage error
         main(["--input-flist", str(jpeg_set), *TINY, "--compile-mode", "fast"])
     assert refused.value.code == 2
@@ -85,6 +85,9 @@ def test_trace_writes_both_traces(jpeg_set, tmp_path):
                    "--batch-size", "8", "--trace", tmp_path / "run")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "run.json").stat().st_size > 0 and (tmp_path / "run.pftrace").stat().st_size > 0
+    # It says where they are, and a CPU run prints no error about GPUs it never asked for.
+    assert f"trace: {tmp_path / 'run'}.json (torch's profiler) and {tmp_path / 'run'}.pftrace" in proc.stderr
+    assert "gpuGetDeviceCount" not in proc.stderr and "ERROR" not in proc.stderr
 
 
 def test_gpu_decoder_without_cuda_stops_at_start(jpeg_set):

@@ -367,7 +367,9 @@ FLAGS = {
     "--timeout": st.sampled_from(["30", "1e6", "1e7", "0", "-1", "nan", "inf", "x", ""]),
     "--device": TEXTS, "--dtype": TEXTS | st.sampled_from(["float32", "bfloat16"]), "--prefix": TEXTS,
     "--model": TEXTS | st.just("test_efficientnet"), "--max-bad": NUMBERS | NUMBERS.map(lambda v: v + "%"),
-    "--results-file": TEXTS, "--predictions-file": TEXTS | st.just("p.csv"), "--trace": TEXTS,
+    "--results-file": TEXTS | st.just("r.csv"), "--predictions-file": TEXTS | st.just("p.csv"), "--trace": TEXTS,
+    "--img-size": NUMBERS | st.sampled_from(["64", "4097"]), "--crop-pct": NUMBERS | st.sampled_from(["0.9", "1"]),
+    "--interpolation": TEXTS | st.just("bilinear"), "-j": st.integers(1, 3).map(str) | NUMBERS,
 }  # fmt: skip
 
 

@@ -62,6 +62,10 @@ def test_torch_loader_does_the_same_work(demo_photos, lite0_checkpoint, tmp_path
     assert (b["config"]["loader"], a["config"]["loader"]) == ("torch", "spdl")
     assert a["classified"] == b["classified"] == 20 and a["top5_correct"] == b["top5_correct"] == 20
     assert abs(a["top1_correct"] - b["top1_correct"]) <= 1
+    # The same batches: 20 images in 5 batches of 4 (each of 2 workers batching its own half of
+    # the images made 6, two of them short).
+    assert a["batches"] == b["batches"] == 5
+    assert a["timeline"]["batch_images"] == b["timeline"]["batch_images"] == [4] * 5
 
 
 def test_torch_loader_skips_and_counts_bad_images(tmp_path, jpeg_set):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 
@@ -49,10 +50,20 @@ def test_sweep_on_real_photos_writes_table_json_and_plot(demo_photos, tmp_path):
     assert "threads  batch  queue    loader     model  end-to-end" in proc.stdout
     flags = f"--num-threads {best['num_threads']} --batch-size {best['batch_size']} --queue-size 16"
     assert f"The smallest setting within 5% of the best: {flags}" in proc.stdout
-    command = proc.stdout.strip().splitlines()[-1].split()
-    assert command[0] == "imagenet_classification.py" and "--sweep" not in command and " ".join(command).endswith(flags)
+    command = shlex.split(proc.stdout.strip().splitlines()[-1])
+    assert command[:2] == ["python", str(ROOT / "imagenet_classification.py")]  # as it was started
+    assert not {"--sweep", "--plot", "--results-file"} & set(command) and " ".join(command).endswith(flags)
+    for p in points:  # an end-to-end rate above the bound is flagged as noise
+        row = f"{p['num_threads']:>8} {p['batch_size']:>6} {p['queue_size']:>6}"
+        line = next(line for line in proc.stdout.splitlines() if line.startswith(row))
+        assert line.endswith(" *") == (p["e2e_fps"] is not None and p["e2e_fps"] > min(p["loader_fps"], p["model_fps"]))
     with Image.open(plot) as image:
         assert image.format == "PNG" and image.size[0] > 400
+    # The printed command runs as printed (python being this interpreter here).
+    again = subprocess.run([sys.executable, *command[1:], "--max-samples", "8"], capture_output=True, text=True,
+                           timeout=300, cwd=ROOT)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "Images: listed=8 classified=8" in again.stdout
 
 
 def test_sweep_without_matplotlib_still_prints_the_table(jpeg_set, tmp_path):
@@ -64,7 +75,8 @@ def test_sweep_without_matplotlib_still_prints_the_table(jpeg_set, tmp_path):
                           timeout=300, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "The smallest setting within 5% of the best" in proc.stdout
-    assert "pip install 'imagenet-classification[plot]'" in proc.stderr and not (tmp_path / "s.png").exists()
+    assert "pip install matplotlib (or, in the checkout, pip install '.[plot]')" in proc.stderr
+    assert not (tmp_path / "s.png").exists()
 
 
 def test_timeline_sums_to_the_images_and_is_drawn(jpeg_set, tmp_path):
@@ -84,3 +96,51 @@ def test_timeline_sums_to_the_images_and_is_drawn(jpeg_set, tmp_path):
     assert result["elapsed_s"] == pytest.approx(t["end_s"] - t["warmup_end_s"], abs=0.05)
     with Image.open(plot) as image:
         assert image.format == "PNG"
+
+
+def test_sliding_rate_by_hand():
+    from imagenet_classification import _sliding_rate
+
+    # Batches of 4 images ending at 1, 2, 4 and 5 s: over the last 2 batches (from 0 s at first).
+    assert _sliding_rate([1.0, 2.0, 4.0, 5.0], [4, 4, 4, 4], 2) == [4.0, 4.0, 8 / 3, 8 / 3]
+    assert _sliding_rate([0.0, 0.5], [2, 2], 1) == [0.0, 4.0]  # no time passed: 0, not a division by zero
+
+
+def test_timeline_bins_cover_the_run_like_the_queues_and_the_plot_draws(tmp_path):
+    import time
+
+    import torch
+
+    from imagenet_classification import TimingWindow, _bin_count, plot_timeline
+
+    # The last batch just before 1 s, the run ending after it: two bins, as the sink queue's
+    # occupancy over the same span has (one bin fewer made plot_timeline raise).
+    window = TimingWindow(torch.device("cpu"), warmup_batches=1)
+    for seconds in (0.3, 0.6):
+        time.sleep(seconds)
+        window.add(4)
+    time.sleep(0.3)
+    window.close()
+    t = window.timeline()
+    assert len(t["images"]) == _bin_count(t["end_s"], 1.0) == 2 and sum(t["images"]) == 8
+    t["sink_occupancy"] = [1.0, 0.5]
+    assert plot_timeline(t, tmp_path / "t.png", "a title") and (tmp_path / "t.png").stat().st_size > 0
+    assert (_bin_count(0.0, 1.0), _bin_count(2.0, 1.0), _bin_count(2.01, 0.5)) == (1, 2, 5)
+
+
+def test_sweep_plot_reads_in_plain_numbers(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from imagenet_classification import Sweep, SweepPoint, plot_sweep
+
+    points = [SweepPoint(t, 128, 16, 190.0 * t, 47000.0) for t in (1, 2, 4, 8, 16)]
+    points[-1].e2e_fps = 2950.0
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to read it
+    assert plot_sweep(Sweep(points, 4000), tmp_path / "s.png")
+    ax = kept[0].axes[0]
+    assert [label.get_text() for label in ax.get_xticklabels()] == ["1", "2", "4", "8", "16"]
+    assert ax.get_yscale() == "log" and all("^" not in label.get_text() for label in ax.get_yticklabels())
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert "end to end, batch 128, queue 16" in legend and any(t.startswith("recommended") for t in legend)
+    assert any("model alone, batch 128: 47,000/s" == text.get_text() for text in ax.texts)
