@@ -535,23 +535,20 @@ _MAX_LINE_BYTES = 8192  # a longer line is no path: the file is not a file list 
 _WNID = re.compile(r"n\d{8}")
 
 
+CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")  # index, WordNet ID, name; the wheel carries it
+
+
 @functools.cache
 def _class_table() -> tuple[tuple[str, str], ...]:
-    """ImageNet-1k's ``(WordNet ID, name)`` pairs in class-index order, from the lists timm ships
-    in its wheel (so an installed copy of this module needs no file of its own): the files timm's
-    ``ImageNetInfo`` reads, read without importing timm (which would set up torch's compiler
-    caches before the pre-flight checks them, and take seconds)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("timm")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("timm is not installed; pip install timm")
-    info = Path(next(iter(spec.submodule_search_locations)), "data", "_info")
-    synsets = (info / "imagenet_synsets.txt").read_text("utf-8").splitlines()
-    wnids = sorted(w.strip() for w in synsets if w.strip())
-    lemmas = (info / "imagenet_synset_to_lemma.txt").read_text("utf-8").splitlines()
-    names = dict(line.split("\t", 1) for line in lemmas if "\t" in line)
-    return tuple((wnid, names[wnid].strip()) for wnid in wnids)
+    """ImageNet-1k's ``(WordNet ID, name)`` pairs in class-index order, from ``imagenet_class.tsv``
+    beside this module (scripts/make_class_tsv.py writes it from timm's lists)."""
+    try:
+        rows = [line.split("\t") for line in CLASS_TSV.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise FileListError(f"{CLASS_TSV}: cannot read the class table ({e})") from None
+    if [row[0] for row in rows] != [str(i) for i in range(NUM_CLASSES)] or any(len(row) != 3 for row in rows):
+        raise FileListError(f"{CLASS_TSV}: not the {NUM_CLASSES} classes as 'index<TAB>wnid<TAB>name' lines")
+    return tuple((wnid, name.strip()) for _, wnid, name in rows)
 
 
 @functools.cache

@@ -14,7 +14,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-# A few real ImageNet classes: WNID -> class index (sorted WordNet IDs, as timm lists them).
+# A few real ImageNet classes: WNID -> class index in imagenet_class.tsv.
 CLASSES = {"n01440764": 0, "n02123045": 281, "n03709823": 636, "n07920052": 967}
 
 

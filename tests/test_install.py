@@ -27,7 +27,7 @@ def installed(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(work / "dist"), str(ROOT)], check=True, capture_output=True, cwd=work)  # fmt: skip
     (wheel,) = (work / "dist").glob("imagenet_classification-*.whl")
-    assert "imagenet_classification.py" in zipfile.ZipFile(wheel).namelist()
+    assert {"imagenet_classification.py", "imagenet_class.tsv"} <= set(zipfile.ZipFile(wheel).namelist())
     env_dir = work / "venv"
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"

@@ -5,6 +5,7 @@ from importlib import resources
 import pytest
 
 from imagenet_classification import FileListError, count_list, get_mappings, parse_wnid, source
+from tests.conftest import ROOT
 
 
 def _timm_list(name: str) -> list[str]:
@@ -12,14 +13,16 @@ def _timm_list(name: str) -> list[str]:
 
 
 def test_class_table_matches_timm_lists():
-    """The table is timm's ImageNet-1k synsets, sorted (the index public models use), named by
-    their first lemma: read from timm's files directly, not through ImageNetInfo."""
+    """imagenet_class.tsv is timm's ImageNet-1k synsets, sorted (the index public models use),
+    each with its lemmas; the module's names are the first lemma."""
     from imagenet_classification import _class_name
 
+    rows = [line.split("\t") for line in (ROOT / "imagenet_class.tsv").read_text(encoding="utf-8").splitlines()]
     wnids = sorted(w.strip() for w in _timm_list("imagenet_synsets.txt") if w.strip())
-    assert len(wnids) == 1000 and list(get_mappings()) == wnids
+    assert len(rows) == 1000 and [r[1] for r in rows] == wnids and [int(r[0]) for r in rows] == list(range(1000))
     assert get_mappings() == {wnid: i for i, wnid in enumerate(wnids)}
     lemmas = dict(line.split("\t", 1) for line in _timm_list("imagenet_synset_to_lemma.txt") if "\t" in line)
+    assert all(name == lemmas[wnid].strip() for _, wnid, name in rows)
     assert [_class_name(i) for i in range(1000)] == [lemmas[w].split(",")[0].strip() for w in wnids]
     assert (_class_name(0), _class_name(281), _class_name(636)) == ("tench", "tabby", "mailbag")
 
