@@ -44,6 +44,7 @@ import platform
 import re
 import signal
 import stat
+import struct
 import sys
 import tempfile
 import threading
@@ -66,6 +67,8 @@ if __name__ == "__main__":  # a signal while the libraries below load: one line,
 import spdl.io  # noqa: E402
 import spdl.io.utils  # noqa: E402
 import torch  # noqa: E402
+from spdl.io import convert_frames, to_torch, transfer_buffer  # noqa: E402
+from spdl.io.lib import _libspdl  # noqa: E402
 from spdl.pipeline import (  # noqa: E402
     AsyncQueue,
     Pipeline,
@@ -77,6 +80,10 @@ from spdl.pipeline import (  # noqa: E402
     TaskStatsHook,
 )
 from torch import Tensor  # noqa: E402
+
+# Every ``spdl.io.X`` goes through that module's ``__getattr__`` (6-24 us a name): the decode path,
+# run for every image in every thread, uses the names bound here once. ``_libspdl`` is SPDL's
+# native module, loaded on its first use (not at import), its names then plain attributes.
 
 __all__ = [
     # The design's names, which notebooks use.
@@ -1002,20 +1009,34 @@ def resize_region(length: int, resized: int, offset: int, crop: int) -> tuple[in
     ratio = length / resized
     if ratio < 1:
         return whole
-    best, best_out = whole, resized
-    for pad in range(4, 17):
-        for out in range(crop + pad + 4, min(crop + pad + 40, best_out)):
-            src_len = 2 * round(out * ratio / 2)
-            step = src_len / out
-            ideal_start = (offset + 0.5) * ratio - (pad + 0.5) * step
-            start = 2 * round(ideal_start / 2)
-            if start < 0 or start + src_len > length:
-                continue
-            first = start - ideal_start  # sampling error of crop pixel 0, then of the last one
-            if max(abs(first), abs(first + (crop - 1) * (step - ratio))) <= REGION_TOLERANCE:
-                best, best_out = (start, src_len, out, pad), out
-                break
-    return best
+    return _best_region(length, resized, offset, crop, ratio) or whole
+
+
+@functools.lru_cache(maxsize=8192)
+def _best_region(length: int, resized: int, offset: int, crop: int, ratio: float) -> tuple[int, int, int, int] | None:
+    """:py:func:`resize_region`'s search, every candidate at once with numpy (the same float
+    operations in the same order as a loop over them, so the same result): per ``pad``, the
+    smallest resized length that qualifies; the smallest of those over the pads wins, the first
+    pad on a tie; None if none is under ``resized``. Cached: a side's length and geometry recur
+    across sizes (ImageNet's sizes met once share a side with others)."""
+    import numpy as np
+
+    pads = np.arange(4, 17)[:, None]
+    out = crop + pads + 4 + np.arange(36)  # out in crop + pad + 4 .. crop + pad + 39, per pad
+    src_len = 2 * np.round(out * ratio / 2)
+    step = src_len / out
+    ideal_start = (offset + 0.5) * ratio - (pads + 0.5) * step
+    start = 2 * np.round(ideal_start / 2)
+    first = start - ideal_start  # sampling error of crop pixel 0, then of the last one
+    last = first + (crop - 1) * (step - ratio)
+    ok = (start >= 0) & (start + src_len <= length) & (np.maximum(np.abs(first), np.abs(last)) <= REGION_TOLERANCE)
+    rows = np.arange(len(ok))
+    k = ok.argmax(axis=1)  # each pad's first qualifying length (0 where none does)
+    smallest = np.where(ok[rows, k], out[rows, k], resized)
+    row = int(smallest.argmin())  # the first pad on a tie
+    if smallest[row] >= resized:
+        return None
+    return int(start[row, k[row]]), int(src_len[row, k[row]]), int(smallest[row]), row + 4
 
 
 class BadImagePolicy:
@@ -1039,7 +1060,10 @@ class BadImagePolicy:
         self.skip, self.max_bad, self.max_bad_percent = skip, max_bad, max_bad_percent
         self._lock = threading.Lock()
         self._failures: list[ImageDecodeError] = []
-        self._in_progress: dict[int, tuple[str, float]] = {}
+        # Thread ident -> (path, time.monotonic() when it began) of the image that thread is on,
+        # None between batches. Each thread stores only its own entry, one dict store that is
+        # atomic under the GIL, so marking an image takes no lock (it happens for every image).
+        self._in_progress: dict[int, tuple[str, float] | None] = {}
         self._fallbacks = 0
         self.unexpected: tuple[str, BaseException] | None = None
 
@@ -1102,20 +1126,18 @@ class BadImagePolicy:
     def working_on(self, path: str) -> Iterator[None]:
         """Mark ``path`` as being read or decoded by this thread for the duration."""
         key = threading.get_ident()
-        with self._lock:
-            self._in_progress[key] = (path, time.monotonic())
+        self._in_progress[key] = (path, time.monotonic())
         try:
             yield
         finally:
-            with self._lock:
-                self._in_progress.pop(key, None)
+            self._in_progress[key] = None
 
     def oldest_in_progress(self) -> tuple[str, float] | None:
         """``(path, seconds)`` of the image in progress for the longest time, or None."""
-        with self._lock:
-            if not self._in_progress:
-                return None
-            path, started = min(self._in_progress.values(), key=lambda v: v[1])
+        marks = [mark for mark in list(self._in_progress.values()) if mark is not None]  # list(): one step
+        if not marks:
+            return None
+        path, started = min(marks, key=lambda mark: mark[1])
         return path, time.monotonic() - started
 
 
@@ -1164,12 +1186,11 @@ def read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
         if info.st_size > max_bytes:
             mib = info.st_size / 2**20
             raise ImageDecodeError(path, f"file of {mib:.1f} MiB, over the {max_bytes / 2**20:g} MiB limit")
-        with open(fd, "rb", buffering=0, closefd=False) as f:
-            # As many bytes as the file has, and one more to see if it grew: asking for
-            # max_bytes at once would allocate that much for every image.
-            data = f.read(min(info.st_size, max_bytes) + 1)
-            if len(data) > info.st_size:
-                data += f.read(max_bytes + 1 - len(data))
+        # As many bytes as the file has, and one more to see if it grew: asking for max_bytes at
+        # once would allocate that much for every image. os.read, not a file object per image.
+        data = os.read(fd, min(info.st_size, max_bytes) + 1)
+        if len(data) > info.st_size:
+            data += os.read(fd, max_bytes + 1 - len(data))
     except OSError as e:
         raise ImageDecodeError(path, e.strerror or str(e)) from None
     finally:
@@ -1232,23 +1253,43 @@ def _jpeg_segments(data: bytes) -> Iterator[tuple[int, int]]:
         i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
 
 
+_SEGMENT = struct.Struct(">BBH")  # a segment's 0xFF, marker and length
+_SOF_FIELDS = struct.Struct(">BHHB")  # after a start-of-frame segment's length: precision, height, width, components
+
+
+def _jpeg_frame(data: bytes) -> tuple[int, int, int, int, int] | None:
+    """``(start-of-frame marker, its offset, width, height, components)`` of JPEG data, or None
+    as :py:func:`parse_jpeg_header` says. The segments walked as :py:func:`_jpeg_segments` walks
+    them, in one loop: this runs for every image the CPU decodes."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    i, end = 2, len(data) - 4
+    while i <= end:
+        fill, marker, length = _SEGMENT.unpack_from(data, i)
+        if fill != 0xFF or marker == _SOS:
+            return None
+        if marker == 0xFF:  # fill byte
+            i += 1
+        elif marker in _SOF_MARKERS:
+            if i + 10 > len(data):
+                return None
+            _, height, width, components = _SOF_FIELDS.unpack_from(data, i + 4)
+            return marker, i, width, height, components
+        else:
+            i += 2 + length
+    return None
+
+
 def parse_jpeg_header(data: bytes) -> JpegHeader | None:
     """The frame header of JPEG data, or None if the data is not JPEG or has no frame header
     before its first scan (corrupt)."""
-    if data[:2] != b"\xff\xd8":
+    frame = _jpeg_frame(data)
+    if frame is None:
         return None
-    for marker, offset in _jpeg_segments(data):
-        if marker == _SOS:
-            return None
-        if marker in _SOF_MARKERS:
-            sof = data[offset + 4 : offset + 4 + 6]
-            if len(sof) < 6:
-                return None
-            height, width, components = int.from_bytes(sof[1:3], "big"), int.from_bytes(sof[3:5], "big"), sof[5]
-            table = data[offset + 10 : offset + 10 + 3 * components]
-            sampling = tuple((table[i + 1] >> 4, table[i + 1] & 15) for i in range(0, len(table) - 2, 3))
-            return JpegHeader(marker, width, height, components, sampling)
-    return None
+    marker, offset, width, height, components = frame
+    table = data[offset + 10 : offset + 10 + 3 * components]
+    sampling = tuple((table[i + 1] >> 4, table[i + 1] & 15) for i in range(0, len(table) - 2, 3))
+    return JpegHeader(marker, width, height, components, sampling)
 
 
 def jpeg_truncated(data: bytes) -> bool:
@@ -1311,9 +1352,13 @@ class FilterGraphCache:
 
 
 def filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.FilterGraph:
-    """A filter graph from frames of this size and pixel format through ``chain``."""
+    """A filter graph from frames of this size and pixel format through ``chain``.
+
+    Set up by SPDL's ``make_filter_graph``, which releases the GIL while FFmpeg parses and
+    configures the graph (about 1 ms, as long as a decode); ``spdl.io.FilterGraph(desc)`` makes
+    the same graph holding the GIL all that time (SPDL 0.8's bindings; ``bench/gil.py``)."""
     source = f"buffer=video_size={width}x{height}:pix_fmt={pix_fmt}:time_base=1/25:pixel_aspect=1/1"
-    return spdl.io.FilterGraph(f"{source},{chain},buffersink")
+    return _libspdl.make_filter_graph(f"{source},{chain},buffersink")
 
 
 @functools.cache
@@ -1348,11 +1393,15 @@ def decode_frames(data: bytes) -> spdl.io.ImageFrames:
     Raises:
         RuntimeError, ValueError, IndexError, AssertionError: what SPDL raises for bad data.
     """
-    if not data.startswith(_JPEG_START):
-        return spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None, num_frames=1)
-    demux_config, decode_config = ffmpeg_jpeg_configs()
-    packets = spdl.io.demux_image(data, demux_config=demux_config)
-    return spdl.io.decode_packets(packets, filter_desc=None, decode_config=decode_config, num_frames=1)
+    # SPDL's native calls, as spdl.io.demux_image and decode_packets make them, without their
+    # Python wrappers (a Demuxer object, a context manager, a usage log) around each image.
+    demux_config, decode_config = ffmpeg_jpeg_configs() if data.startswith(_JPEG_START) else (None, None)
+    demuxer = _libspdl.make_demuxer(memoryview(data), demux_config=demux_config)
+    try:
+        packets = demuxer.demux_image(bsf=None)
+    finally:
+        demuxer._drop()
+    return _libspdl.decode_packets(packets, decode_config=decode_config, filter_desc=None, num_frames=1)
 
 
 _PIL_RESAMPLE = {"bilinear": 2, "bicubic": 3, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
@@ -1383,14 +1432,13 @@ def decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) -
     return np.asarray(resized.crop((left, top, left + transform.size, top + transform.size)))
 
 
-def _ffmpeg_takes(data: bytes) -> bool:
+def _ffmpeg_takes(data: bytes, frame_type: int | None) -> bool:
     """FFmpeg decodes JPEG (but not arithmetic-coded JPEG, which it lacks) and still PNG; PIL,
     the reference decoder, takes the rest: FFmpeg decodes some other containers to a frame that
     is not the image (a JPEG-compressed TIFF comes out black), and an animated PNG to another
-    frame than PIL's."""
+    frame than PIL's. ``frame_type``: the data's start-of-frame marker, if JPEG data has one."""
     if data.startswith(_JPEG_START):
-        header = parse_jpeg_header(data)
-        return header is None or header.frame_type not in _ARITHMETIC_SOF
+        return frame_type not in _ARITHMETIC_SOF
     return data.startswith(_PNG_START) and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) == -1
 
 
@@ -1413,6 +1461,9 @@ def _check_size(path: str, size: tuple[int, int] | None, transform: EvalTransfor
     width, height = size
     if width * height > MAX_IMAGE_PIXELS:
         raise ImageDecodeError(path, f"{width} x {height} pixels, over the limit of {MAX_IMAGE_PIXELS:,}")
+    short = transform.resize_short
+    if short * short * max(width, height) <= MAX_IMAGE_PIXELS * min(width, height):
+        return  # the resize is at most short x (short x long / short): no need to work out its geometry
     new_w, new_h, _, _ = transform.geometry(width, height)
     if new_w * new_h > MAX_IMAGE_PIXELS:
         raise ImageDecodeError(path, f"a {width} x {height} image would be resized to {new_w} x {new_h}")
@@ -1435,28 +1486,31 @@ def _pil_rgb(image: Any) -> Any:
 def crop_on_cpu(path: str, data: bytes, graphs: FilterGraphCache) -> spdl.io.VideoFrames | Any:
     """One image decoded, resized and cropped on the CPU: an RGB frame from FFmpeg, or a numpy
     array from PIL for the data FFmpeg is not used for (see :py:func:`_ffmpeg_takes`)."""
-    if not _ffmpeg_takes(data):
+    frame = _jpeg_frame(data)  # the header read once: which decoder, and the size to check
+    if not _ffmpeg_takes(data, frame and frame[0]):
         return decode_pil(path, graphs.transform, data)
-    _check_size(path, image_size(data), graphs.transform)
-    with _decoder_errors(path, "FFmpeg"):
+    _check_size(path, frame[2:4] if frame else image_size(data), graphs.transform)
+    try:  # what _decoder_errors does, without a context manager's objects for every image
         frames = decode_frames(data)
         # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion.
         if frames.width <= 0:
             raise ValueError("no frame decoded (corrupt data)")
         return graphs.apply(frames)
+    except _DECODER_ERRORS as e:
+        raise ImageDecodeError(path, f"FFmpeg cannot decode it: {_spdl_reason(e)}") from None
 
 
 def _to_hwc(images: list[spdl.io.VideoFrames | Any]) -> Tensor:
     """Stack cropped images into one uint8 ``N x S x S x 3`` CPU tensor: one FFmpeg conversion
     for a batch of frames, or one at a time when PIL decoded some of them."""
-    if all(isinstance(image, spdl.io.VideoFrames) for image in images):
-        return spdl.io.to_torch(spdl.io.convert_frames(images)).squeeze(1)
+    if all(isinstance(image, _libspdl.VideoFrames) for image in images):
+        return to_torch(convert_frames(images)).squeeze(1)
     return torch.stack([_image_tensor(image) for image in images])
 
 
 def _image_tensor(image: spdl.io.VideoFrames | Any) -> Tensor:
-    if isinstance(image, spdl.io.VideoFrames):
-        return spdl.io.to_torch(spdl.io.convert_frames([image]))[0, 0]
+    if isinstance(image, _libspdl.VideoFrames):
+        return to_torch(convert_frames([image]))[0, 0]
     return torch.from_numpy(image.copy())
 
 
@@ -1509,24 +1563,30 @@ def decode_items(
     failures: list[ImageDecodeError],
 ) -> tuple[list[Any], list[int], list[str]]:
     """Decode each item: ``(decoded images, their labels, their paths)``. A bad image is recorded
-    in ``policy`` and ``failures`` and left out, or raises ImageDecodeError without a policy."""
+    in ``policy`` and ``failures`` and left out, or raises ImageDecodeError without a policy.
+    Each image is marked in the policy as this thread's (:py:meth:`BadImagePolicy.working_on`)
+    while it is decoded, with one dict store: no lock, no context manager per image."""
     decoded, labels, paths = [], [], []
-    for path, label in items:
-        try:
-            with policy.working_on(path) if policy else contextlib.nullcontext():
+    marks, key = (policy._in_progress, threading.get_ident()) if policy is not None else ({}, 0)
+    try:
+        for path, label in items:
+            marks[key] = (path, time.monotonic())
+            try:
                 decoded.append(decode_one(path))
-        except ImageDecodeError as e:
-            if policy is None:
+            except ImageDecodeError as e:
+                if policy is None:
+                    raise
+                policy.record_failure(e)
+                failures.append(e)
+                continue
+            except Exception as e:  # not the image's fault (out of memory, a bug): the run stops, naming it
+                if policy is not None:
+                    policy.record_unexpected(path, e)
                 raise
-            policy.record_failure(e)
-            failures.append(e)
-            continue
-        except Exception as e:  # not the image's fault (out of memory, a bug): the run stops, naming it
-            if policy is not None:
-                policy.record_unexpected(path, e)
-            raise
-        labels.append(label)
-        paths.append(path)
+            labels.append(label)
+            paths.append(path)
+    finally:
+        marks[key] = None
     return decoded, labels, paths
 
 
@@ -1544,9 +1604,9 @@ def _ffmpeg_decode_func(
         crops, labels, paths = decode_items(items, decode_one, policy, failures)
         if not crops:
             return _empty_batch(transform, device, failures)
-        if cuda_config is not None and all(isinstance(c, spdl.io.VideoFrames) for c in crops):
-            buffer = spdl.io.transfer_buffer(spdl.io.convert_frames(crops), device_config=cuda_config)
-            images = spdl.io.to_torch(buffer).squeeze(1)
+        if cuda_config is not None and all(isinstance(c, _libspdl.VideoFrames) for c in crops):
+            buffer = transfer_buffer(convert_frames(crops), device_config=cuda_config)
+            images = to_torch(buffer).squeeze(1)
         else:
             images = _to_hwc(crops).to(device)
         # NHWC memory seen as NCHW: the channels-last layout convolutions prefer.
