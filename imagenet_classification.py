@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import io
 import itertools
 import json
@@ -79,6 +80,7 @@ from spdl.pipeline import (  # noqa: E402
     TaskHook,
     TaskStatsHook,
 )
+from spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 # Every ``spdl.io.X`` goes through that module's ``__getattr__`` (6-24 us a name): the decode path,
@@ -253,6 +255,9 @@ class ImageDecodeError(BenchmarkError):
         super().__init__(f"{path}: {reason}")
         self.path, self.reason = path, reason
 
+    def __reduce__(self) -> tuple:  # a batch's failures travel from a --decode-processes worker
+        return type(self), (self.path, self.reason)
+
 
 class RunStopped(BenchmarkError):
     """A run that ended before every listed image was classified or failed.
@@ -406,6 +411,9 @@ def _loader_flags(parser: argparse.ArgumentParser) -> None:
     loader.add_argument("--num-threads", type=_count, default=16,
                         help="decode threads (SPDL), or worker processes (--loader torch)")  # fmt: skip
     loader.add_argument("--queue-size", type=_count, default=16, help="decoded batches held ready for the model")
+    loader.add_argument("--decode-processes", type=_count0, default=0, metavar="N",
+                        help="decode in N worker processes of --num-threads threads each (FFmpeg; 0: in this "
+                             "process), for when one process's threads stop scaling")  # fmt: skip
     loader.add_argument("--loader", choices=("spdl", "torch"), default="spdl",
                         help="torch: the baseline, a PyTorch DataLoader decoding with PIL")  # fmt: skip
     decoder = loader.add_mutually_exclusive_group()
@@ -1546,6 +1554,9 @@ class Batch(tuple):
         batch.paths, batch.failures = tuple(paths), tuple(failures)
         return batch
 
+    def __reduce__(self) -> tuple:  # from a --decode-processes worker (its tensors through shared memory)
+        return type(self), (*self, self.paths, self.failures)
+
 
 def _label_tensor(labels: list[int], device: torch.device) -> Tensor:
     return torch.tensor(labels, dtype=torch.int64).view(-1, 1).to(device, non_blocking=True)
@@ -2192,6 +2203,7 @@ def get_pipeline(
     num_threads: int,
     report_stats_interval: float = -1,
     stats: PipelineStats | None = None,
+    decode_processes: int = 0,
 ) -> Pipeline:
     """Build the loading pipeline: source -> aggregate -> pipe(decode) -> sink.
 
@@ -2212,18 +2224,73 @@ def get_pipeline(
         report_stats_interval: Seconds between SPDL's stage statistics logs (-1: none until
             each stage ends, when SPDL always logs them at INFO); taken from ``stats`` when given.
         stats: Collects the stage statistics for :py:meth:`PipelineStats.summary`.
+        decode_processes: Run the decode stage in this many worker processes instead, each
+            decoding ``concurrency`` batches at once in its own threads: SPDL's execution region
+            (``PipelineBuilder.to``), the batches handed back through shared memory (torch's
+            tensor pickling). ``decode_func`` must then be picklable (:py:class:`_ProcessDecode`).
     """
     hooks = {}
     if stats is not None:
         hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
         report_stats_interval = stats.interval
-    return (
-        PipelineBuilder()
-        .add_source(_batched(src, batch_size))
-        .pipe(decode_func, concurrency=concurrency, name="decode")
-        .add_sink(buffer_size)
-        .build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval, **hooks)
-    )
+    builder = PipelineBuilder().add_source(_batched(src, batch_size))
+    if decode_processes:
+        # spawn, not fork: the main process has threads (torch's, SPDL's) by the time the pool starts.
+        pool = ProcessPoolExecutorConfig(max_workers=decode_processes, mp_context="spawn",
+                                         initializer=_decode_worker_init)  # fmt: skip
+        builder = builder.to(pool).pipe(decode_func, concurrency=concurrency, name="decode").to(MAIN_PROCESS)
+    else:
+        builder = builder.pipe(decode_func, concurrency=concurrency, name="decode")
+    return builder.add_sink(buffer_size).build(num_threads=num_threads, max_failures=0,
+                                               report_stats_interval=report_stats_interval, **hooks)  # fmt: skip
+
+
+def _decode_worker_init() -> None:
+    """In each ``--decode-processes`` worker: a Ctrl-C (sent to the whole process group) is the
+    main process's to handle, which stops the workers (the worker would print a traceback); the
+    SIGTERM that ends a worker ends it quietly (SPDL's native library installs glog's handler,
+    which prints a stack trace: loaded now, so that the default is put back after it); and the
+    worker skips the interpreter's teardown, as the main process does (nanobind would list SPDL's
+    objects still alive)."""
+    import atexit
+
+    spdl.io.utils.get_ffmpeg_versions()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    atexit.register(os._exit, 0)  # runs after multiprocessing's own exit handling, before the teardown
+
+
+class _ProcessDecode:
+    """The FFmpeg decode function, made in the worker process that runs it (a closure cannot be
+    pickled to a spawned worker): batches come back on the CPU, bad images left out and listed
+    in ``Batch.failures``, which :py:func:`_received` records in the main process's policy."""
+
+    def __init__(self, transform: EvalTransform, max_image_bytes: int) -> None:
+        self.transform, self.max_image_bytes = transform, max_image_bytes
+        self._decode: Callable[[Sequence[tuple[str, int]]], Batch] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"transform": self.transform, "max_image_bytes": self.max_image_bytes, "_decode": None}
+
+    def __call__(self, items: Sequence[tuple[str, int]]) -> Batch:
+        if self._decode is None:  # once per worker; the worker's own policy only collects
+            self._decode = get_decode_func("cpu", self.transform, "ffmpeg", BadImagePolicy(skip=True),
+                                           max_image_bytes=self.max_image_bytes)  # fmt: skip
+        return self._decode(items)
+
+
+def _received(batches: Iterator[Batch], policy: BadImagePolicy, device: torch.device) -> Iterator[Batch]:
+    """Batches from ``--decode-processes`` workers: each failure recorded once, here, as the batch
+    that lists it arrives (so none counts twice, and those of batches never received are not
+    reached), and the batch copied to ``device`` in this process, where the model is."""
+    for batch in batches:
+        for failure in batch.failures:
+            policy.record_failure(failure)
+        if device.type != "cpu":
+            images, labels = batch
+            batch = Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), batch.paths,
+                          batch.failures)  # fmt: skip
+        yield batch
 
 
 ################################################################################
@@ -3206,17 +3273,19 @@ def measure_parity(
 # Tuning: the loader's settings swept, the end-to-end rate of the best ones
 ################################################################################
 
-SWEEP_FLAGS = {"num-threads": "decode_threads", "batch-size": "batch_size", "queue-size": "queue_size"}
+SWEEP_FLAGS = {"num-threads": "decode_threads", "batch-size": "batch_size", "queue-size": "queue_size",
+               "decode-processes": "decode_processes"}  # fmt: skip
 SWEEP_TOLERANCE = 0.05  # the recommended setting is the smallest within this of the best
 
 
 def parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) -> dict[str, list[int]]:
-    """The values to sweep for each of ``num-threads``, ``batch-size`` and ``queue-size``, from
-    ``auto`` (threads doubling from 1 to the CPU count) or ``NAME=V1,V2,...`` specs; a setting
-    not named keeps its value from ``defaults``.
+    """The values to sweep for each of ``num-threads``, ``batch-size``, ``queue-size`` and
+    ``decode-processes``, from ``auto`` (threads doubling from 1 to the CPU count) or
+    ``NAME=V1,V2,...`` specs; a setting not named keeps its value from ``defaults``.
 
     Raises:
-        ValueError: a spec that is neither, an unknown name, or a value that is not a whole number of at least 1.
+        ValueError: a spec that is neither, an unknown name, or a value that is not a whole number
+            of at least 1 (at least 0 for ``decode-processes``, where 0 decodes in the main process).
     """
     grid = {name: [value] for name, value in defaults.items()}
     for spec in specs:
@@ -3231,8 +3300,8 @@ def parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) 
             numbers = sorted({int(v) for v in values.split(",")})
         except ValueError:
             raise ValueError(f"{spec!r}: the values must be whole numbers") from None
-        if numbers[0] < 1:
-            raise ValueError(f"{spec!r}: the values must be at least 1")
+        if numbers[0] < (0 if name == "decode-processes" else 1):
+            raise ValueError(f"{spec!r}: the values must be at least {0 if name == 'decode-processes' else 1}")
         grid[name] = numbers
     return grid
 
@@ -3247,6 +3316,7 @@ class SweepPoint:
     loader_fps: float
     model_fps: float
     e2e_fps: float | None = None
+    decode_processes: int = 0  # worker processes of num_threads threads each; 0: threads in the main process
 
     @property
     def bound_fps(self) -> float:
@@ -3254,7 +3324,13 @@ class SweepPoint:
         return min(self.loader_fps, self.model_fps)
 
     def flags(self) -> str:
-        return f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
+        flags = f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
+        return flags + (f" --decode-processes {self.decode_processes}" if self.decode_processes else "")
+
+    @property
+    def threads(self) -> int:
+        """Decode threads in all: ``num_threads`` in each worker process, or in the main one."""
+        return self.num_threads * max(1, self.decode_processes)
 
 
 @dataclass
@@ -3267,10 +3343,10 @@ class Sweep:
     @property
     def candidates(self) -> list[SweepPoint]:
         """The settings whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first
-        (fewest threads, then batch, then queue): those worth running end to end."""
+        (fewest threads in all, then processes, batch, queue): those worth running end to end."""
         best = max(p.bound_fps for p in self.points)
         near = [p for p in self.points if p.bound_fps >= (1 - SWEEP_TOLERANCE) * best]
-        return sorted(near, key=lambda p: (p.num_threads, p.batch_size, p.queue_size))
+        return sorted(near, key=lambda p: (p.threads, p.decode_processes, p.batch_size, p.queue_size))
 
     @property
     def recommended(self) -> SweepPoint:
@@ -3288,10 +3364,10 @@ class Sweep:
                 "recommended": asdict(self.recommended), "tolerance": SWEEP_TOLERANCE}  # fmt: skip
 
 
-def _sweep_settings(config: RunConfig, threads: int, batch_size: int, queue_size: int) -> RunConfig:
+def _sweep_settings(config: RunConfig, threads: int, batch_size: int, queue_size: int, processes: int = 0) -> RunConfig:
     concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
     return replace(config, decode_threads=threads, decode_concurrency=concurrency, loader_workers=threads,
-                   batch_size=batch_size, queue_size=queue_size)  # fmt: skip
+                   batch_size=batch_size, queue_size=queue_size, decode_processes=processes)  # fmt: skip
 
 
 def run_sweep(config: RunConfig, model: ModelBundle, grid: dict[str, list[int]], e2e_runs: int = 3) -> Sweep:
@@ -3300,12 +3376,14 @@ def run_sweep(config: RunConfig, model: ModelBundle, grid: dict[str, list[int]],
     busy), and the model alone per batch size; then end to end the setting with the best bound
     and the smallest of the candidates (at most ``e2e_runs`` runs in all)."""
     sweep_warmup, points = 2, []
-    most = max(grid["batch-size"]) * (2 * max(grid["num-threads"]) + 8 + sweep_warmup)
+    grid = {"decode-processes": [config.decode_processes], **grid}
+    most = max(grid["batch-size"]) * (2 * max(grid["num-threads"]) * max(1, *grid["decode-processes"]) + 8 +
+                                      sweep_warmup)  # fmt: skip
     images = config.my_images.head(min(len(config.my_images), most))
     model_fps = {b: measure_model(model, b, 10, sweep_warmup) for b in grid["batch-size"]}
-    for threads, batch_size, queue_size in itertools.product(*(grid[name] for name in SWEEP_FLAGS)):
-        point = SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size])
-        settings = _sweep_settings(config, threads, batch_size, queue_size)
+    for threads, batch_size, queue_size, processes in itertools.product(*(grid[name] for name in SWEEP_FLAGS)):
+        point = SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size], decode_processes=processes)
+        settings = _sweep_settings(config, threads, batch_size, queue_size, processes)
         with _open_loader(settings, images, BadImagePolicy(skip=True)) as loader:  # speed, whatever the images
             point.loader_fps = measure_loader(loader.batches, config.device, sweep_warmup)
         _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
@@ -3313,7 +3391,8 @@ def run_sweep(config: RunConfig, model: ModelBundle, grid: dict[str, list[int]],
     sweep = Sweep(points, len(images))
     best = max(points, key=lambda p: p.bound_fps)
     for point in [best, *[p for p in sweep.candidates if p is not best][: e2e_runs - 1]]:
-        settings = _sweep_settings(config, point.num_threads, point.batch_size, point.queue_size)
+        settings = _sweep_settings(config, point.num_threads, point.batch_size, point.queue_size,
+                                   point.decode_processes)  # fmt: skip
         policy = BadImagePolicy(skip=True)
         with _open_loader(settings, images, policy) as loader:
             point.e2e_fps = benchmark(loader.batches, model, listed=len(images), warmup_batches=sweep_warmup,
@@ -3427,11 +3506,13 @@ def print_sweep(sweep: Sweep, command: Sequence[str], file: TextIO | None = None
     """The sweep as a table, then the recommended setting as a command line to copy."""
     file = file or sys.stdout
     print(f"Sweep ({sweep.images} images per setting; images/s):", file=file)
-    print(f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} {'end-to-end':>11}", file=file)
+    processes = any(p.decode_processes for p in sweep.points)  # a column only when processes were swept or set
+    print(f"{'processes':>9} " * processes + f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} "
+          f"{'end-to-end':>11}", file=file)  # fmt: skip
     for p in sweep.points:
         e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
-        print(f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} {p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}",
-              file=file)  # fmt: skip
+        print(f"{p.decode_processes:>9} " * processes + f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} "
+              f"{p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}", file=file)  # fmt: skip
     best = sweep.recommended
     print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
     print(f"  {' '.join(_with_settings(command, best))}", file=file)
@@ -3470,17 +3551,20 @@ def plot_sweep(sweep: Sweep, path: Path | str) -> bool:
     if (plt := _pyplot()) is None:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for batch_size, queue_size in sorted({(p.batch_size, p.queue_size) for p in sweep.points}):
-        line = sorted((p.num_threads, p.loader_fps) for p in sweep.points if (p.batch_size, p.queue_size) ==
-                      (batch_size, queue_size))  # fmt: skip
-        drawn = ax.plot(*zip(*line, strict=True), marker="o", label=f"loader, batch {batch_size}, queue {queue_size}")
+    groups = sorted({(p.batch_size, p.queue_size, p.decode_processes) for p in sweep.points})
+    for batch_size, queue_size, procs in groups:
+        line = sorted((p.threads, p.loader_fps) for p in sweep.points if (p.batch_size, p.queue_size,
+                      p.decode_processes) == (batch_size, queue_size, procs))  # fmt: skip
+        where = f", {procs} processes" if procs else ""
+        drawn = ax.plot(*zip(*line, strict=True), marker="o",
+                        label=f"loader, batch {batch_size}, queue {queue_size}{where}")  # fmt: skip
         model = next(p.model_fps for p in sweep.points if p.batch_size == batch_size)
         ax.axhline(model, linestyle="--", color=drawn[0].get_color(), label=f"model alone, batch {batch_size}")
     best = sweep.recommended
-    ax.plot([best.num_threads], [best.loader_fps], marker="o", markersize=14, fillstyle="none", color="black",
+    ax.plot([best.threads], [best.loader_fps], marker="o", markersize=14, fillstyle="none", color="black",
             linestyle="none", label="recommended")  # fmt: skip
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="decode threads", ylabel="images/s", title="The loader alone at each setting")
+    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s", title="The loader alone at each setting")
     ax.legend(fontsize=8)
     _save(fig, plt, path)
     return True
@@ -3678,8 +3762,9 @@ class RunConfig:
         decoder, decoder_backend: ``ffmpeg``, ``nvjpeg`` or ``nvdec`` (``pil`` with the DataLoader),
             and what implements it.
         transform: Size, crop and normalisation, from the model's pretrained config.
-        decode_threads: Threads in SPDL's pool.
-        decode_concurrency: Batches SPDL decodes at once.
+        decode_threads: Threads in SPDL's pool (in each worker process, with decode_processes).
+        decode_concurrency: Batches SPDL decodes at once (in each worker process).
+        decode_processes: Worker processes of the decode stage; 0 decodes in this process.
         loader_workers: The DataLoader's worker processes.
         dtype, dtype_reason: The model's precision, and why.
         max_bad: ``(value, is_percent)`` from ``--max-bad``, or None.
@@ -3719,6 +3804,7 @@ class RunConfig:
     plot: Path | None = None
     sweep: dict[str, list[int]] | None = None
     command: tuple[str, ...] = ()
+    decode_processes: int = 0
 
     @property
     def my_images(self) -> ImageList:
@@ -3731,7 +3817,7 @@ class RunConfig:
         decoded at once; the DataLoader's prefetch (2 per worker)."""
         if self.loader == "torch":
             return 2 * self.loader_workers
-        return self.queue_size + self.decode_concurrency
+        return self.queue_size + self.decode_concurrency * max(1, self.decode_processes)
 
     def policy(self) -> BadImagePolicy:
         """A fresh bad-image policy as the flags ask."""
@@ -3746,6 +3832,7 @@ class RunConfig:
         return {
             "model": self.model, "weights": self.weights, "loader": self.loader, "batch_size": self.batch_size,
             "num_threads": self.decode_threads, "decode_concurrency": self.decode_concurrency,
+            "decode_processes": self.decode_processes,
             "loader_workers": self.loader_workers, "queue_size": self.queue_size, "decoder": self.decoder,
             "decoder_backend": self.decoder_backend, "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."), "dtype_reason": self.dtype_reason,
@@ -3855,6 +3942,9 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that no library makes a context on cuda:0 for this rank
     decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
+    if args.decode_processes and (decoder != "ffmpeg" or args.loader == "torch"):
+        raise UsageError("--decode-processes runs FFmpeg's decode in worker processes; "
+                         f"not with {'--loader torch' if args.loader == 'torch' else f'--use-{decoder}'}")  # fmt: skip
     backend = check_gpu_decoder(decoder, device)
     dtype, dtype_reason = choose_dtype(device, args.dtype)
     _check_caches(device, args.compile)
@@ -3873,7 +3963,7 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         parity=args.parity, check_decoder=0 if torch_loader else args.check_decoder,
         stats_interval=args.stats_interval or -1, results_file=args.results_file,
         predictions_file=args.predictions_file, trace=args.trace, plot=args.plot,
-        sweep=_sweep_grid(args, shard), command=tuple(command),
+        sweep=_sweep_grid(args, shard), command=tuple(command), decode_processes=args.decode_processes,
     )  # fmt: skip
 
 
@@ -3882,7 +3972,8 @@ def _sweep_grid(args: argparse.Namespace, shard: Shard) -> dict[str, list[int]] 
         return None
     if shard.world_size > 1:
         raise UsageError("--sweep runs in a single process, not under torchrun")
-    defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size}
+    defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size,
+                "decode-processes": args.decode_processes}  # fmt: skip
     try:
         return parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
     except ValueError as e:
@@ -3944,17 +4035,28 @@ def _open_loader(config: RunConfig, images: ImageList, policy: BadImagePolicy) -
                 # frame): until then torch's SIGCHLD handler raises, anywhere, for a dead worker.
                 workers._shutdown_workers()
         return
-    decode_func = get_decode_func(config.device, config.transform, config.decoder, policy,
-                                  max_image_bytes=config.max_image_bytes)  # fmt: skip
+    if config.decode_processes:  # batches decoded on the CPU in worker processes, copied to the device here
+        decode_func: Callable = _ProcessDecode(config.transform, config.max_image_bytes)
+    else:
+        decode_func = get_decode_func(config.device, config.transform, config.decoder, policy,
+                                      max_image_bytes=config.max_image_bytes)  # fmt: skip
     stats = PipelineStats(config.stats_interval)
     pipeline = get_pipeline(images, config.batch_size, decode_func, config.decode_concurrency, config.queue_size,
-                            config.decode_threads, stats=stats)  # fmt: skip
+                            config.decode_threads, stats=stats, decode_processes=config.decode_processes)  # fmt: skip
     pipeline.start()
-    handle = _Loader(pipeline.get_iterator(timeout=config.timeout), stats)
+    batches = pipeline.get_iterator(timeout=config.timeout)
+    if config.decode_processes:
+        batches = _received(batches, policy, config.device)
+    handle = _Loader(batches, stats)
     try:
         yield handle
     finally:
+        if handle.stop_at_once and config.decode_processes:
+            _end_children()  # an interrupt: the workers end now, not after SPDL's seconds of joining each
         handle.stopped_cleanly = _stop_pipeline(pipeline, 0.1 if handle.stop_at_once else 1.5)
+        if config.decode_processes:  # free the pool's queues now: the process ends with os._exit, and
+            handle.batches = batches = pipeline = iter(())  # multiprocessing's resource tracker would
+            gc.collect()  # then warn of their semaphores as leaked
 
 
 def _clock_start_hook(shard: Shard, stats: PipelineStats | None) -> Callable[[], None]:

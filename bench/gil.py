@@ -200,32 +200,42 @@ def tiny_set(root: Path, count: int = 512) -> Path:
     return flist
 
 
-def loader_fps(flist: Path, threads: int, transform: ic.EvalTransform, passes: int = 1) -> float:
+def loader_fps(flist: Path, threads: int, transform: ic.EvalTransform, passes: int = 1, processes: int = 0) -> float:
     """Images/s of the SPDL loader as the CLI builds it (batches of 32, ``threads`` threads and
-    batches at once), over the list ``passes`` times, after 5 warm-up batches."""
+    batches at once, in each of ``processes`` worker processes if any), over the list ``passes``
+    times, after 5 warm-up batches (the workers start before the clock: they deliver them)."""
     images = ic.read_file_list(flist, f"{flist.parent}/")
     items = ic.ImageList(images.paths * passes, images.labels * passes) if passes > 1 else images
-    decode = ic.get_decode_func("cpu", transform, policy=ic.BadImagePolicy(skip=True))
-    pipeline = ic.get_pipeline(items, 32, decode, threads, 16, threads)
+    if processes:
+        decode = ic._ProcessDecode(transform, ic.MAX_IMAGE_MB << 20)
+    else:
+        decode = ic.get_decode_func("cpu", transform, policy=ic.BadImagePolicy(skip=True))
+    pipeline = ic.get_pipeline(items, 32, decode, threads, 16, threads, decode_processes=processes)
     with pipeline.auto_stop():
         return ic.measure_loader(pipeline.get_iterator(timeout=120), torch.device("cpu"), 5)
 
 
 def targets(mix: Path, tiny: Path, repeats: int) -> dict:
     """Side by side, ``repeats`` times: decode-only at 2 threads, the loader at 2 and 16 threads
-    on the mix, and the loader at 2 and 16 threads on tiny images (the per-process ceiling)."""
+    on the mix, in 1 worker process of 2 threads and 2 of 1 (``--decode-processes``), and the
+    loader at 2 and 16 threads on tiny images (the per-process ceiling)."""
     paths, tiny_transform = _paths(mix), ic.EvalTransform(size=16, crop_pct=1.0)
-    runs: dict[str, list[float]] = {k: [] for k in ("decode_only_2", "loader_2", "loader_16", "tiny_2", "tiny_16")}
+    names = ("decode_only_2", "loader_2", "loader_16", "processes_1x2", "processes_2x1", "tiny_2", "tiny_16")
+    runs: dict[str, list[float]] = {k: [] for k in names}
     for _ in range(repeats):
         runs["decode_only_2"].append(decode_only_rate(paths[:2000], 2))
         runs["loader_2"].append(loader_fps(mix, 2, ic.EvalTransform()))
         runs["loader_16"].append(loader_fps(mix, 16, ic.EvalTransform()))
+        runs["processes_1x2"].append(loader_fps(mix, 2, ic.EvalTransform(), processes=1))
+        runs["processes_2x1"].append(loader_fps(mix, 1, ic.EvalTransform(), processes=2))
         runs["tiny_2"].append(loader_fps(tiny, 2, tiny_transform, passes=8))
         runs["tiny_16"].append(loader_fps(tiny, 16, tiny_transform, passes=8))
     ratio = lambda a, b: statistics.median(x / y for x, y in zip(runs[a], runs[b], strict=True))  # noqa: E731
     return {"runs": runs, "medians": {k: statistics.median(v) for k, v in runs.items()},
             "loader_2_over_decode_only_2": ratio("loader_2", "decode_only_2"),
             "loader_16_over_loader_2": ratio("loader_16", "loader_2"),
+            "processes_1x2_over_loader_2": ratio("processes_1x2", "loader_2"),
+            "processes_2x1_over_loader_2": ratio("processes_2x1", "loader_2"),
             "tiny_16_over_tiny_2": ratio("tiny_16", "tiny_2")}  # fmt: skip
 
 
@@ -267,6 +277,9 @@ def main() -> None:
           f"{m['loader_2']:.0f}, at 16 threads {m['loader_16']:.0f} images/s")  # fmt: skip
     print(f"  loader at 2 threads / decode-only at 2 threads   {t['loader_2_over_decode_only_2']:.2f} (target >= 0.75)")
     print(f"  loader at 16 threads / loader at 2 threads       {t['loader_16_over_loader_2']:.2f} (target >= 0.95)")
+    one, two = t["processes_1x2_over_loader_2"], t["processes_2x1_over_loader_2"]
+    print(f"  worker processes x threads: 1 x 2 {m['processes_1x2']:.0f} ({one:.2f} of 2 threads in one process), "
+          f"2 x 1 {m['processes_2x1']:.0f} ({two:.2f})")  # fmt: skip
     print(f"tiny images (the per-process ceiling): the loader at 2 threads {m['tiny_2']:.0f}, at 16 threads "
           f"{m['tiny_16']:.0f} images/s ({t['tiny_16_over_tiny_2']:.2f})")  # fmt: skip
     (args.out / "gil.json").write_text(json.dumps(results, indent=2) + "\n")
