@@ -2282,8 +2282,15 @@ class _ProcessDecode:
 def _received(batches: Iterator[Batch], policy: BadImagePolicy, device: torch.device) -> Iterator[Batch]:
     """Batches from ``--decode-processes`` workers: each failure recorded once, here, as the batch
     that lists it arrives (so none counts twice, and those of batches never received are not
-    reached), and the batch copied to ``device`` in this process, where the model is."""
-    for batch in batches:
+    reached), and the batch copied to ``device`` in this process, where the model is. While it
+    waits for a batch, the policy's stall record says so (a worker's images are not known here)."""
+    marks = policy._in_progress
+    while True:
+        marks[-1] = ("a batch in a --decode-processes worker", time.monotonic())  # -1: no thread's ident
+        batch = next(batches, None)
+        marks[-1] = None
+        if batch is None:
+            return
         for failure in batch.failures:
             policy.record_failure(failure)
         if device.type != "cpu":

@@ -23,6 +23,7 @@ Usage::
 
     python bench/gil.py --out bench/out            # make bench runs this
     python bench/gil.py --out bench/out --seconds 20 --repeats 5
+    python bench/gil.py --out bench/out --before 417ca25   # also sample the module as of a commit
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
+if os.environ.get("GIL_BENCH_MODULE"):  # a child sampling another version of the module (--before)
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "imagenet_classification", Path(os.environ["GIL_BENCH_MODULE"]) / "imagenet_classification.py"
+    )
+    sys.modules["imagenet_classification"] = importlib.util.module_from_spec(_spec)  # what every import gets
+    _spec.loader.exec_module(sys.modules["imagenet_classification"])
 
 import torch  # noqa: E402
 from compare_loaders import decode_only_rate, make_image_set  # noqa: E402
@@ -144,11 +153,13 @@ def _perf_probe() -> str | None:
     return next((e for e in events if e.endswith(f":{probe}")), None)
 
 
-def sample(flist: Path, seconds: float, rate: int, threads: int = 1) -> dict:
+def sample(flist: Path, seconds: float, rate: int, threads: int = 1, module: Path | None = None) -> dict:
     """One child decode loop (:py:func:`child_loop`), sampled by py-spy (``--gil`` and ``--idle``
-    at once, non-blocking) and counted by perf, over the same ``seconds``."""
+    at once, non-blocking) and counted by perf, over the same ``seconds``; the module imported
+    from ``module`` (a folder) if given."""
+    env = {**os.environ, "GIL_BENCH_MODULE": str(module)} if module else None
     child = subprocess.Popen([sys.executable, __file__, "--child", str(flist), "--seconds", str(seconds + 4),
-                              "--threads", str(threads)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+                              "--threads", str(threads)], stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     ticks: list[tuple[float, int]] = []
     reader = threading.Thread(target=lambda: ticks.extend(
         (float(t), int(n)) for t, n in (line.split() for line in child.stdout if line.strip() != "ready")))  # fmt: skip
@@ -185,6 +196,16 @@ def sample(flist: Path, seconds: float, rate: int, threads: int = 1) -> dict:
             "idle_samples": idle, "gil_share": share, "gil_per_image_us": 1e6 * share * per_image_s,
             "ceiling_fps": 1 / (share * per_image_s), "gil_releases_per_image": releases,
             "voluntary_switches_per_image": switches / images}  # fmt: skip
+
+
+def _module_at(commit: str, out: Path) -> Path:
+    """A folder holding ``imagenet_classification.py`` as of ``commit``."""
+    folder = out / f"module-{commit}"
+    folder.mkdir(parents=True, exist_ok=True)
+    text = subprocess.run(["git", "show", f"{commit}:imagenet_classification.py"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+    (folder / "imagenet_classification.py").write_text(text)
+    return folder
 
 
 def tiny_set(root: Path, count: int = 512) -> Path:
@@ -246,6 +267,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15, help="each sampling window")
     parser.add_argument("--rate", type=int, default=400, help="py-spy samples per second")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--before", metavar="COMMIT", help="also sample the module as of this commit, side by side")
+    parser.add_argument("--no-targets", action="store_false", dest="targets", help="only the GIL figures")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -254,10 +277,20 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     sets = {name: make_image_set(args.out / "images", args.images, mix=name) for name in ("imagenet", "default")}
     results: dict = {"sampled": {}, "env": ic.environment(torch.device("cpu"))}
+    before = _module_at(args.before, args.out) if args.before else None
     for name, flist in sets.items():
-        runs = [sample(flist, args.seconds, args.rate) for _ in range(args.repeats)]
+        runs, old = [], []
+        for _ in range(args.repeats):  # before and now alternating, so that the machine's load hits both
+            if before:
+                old.append(sample(flist, args.seconds, args.rate, module=before))
+            runs.append(sample(flist, args.seconds, args.rate))
         two = sample(flist, args.seconds, args.rate, threads=2)
-        results["sampled"][name] = {"one_thread": runs, "two_threads": two}
+        results["sampled"][name] = {"one_thread": runs, "two_threads": two, "before": old}
+        if old:
+            shares = ", ".join(f"{100 * r['gil_share']:.2f}" for r in old)
+            print(f"{name:9s} before ({args.before}): GIL held "
+                  f"{100 * statistics.median(r['gil_share'] for r in old):.2f} % (runs: {shares}), "
+                  f"{statistics.median(r['per_image_ms'] for r in old):.3f} ms an image")  # fmt: skip
         med = {k: statistics.median(r[k] for r in runs) for k in ("gil_share", "per_image_ms", "gil_per_image_us",
                                                                  "ceiling_fps")}  # fmt: skip
         shares = ", ".join(f"{100 * r['gil_share']:.2f}" for r in runs)
@@ -270,6 +303,9 @@ def main() -> None:
               f"{statistics.median(releases) if releases else 'n/a (no perf uprobe)'}; two threads: voluntary "
               f"switches per image {two['voluntary_switches_per_image']:.2f}, GIL held "
               f"{100 * two['gil_share']:.2f} % of each thread's loop")  # fmt: skip
+    if not args.targets:
+        (args.out / "gil.json").write_text(json.dumps(results, indent=2) + "\n")
+        return None
     tiny = tiny_set(args.out / "images")
     results["targets"] = t = targets(sets["imagenet"], tiny, args.repeats)
     m = t["medians"]

@@ -129,3 +129,12 @@ def test_the_sweep_learns_processes(jpeg_set, tmp_path):
     assert "processes  threads  batch" in proc.stdout
     best = read_json(out)["sweep"]["recommended"]
     assert proc.stdout.strip().endswith("--decode-processes 2" if best["decode_processes"] else "--queue-size 16")
+
+
+def test_a_stall_names_the_worker_processes(jpeg_set):
+    # A time-out far shorter than a spawned worker takes to start (it imports torch): no batch in time.
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
+                   "--decode-processes", "1", "--timeout", "0.2")  # fmt: skip
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "the decode stage has been on a batch in a --decode-processes worker for" in proc.stderr
+    assert "Traceback" not in proc.stderr
