@@ -269,6 +269,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--before", metavar="COMMIT", help="also sample the module as of this commit, side by side")
     parser.add_argument("--no-targets", action="store_false", dest="targets", help="only the GIL figures")
+    parser.add_argument("--no-sampling", action="store_false", dest="sampling", help="only the loader's ratios")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -278,7 +279,7 @@ def main() -> None:
     sets = {name: make_image_set(args.out / "images", args.images, mix=name) for name in ("imagenet", "default")}
     results: dict = {"sampled": {}, "env": ic.environment(torch.device("cpu"))}
     before = _module_at(args.before, args.out) if args.before else None
-    for name, flist in sets.items():
+    for name, flist in sets.items() if args.sampling else ():
         runs, old = [], []
         for _ in range(args.repeats):  # before and now alternating, so that the machine's load hits both
             if before:
