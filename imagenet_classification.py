@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import errno
 import functools
+import gc
 import io
 import itertools
 import json
@@ -45,6 +46,7 @@ import platform
 import re
 import signal
 import stat
+import struct
 import sys
 import tempfile
 import threading
@@ -68,6 +70,8 @@ if __name__ == "__main__":  # a signal while the libraries below load: one line,
 import spdl.io  # noqa: E402
 import spdl.io.utils  # noqa: E402
 import torch  # noqa: E402
+from spdl.io import convert_frames, to_torch, transfer_buffer  # noqa: E402
+from spdl.io.lib import _libspdl  # noqa: E402
 from spdl.pipeline import (  # noqa: E402
     AsyncQueue,
     Pipeline,
@@ -78,7 +82,12 @@ from spdl.pipeline import (  # noqa: E402
     TaskHook,
     TaskStatsHook,
 )
+from spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig  # noqa: E402
 from torch import Tensor  # noqa: E402
+
+# Every ``spdl.io.X`` goes through that module's ``__getattr__`` (6-24 us a name): the decode path,
+# run for every image in every thread, uses the names bound here once. ``_libspdl`` is SPDL's
+# native module, loaded on its first use (not at import), its names then plain attributes.
 
 __all__ = [
     # The design's names, which notebooks use.
@@ -248,6 +257,9 @@ class ImageDecodeError(BenchmarkError):
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.path, self.reason = path, reason
+
+    def __reduce__(self) -> tuple:  # a batch's failures travel from a --decode-processes worker
+        return type(self), (self.path, self.reason)
 
 
 class RunStopped(BenchmarkError):
@@ -423,6 +435,9 @@ def _loader_flags(parser: argparse.ArgumentParser) -> None:
     loader.add_argument("-j", "--num-threads", "--workers", type=_count, default=16,
                         help="decode threads (SPDL), or worker processes (--loader torch)")  # fmt: skip
     loader.add_argument("--queue-size", type=_count, default=16, help="decoded batches held ready for the model")
+    loader.add_argument("--decode-processes", type=_count0, default=0, metavar="N",
+                        help="decode in N worker processes of --num-threads threads each (FFmpeg; 0: in this "
+                             "process), for when one process's threads stop scaling")  # fmt: skip
     loader.add_argument("--loader", choices=("spdl", "torch"), default="spdl",
                         help="torch: the baseline, a PyTorch DataLoader decoding with PIL")  # fmt: skip
     decoder = loader.add_mutually_exclusive_group()
@@ -1247,20 +1262,34 @@ def resize_region(length: int, resized: int, offset: int, crop: int) -> tuple[in
     ratio = length / resized
     if ratio < 1:
         return whole
-    best, best_out = whole, resized
-    for pad in range(4, 17):
-        for out in range(crop + pad + 4, min(crop + pad + 40, best_out)):
-            src_len = 2 * round(out * ratio / 2)
-            step = src_len / out
-            ideal_start = (offset + 0.5) * ratio - (pad + 0.5) * step
-            start = 2 * round(ideal_start / 2)
-            if start < 0 or start + src_len > length:
-                continue
-            first = start - ideal_start  # sampling error of crop pixel 0, then of the last one
-            if max(abs(first), abs(first + (crop - 1) * (step - ratio))) <= REGION_TOLERANCE:
-                best, best_out = (start, src_len, out, pad), out
-                break
-    return best
+    return _best_region(length, resized, offset, crop, ratio) or whole
+
+
+@functools.lru_cache(maxsize=8192)
+def _best_region(length: int, resized: int, offset: int, crop: int, ratio: float) -> tuple[int, int, int, int] | None:
+    """:py:func:`resize_region`'s search, every candidate at once with numpy (the same float
+    operations in the same order as a loop over them, so the same result): per ``pad``, the
+    smallest resized length that qualifies; the smallest of those over the pads wins, the first
+    pad on a tie; None if none is under ``resized``. Cached: a side's length and geometry recur
+    across sizes (ImageNet's sizes met once share a side with others)."""
+    import numpy as np
+
+    pads = np.arange(4, 17)[:, None]
+    out = crop + pads + 4 + np.arange(36)  # out in crop + pad + 4 .. crop + pad + 39, per pad
+    src_len = 2 * np.round(out * ratio / 2)
+    step = src_len / out
+    ideal_start = (offset + 0.5) * ratio - (pads + 0.5) * step
+    start = 2 * np.round(ideal_start / 2)
+    first = start - ideal_start  # sampling error of crop pixel 0, then of the last one
+    last = first + (crop - 1) * (step - ratio)
+    ok = (start >= 0) & (start + src_len <= length) & (np.maximum(np.abs(first), np.abs(last)) <= REGION_TOLERANCE)
+    rows = np.arange(len(ok))
+    k = ok.argmax(axis=1)  # each pad's first qualifying length (0 where none does)
+    smallest = np.where(ok[rows, k], out[rows, k], resized)
+    row = int(smallest.argmin())  # the first pad on a tie
+    if smallest[row] >= resized:
+        return None
+    return int(start[row, k[row]]), int(src_len[row, k[row]]), int(smallest[row]), row + 4
 
 
 class BadImagePolicy:
@@ -1284,7 +1313,10 @@ class BadImagePolicy:
         self.skip, self.max_bad, self.max_bad_percent = skip, max_bad, max_bad_percent
         self._lock = threading.Lock()
         self._failures: list[ImageDecodeError] = []
-        self._in_progress: dict[int, tuple[str, float]] = {}
+        # Thread ident -> (path, time.monotonic() when it began) of the image that thread is on,
+        # None between batches. Each thread stores only its own entry, one dict store that is
+        # atomic under the GIL, so marking an image takes no lock (it happens for every image).
+        self._in_progress: dict[int, tuple[str, float] | None] = {}
         self._fallbacks = 0
         self._decoded_by: dict[str, int] = {}
         self.unexpected: tuple[str, BaseException] | None = None
@@ -1363,20 +1395,18 @@ class BadImagePolicy:
     def working_on(self, path: str) -> Iterator[None]:
         """Mark ``path`` as being read or decoded by this thread for the duration."""
         key = threading.get_ident()
-        with self._lock:
-            self._in_progress[key] = (path, time.monotonic())
+        self._in_progress[key] = (path, time.monotonic())
         try:
             yield
         finally:
-            with self._lock:
-                self._in_progress.pop(key, None)
+            self._in_progress[key] = None
 
     def oldest_in_progress(self) -> tuple[str, float] | None:
         """``(path, seconds)`` of the image in progress for the longest time, or None."""
-        with self._lock:
-            if not self._in_progress:
-                return None
-            path, started = min(self._in_progress.values(), key=lambda v: v[1])
+        marks = [mark for mark in list(self._in_progress.values()) if mark is not None]  # list(): one step
+        if not marks:
+            return None
+        path, started = min(marks, key=lambda mark: mark[1])
         return path, time.monotonic() - started
 
 
@@ -1425,12 +1455,11 @@ def read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
         if info.st_size > max_bytes:
             mib = info.st_size / 2**20
             raise ImageDecodeError(path, f"file of {mib:.1f} MiB, over the {max_bytes / 2**20:g} MiB limit")
-        with open(fd, "rb", buffering=0, closefd=False) as f:
-            # As many bytes as the file has, and one more to see if it grew: asking for
-            # max_bytes at once would allocate that much for every image.
-            data = f.read(min(info.st_size, max_bytes) + 1)
-            if len(data) > info.st_size:
-                data += f.read(max_bytes + 1 - len(data))
+        # As many bytes as the file has, and one more to see if it grew: asking for max_bytes at
+        # once would allocate that much for every image. os.read, not a file object per image.
+        data = os.read(fd, min(info.st_size, max_bytes) + 1)
+        if len(data) > info.st_size:
+            data += os.read(fd, max_bytes + 1 - len(data))
     except OSError as e:
         raise ImageDecodeError(path, e.strerror or str(e)) from None
     finally:
@@ -1493,23 +1522,43 @@ def _jpeg_segments(data: bytes) -> Iterator[tuple[int, int]]:
         i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
 
 
+_SEGMENT = struct.Struct(">BBH")  # a segment's 0xFF, marker and length
+_SOF_FIELDS = struct.Struct(">BHHB")  # after a start-of-frame segment's length: precision, height, width, components
+
+
+def _jpeg_frame(data: bytes) -> tuple[int, int, int, int, int] | None:
+    """``(start-of-frame marker, its offset, width, height, components)`` of JPEG data, or None
+    as :py:func:`parse_jpeg_header` says. The segments walked as :py:func:`_jpeg_segments` walks
+    them, in one loop: this runs for every image the CPU decodes."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    i, end = 2, len(data) - 4
+    while i <= end:
+        fill, marker, length = _SEGMENT.unpack_from(data, i)
+        if fill != 0xFF or marker == _SOS:
+            return None
+        if marker == 0xFF:  # fill byte
+            i += 1
+        elif marker in _SOF_MARKERS:
+            if i + 10 > len(data):
+                return None
+            _, height, width, components = _SOF_FIELDS.unpack_from(data, i + 4)
+            return marker, i, width, height, components
+        else:
+            i += 2 + length
+    return None
+
+
 def parse_jpeg_header(data: bytes) -> JpegHeader | None:
     """The frame header of JPEG data, or None if the data is not JPEG or has no frame header
     before its first scan (corrupt)."""
-    if data[:2] != b"\xff\xd8":
+    frame = _jpeg_frame(data)
+    if frame is None:
         return None
-    for marker, offset in _jpeg_segments(data):
-        if marker == _SOS:
-            return None
-        if marker in _SOF_MARKERS:
-            sof = data[offset + 4 : offset + 4 + 6]
-            if len(sof) < 6:
-                return None
-            height, width, components = int.from_bytes(sof[1:3], "big"), int.from_bytes(sof[3:5], "big"), sof[5]
-            table = data[offset + 10 : offset + 10 + 3 * components]
-            sampling = tuple((table[i + 1] >> 4, table[i + 1] & 15) for i in range(0, len(table) - 2, 3))
-            return JpegHeader(marker, width, height, components, sampling)
-    return None
+    marker, offset, width, height, components = frame
+    table = data[offset + 10 : offset + 10 + 3 * components]
+    sampling = tuple((table[i + 1] >> 4, table[i + 1] & 15) for i in range(0, len(table) - 2, 3))
+    return JpegHeader(marker, width, height, components, sampling)
 
 
 def jpeg_truncated(data: bytes) -> bool:
@@ -1572,9 +1621,13 @@ class FilterGraphCache:
 
 
 def filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.FilterGraph:
-    """A filter graph from frames of this size and pixel format through ``chain``."""
+    """A filter graph from frames of this size and pixel format through ``chain``.
+
+    Set up by SPDL's ``make_filter_graph``, which releases the GIL while FFmpeg parses and
+    configures the graph (about 1 ms, as long as a decode); ``spdl.io.FilterGraph(desc)`` makes
+    the same graph holding the GIL all that time (SPDL 0.8's bindings; ``bench/gil.py``)."""
     source = f"buffer=video_size={width}x{height}:pix_fmt={pix_fmt}:time_base=1/25:pixel_aspect=1/1"
-    return spdl.io.FilterGraph(f"{source},{chain},buffersink")
+    return _libspdl.make_filter_graph(f"{source},{chain},buffersink")
 
 
 @functools.cache
@@ -1609,11 +1662,15 @@ def decode_frames(data: bytes) -> spdl.io.ImageFrames:
     Raises:
         RuntimeError, ValueError, IndexError, AssertionError: what SPDL raises for bad data.
     """
-    if not data.startswith(_JPEG_START):
-        return spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None, num_frames=1)
-    demux_config, decode_config = ffmpeg_jpeg_configs()
-    packets = spdl.io.demux_image(data, demux_config=demux_config)
-    return spdl.io.decode_packets(packets, filter_desc=None, decode_config=decode_config, num_frames=1)
+    # SPDL's native calls, as spdl.io.demux_image and decode_packets make them, without their
+    # Python wrappers (a Demuxer object, a context manager, a usage log) around each image.
+    demux_config, decode_config = ffmpeg_jpeg_configs() if data.startswith(_JPEG_START) else (None, None)
+    demuxer = _libspdl.make_demuxer(memoryview(data), demux_config=demux_config)
+    try:
+        packets = demuxer.demux_image(bsf=None)
+    finally:
+        demuxer._drop()
+    return _libspdl.decode_packets(packets, decode_config=decode_config, filter_desc=None, num_frames=1)
 
 
 _PIL_RESAMPLE = {"bilinear": 2, "bicubic": 3, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
@@ -1644,14 +1701,13 @@ def decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) -
     return np.asarray(resized.crop((left, top, left + transform.size, top + transform.size)))
 
 
-def _ffmpeg_takes(data: bytes) -> bool:
+def _ffmpeg_takes(data: bytes, frame_type: int | None) -> bool:
     """FFmpeg decodes JPEG (but not arithmetic-coded JPEG, which it lacks) and still PNG; PIL,
     the reference decoder, takes the rest: FFmpeg decodes some other containers to a frame that
     is not the image (a JPEG-compressed TIFF comes out black), and an animated PNG to another
-    frame than PIL's."""
+    frame than PIL's. ``frame_type``: the data's start-of-frame marker, if JPEG data has one."""
     if data.startswith(_JPEG_START):
-        header = parse_jpeg_header(data)
-        return header is None or header.frame_type not in _ARITHMETIC_SOF
+        return frame_type not in _ARITHMETIC_SOF
     return data.startswith(_PNG_START) and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) == -1
 
 
@@ -1674,6 +1730,9 @@ def _check_size(path: str, size: tuple[int, int] | None, transform: EvalTransfor
     width, height = size
     if width * height > MAX_IMAGE_PIXELS:
         raise ImageDecodeError(path, f"{width} x {height} pixels, over the limit of {MAX_IMAGE_PIXELS:,}")
+    short = transform.resize_short
+    if short * short * max(width, height) <= MAX_IMAGE_PIXELS * min(width, height):
+        return  # the resize is at most short x (short x long / short): no need to work out its geometry
     new_w, new_h, _, _ = transform.geometry(width, height)
     if new_w * new_h > MAX_IMAGE_PIXELS:
         raise ImageDecodeError(path, f"a {width} x {height} image would be resized to {new_w} x {new_h}")
@@ -1696,28 +1755,31 @@ def _pil_rgb(image: Any) -> Any:
 def crop_on_cpu(path: str, data: bytes, graphs: FilterGraphCache) -> spdl.io.VideoFrames | Any:
     """One image decoded, resized and cropped on the CPU: an RGB frame from FFmpeg, or a numpy
     array from PIL for the data FFmpeg is not used for (see :py:func:`_ffmpeg_takes`)."""
-    if not _ffmpeg_takes(data):
+    frame = _jpeg_frame(data)  # the header read once: which decoder, and the size to check
+    if not _ffmpeg_takes(data, frame and frame[0]):
         return decode_pil(path, graphs.transform, data)
-    _check_size(path, image_size(data), graphs.transform)
-    with _decoder_errors(path, "FFmpeg"):
+    _check_size(path, frame[2:4] if frame else image_size(data), graphs.transform)
+    try:  # what _decoder_errors does, without a context manager's objects for every image
         frames = decode_frames(data)
         # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion.
         if frames.width <= 0:
             raise ValueError("no frame decoded (corrupt data)")
         return graphs.apply(frames)
+    except _DECODER_ERRORS as e:
+        raise ImageDecodeError(path, f"FFmpeg cannot decode it: {_spdl_reason(e)}") from None
 
 
 def _to_hwc(images: list[spdl.io.VideoFrames | Any]) -> Tensor:
     """Stack cropped images into one uint8 ``N x S x S x 3`` CPU tensor: one FFmpeg conversion
     for a batch of frames, or one at a time when PIL decoded some of them."""
-    if all(isinstance(image, spdl.io.VideoFrames) for image in images):
-        return spdl.io.to_torch(spdl.io.convert_frames(images)).squeeze(1)
+    if all(isinstance(image, _libspdl.VideoFrames) for image in images):
+        return to_torch(convert_frames(images)).squeeze(1)
     return torch.stack([_image_tensor(image) for image in images])
 
 
 def _image_tensor(image: spdl.io.VideoFrames | Any) -> Tensor:
-    if isinstance(image, spdl.io.VideoFrames):
-        return spdl.io.to_torch(spdl.io.convert_frames([image]))[0, 0]
+    if isinstance(image, _libspdl.VideoFrames):
+        return to_torch(convert_frames([image]))[0, 0]
     return torch.from_numpy(image.copy())
 
 
@@ -1753,6 +1815,9 @@ class Batch(tuple):
         batch.paths, batch.failures = tuple(paths), tuple(failures)
         return batch
 
+    def __reduce__(self) -> tuple:  # from a --decode-processes worker (its tensors through shared memory)
+        return type(self), (*self, self.paths, self.failures)
+
 
 def _label_tensor(labels: list[int], device: torch.device) -> Tensor:
     return torch.tensor(labels, dtype=torch.int64).view(-1, 1).to(device, non_blocking=True)
@@ -1770,24 +1835,30 @@ def decode_items(
     failures: list[ImageDecodeError],
 ) -> tuple[list[Any], list[int], list[str]]:
     """Decode each item: ``(decoded images, their labels, their paths)``. A bad image is recorded
-    in ``policy`` and ``failures`` and left out, or raises ImageDecodeError without a policy."""
+    in ``policy`` and ``failures`` and left out, or raises ImageDecodeError without a policy.
+    Each image is marked in the policy as this thread's (:py:meth:`BadImagePolicy.working_on`)
+    while it is decoded, with one dict store: no lock, no context manager per image."""
     decoded, labels, paths = [], [], []
-    for path, label in items:
-        try:
-            with policy.working_on(path) if policy else contextlib.nullcontext():
+    marks, key = (policy._in_progress, threading.get_ident()) if policy is not None else ({}, 0)
+    try:
+        for path, label in items:
+            marks[key] = (path, time.monotonic())
+            try:
                 decoded.append(decode_one(path))
-        except ImageDecodeError as e:
-            if policy is None:
+            except ImageDecodeError as e:
+                if policy is None:
+                    raise
+                policy.record_failure(e)
+                failures.append(e)
+                continue
+            except Exception as e:  # not the image's fault (out of memory, a bug): the run stops, naming it
+                if policy is not None:
+                    policy.record_unexpected(path, e)
                 raise
-            policy.record_failure(e)
-            failures.append(e)
-            continue
-        except Exception as e:  # not the image's fault (out of memory, a bug): the run stops, naming it
-            if policy is not None:
-                policy.record_unexpected(path, e)
-            raise
-        labels.append(label)
-        paths.append(path)
+            labels.append(label)
+            paths.append(path)
+    finally:
+        marks[key] = None
     return decoded, labels, paths
 
 
@@ -1805,9 +1876,9 @@ def _ffmpeg_decode_func(
         crops, labels, paths = decode_items(items, decode_one, policy, failures)
         if not crops:
             return _empty_batch(transform, device, failures)
-        if cuda_config is not None and all(isinstance(c, spdl.io.VideoFrames) for c in crops):
-            buffer = spdl.io.transfer_buffer(spdl.io.convert_frames(crops), device_config=cuda_config)
-            images = spdl.io.to_torch(buffer).squeeze(1)
+        if cuda_config is not None and all(isinstance(c, _libspdl.VideoFrames) for c in crops):
+            buffer = transfer_buffer(convert_frames(crops), device_config=cuda_config)
+            images = to_torch(buffer).squeeze(1)
         else:
             images = _to_hwc(crops).to(device)
         # NHWC memory seen as NCHW: the channels-last layout convolutions prefer.
@@ -2658,6 +2729,7 @@ def get_pipeline(
     num_threads: int,
     report_stats_interval: float = -1,
     stats: PipelineStats | None = None,
+    decode_processes: int = 0,
 ) -> Pipeline:
     """Build the loading pipeline: source -> aggregate -> pipe(decode) -> sink.
 
@@ -2678,18 +2750,80 @@ def get_pipeline(
         report_stats_interval: Seconds between SPDL's stage statistics logs (-1: none until
             each stage ends, when SPDL always logs them at INFO); taken from ``stats`` when given.
         stats: Collects the stage statistics for :py:meth:`PipelineStats.summary`.
+        decode_processes: Run the decode stage in this many worker processes instead, each
+            decoding ``concurrency`` batches at once in its own threads: SPDL's execution region
+            (``PipelineBuilder.to``), the batches handed back through shared memory (torch's
+            tensor pickling). ``decode_func`` must then be picklable (:py:class:`_ProcessDecode`).
     """
     hooks = {}
     if stats is not None:
         hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
         report_stats_interval = stats.interval
-    return (
-        PipelineBuilder()
-        .add_source(_batched(src, batch_size))
-        .pipe(decode_func, concurrency=concurrency, name="decode")
-        .add_sink(buffer_size)
-        .build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval, **hooks)
-    )
+    builder = PipelineBuilder().add_source(_batched(src, batch_size))
+    if decode_processes:
+        # spawn, not fork: the main process has threads (torch's, SPDL's) by the time the pool starts.
+        pool = ProcessPoolExecutorConfig(max_workers=decode_processes, mp_context="spawn",
+                                         initializer=_decode_worker_init)  # fmt: skip
+        builder = builder.to(pool).pipe(decode_func, concurrency=concurrency, name="decode").to(MAIN_PROCESS)
+    else:
+        builder = builder.pipe(decode_func, concurrency=concurrency, name="decode")
+    return builder.add_sink(buffer_size).build(num_threads=num_threads, max_failures=0,
+                                               report_stats_interval=report_stats_interval, **hooks)  # fmt: skip
+
+
+def _decode_worker_init() -> None:
+    """In each ``--decode-processes`` worker: a Ctrl-C (sent to the whole process group) is the
+    main process's to handle, which stops the workers (the worker would print a traceback); the
+    SIGTERM that ends a worker ends it quietly (SPDL's native library installs glog's handler,
+    which prints a stack trace: loaded now, so that the default is put back after it); and the
+    worker skips the interpreter's teardown, as the main process does (nanobind would list SPDL's
+    objects still alive)."""
+    import atexit
+
+    spdl.io.utils.get_ffmpeg_versions()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    atexit.register(os._exit, 0)  # runs after multiprocessing's own exit handling, before the teardown
+
+
+class _ProcessDecode:
+    """The FFmpeg decode function, made in the worker process that runs it (a closure cannot be
+    pickled to a spawned worker): batches come back on the CPU, bad images left out and listed
+    in ``Batch.failures``, which :py:func:`_received` records in the main process's policy."""
+
+    def __init__(self, transform: EvalTransform, max_image_bytes: int) -> None:
+        self.transform, self.max_image_bytes = transform, max_image_bytes
+        self._decode: Callable[[Sequence[tuple[str, int]]], Batch] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"transform": self.transform, "max_image_bytes": self.max_image_bytes, "_decode": None}
+
+    def __call__(self, items: Sequence[tuple[str, int]]) -> Batch:
+        if self._decode is None:  # once per worker; the worker's own policy only collects
+            self._decode = get_decode_func("cpu", self.transform, "ffmpeg", BadImagePolicy(skip=True),
+                                           max_image_bytes=self.max_image_bytes)  # fmt: skip
+        return self._decode(items)
+
+
+def _received(batches: Iterator[Batch], policy: BadImagePolicy, device: torch.device) -> Iterator[Batch]:
+    """Batches from ``--decode-processes`` workers: each failure recorded once, here, as the batch
+    that lists it arrives (so none counts twice, and those of batches never received are not
+    reached), and the batch copied to ``device`` in this process, where the model is. While it
+    waits for a batch, the policy's stall record says so (a worker's images are not known here)."""
+    marks = policy._in_progress
+    while True:
+        marks[-1] = ("a batch in a --decode-processes worker", time.monotonic())  # -1: no thread's ident
+        batch = next(batches, None)
+        marks[-1] = None
+        if batch is None:
+            return
+        for failure in batch.failures:
+            policy.record_failure(failure)
+        if device.type != "cpu":
+            images, labels = batch
+            batch = Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), batch.paths,
+                          batch.failures)  # fmt: skip
+        yield batch
 
 
 ################################################################################
@@ -3944,17 +4078,19 @@ def measure_parity(
 # Tuning: the loader's settings swept, the end-to-end rate of the best ones
 ################################################################################
 
-SWEEP_FLAGS = {"num-threads": "decode_threads", "batch-size": "batch_size", "queue-size": "queue_size"}
+SWEEP_FLAGS = {"num-threads": "decode_threads", "batch-size": "batch_size", "queue-size": "queue_size",
+               "decode-processes": "decode_processes"}  # fmt: skip
 SWEEP_TOLERANCE = 0.05  # the recommended setting is the smallest within this of the best
 
 
 def parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) -> dict[str, list[int]]:
-    """The values to sweep for each of ``num-threads``, ``batch-size`` and ``queue-size``, from
-    ``auto`` (threads doubling from 1 to the CPU count) or ``NAME=V1,V2,...`` specs; a setting
-    not named keeps its value from ``defaults``.
+    """The values to sweep for each of ``num-threads``, ``batch-size``, ``queue-size`` and
+    ``decode-processes``, from ``auto`` (threads doubling from 1 to the CPU count) or
+    ``NAME=V1,V2,...`` specs; a setting not named keeps its value from ``defaults``.
 
     Raises:
-        ValueError: a spec that is neither, an unknown name, or a value that is not a whole number of at least 1.
+        ValueError: a spec that is neither, an unknown name, or a value that is not a whole number
+            of at least 1 (at least 0 for ``decode-processes``, where 0 decodes in the main process).
     """
     grid = {name: [value] for name, value in defaults.items()}
     for spec in specs:
@@ -3969,8 +4105,8 @@ def parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) 
             numbers = sorted({int(v) for v in values.split(",")})
         except ValueError:
             raise ValueError(f"{spec!r}: the values must be whole numbers") from None
-        if numbers[0] < 1:
-            raise ValueError(f"{spec!r}: the values must be at least 1")
+        if numbers[0] < (0 if name == "decode-processes" else 1):
+            raise ValueError(f"{spec!r}: the values must be at least {0 if name == 'decode-processes' else 1}")
         grid[name] = numbers
     return grid
 
@@ -3985,6 +4121,7 @@ class SweepPoint:
     loader_fps: float
     model_fps: float
     e2e_fps: float | None = None
+    decode_processes: int = 0  # worker processes of num_threads threads each; 0: threads in the main process
 
     @property
     def bound_fps(self) -> float:
@@ -3992,7 +4129,13 @@ class SweepPoint:
         return min(self.loader_fps, self.model_fps)
 
     def flags(self) -> str:
-        return f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
+        flags = f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
+        return flags + (f" --decode-processes {self.decode_processes}" if self.decode_processes else "")
+
+    @property
+    def threads(self) -> int:
+        """Decode threads in all: ``num_threads`` in each worker process, or in the main one."""
+        return self.num_threads * max(1, self.decode_processes)
 
 
 @dataclass
@@ -4007,10 +4150,10 @@ class Sweep:
     @property
     def candidates(self) -> list[SweepPoint]:
         """The settings whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first
-        (fewest threads, then batch, then queue): those worth running end to end."""
+        (fewest threads in all, then processes, batch, queue): those worth running end to end."""
         best = max((p.bound_fps for p in self.points), default=0.0)
         near = [p for p in self.points if p.bound_fps >= (1 - SWEEP_TOLERANCE) * best]
-        return sorted(near, key=lambda p: (p.num_threads, p.batch_size, p.queue_size))
+        return sorted(near, key=lambda p: (p.threads, p.decode_processes, p.batch_size, p.queue_size))
 
     @property
     def recommended(self) -> SweepPoint | None:
@@ -4031,10 +4174,10 @@ class Sweep:
                 "partial": self.error is not None, "stop_reason": self.stop_reason}  # fmt: skip
 
 
-def _sweep_settings(config: RunConfig, threads: int, batch_size: int, queue_size: int) -> RunConfig:
+def _sweep_settings(config: RunConfig, threads: int, batch_size: int, queue_size: int, processes: int = 0) -> RunConfig:
     concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
     return replace(config, decode_threads=threads, decode_concurrency=concurrency, loader_workers=threads,
-                   batch_size=batch_size, queue_size=queue_size)  # fmt: skip
+                   batch_size=batch_size, queue_size=queue_size, decode_processes=processes)  # fmt: skip
 
 
 def run_sweep(config: RunConfig, model: ModelBundle, grid: dict[str, list[int]], e2e_runs: int = 3) -> Sweep:
@@ -4046,22 +4189,26 @@ def run_sweep(config: RunConfig, model: ModelBundle, grid: dict[str, list[int]],
     What stops the sweep (a signal, out of memory, a stalled loader) keeps the settings measured
     so far: ``sweep.error`` holds it, and the sweep is partial."""
     sweep_warmup = 2
-    most = max(grid["batch-size"]) * (2 * max(grid["num-threads"]) + 8 + sweep_warmup)
+    grid = {"decode-processes": [config.decode_processes], **grid}
+    most = max(grid["batch-size"]) * (2 * max(grid["num-threads"]) * max(1, *grid["decode-processes"]) + 8 +
+                                      sweep_warmup)  # fmt: skip
     images = config.my_images.head(min(len(config.my_images), most))
     sweep, model_fps = Sweep([], len(images)), {}
     try:
-        for threads, batch_size, queue_size in itertools.product(*(grid[name] for name in SWEEP_FLAGS)):
+        for threads, batch_size, queue_size, processes in itertools.product(*(grid[n] for n in SWEEP_FLAGS)):
             if batch_size not in model_fps:  # measured when first needed: a stop keeps whole points only
                 with _out_of_memory_stops(config.device, batch_size):
                     model_fps[batch_size] = measure_model(model, batch_size, 10, sweep_warmup)
-            settings = _sweep_settings(config, threads, batch_size, queue_size)
+            settings = _sweep_settings(config, threads, batch_size, queue_size, processes)
             loader_fps = _sweep_timed(settings, images, lambda loader, _: measure_loader(loader.batches,
                                       config.device, sweep_warmup))  # fmt: skip
-            sweep.points.append(SweepPoint(threads, batch_size, queue_size, loader_fps, model_fps[batch_size]))
+            sweep.points.append(SweepPoint(threads, batch_size, queue_size, loader_fps, model_fps[batch_size],
+                                           decode_processes=processes))  # fmt: skip
             _LG.info("Sweep: %s: the loader alone %.1f images/s", sweep.points[-1].flags(), loader_fps)
         best = max(sweep.points, key=lambda p: p.bound_fps)
         for point in [best, *[p for p in sweep.candidates if p is not best][: e2e_runs - 1]]:
-            settings = _sweep_settings(config, point.num_threads, point.batch_size, point.queue_size)
+            settings = _sweep_settings(config, point.num_threads, point.batch_size, point.queue_size,
+                                       point.decode_processes)  # fmt: skip
             point.e2e_fps = _sweep_timed(settings, images, lambda loader, policy: benchmark(
                 loader.batches, model, listed=len(images), warmup_batches=sweep_warmup, policy=policy).fps)  # fmt: skip
             _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
@@ -4235,14 +4382,16 @@ def print_sweep(sweep: Sweep, command: Sequence[str], file: TextIO | None = None
     """The sweep as a table, then the recommended setting as a command line to copy."""
     file = file or sys.stdout
     print(f"Sweep ({sweep.images} images per setting; images/s):", file=file)
-    print(f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} {'end-to-end':>11}", file=file)
+    processes = any(p.decode_processes for p in sweep.points)  # a column only when processes were swept or set
+    print(f"{'processes':>9} " * processes + f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} "
+          f"{'end-to-end':>11}", file=file)  # fmt: skip
     noisy = False
     for p in sweep.points:
         e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
         mark = " *" if p.e2e_fps is not None and p.e2e_fps > p.bound_fps else ""
         noisy = noisy or bool(mark)
-        print(f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} {p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}"
-              f"{mark}", file=file)  # fmt: skip
+        print(f"{p.decode_processes:>9} " * processes + f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} "
+              f"{p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}{mark}", file=file)  # fmt: skip
     if noisy:
         print("  * end to end above min(loader, model), which neither side can beat beside the other: measurement "
               "noise (a short, buffered window); the ranking near it is uncertain", file=file)  # fmt: skip
@@ -4296,15 +4445,17 @@ def plot_sweep(sweep: Sweep, path: Path | str, title: str = "") -> bool:
     from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, ScalarFormatter
 
     fig, ax = plt.subplots(figsize=(11, 5))
-    threads = sorted({p.num_threads for p in sweep.points})
-    for batch_size, queue_size in sorted({(p.batch_size, p.queue_size) for p in sweep.points}):
-        mine = sorted((p for p in sweep.points if (p.batch_size, p.queue_size) == (batch_size, queue_size)),
-                      key=lambda p: p.num_threads)  # fmt: skip
-        colour = ax.plot([p.num_threads for p in mine], [p.loader_fps for p in mine], marker="o",
-                         label=f"loader alone, batch {batch_size}, queue {queue_size}")[0].get_color()  # fmt: skip
+    threads = sorted({p.threads for p in sweep.points})
+    groups = sorted({(p.batch_size, p.queue_size, p.decode_processes) for p in sweep.points})
+    for batch_size, queue_size, procs in groups:
+        mine = sorted((p for p in sweep.points if (p.batch_size, p.queue_size, p.decode_processes) ==
+                       (batch_size, queue_size, procs)), key=lambda p: p.threads)  # fmt: skip
+        where = f", batch {batch_size}, queue {queue_size}" + (f", {procs} processes" if procs else "")
+        colour = ax.plot([p.threads for p in mine], [p.loader_fps for p in mine], marker="o",
+                         label=f"loader alone{where}")[0].get_color()  # fmt: skip
         if ran := [p for p in mine if p.e2e_fps is not None]:
-            ax.plot([p.num_threads for p in ran], [p.e2e_fps for p in ran], marker="X", markersize=10, linestyle="none",
-                    color=colour, label=f"end to end, batch {batch_size}, queue {queue_size}")  # fmt: skip
+            ax.plot([p.threads for p in ran], [p.e2e_fps for p in ran], marker="X", markersize=10, linestyle="none",
+                    color=colour, label=f"end to end{where}")  # fmt: skip
     for batch_size in sorted({p.batch_size for p in sweep.points}):
         model = next(p.model_fps for p in sweep.points if p.batch_size == batch_size)
         ax.axhline(model, linestyle="--", color="grey", linewidth=1)
@@ -4312,7 +4463,7 @@ def plot_sweep(sweep: Sweep, path: Path | str, title: str = "") -> bool:
         ax.annotate(f"model alone, batch {batch_size}: {rate}/s", (threads[-1], model), fontsize=8,
                     xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom", color="dimgrey")  # fmt: skip
     best = sweep.recommended
-    ax.plot([best.num_threads], [best.e2e_fps or best.loader_fps], marker="o", markersize=18, fillstyle="none",
+    ax.plot([best.threads], [best.e2e_fps or best.loader_fps], marker="o", markersize=18, fillstyle="none",
             color="black", linestyle="none", label=f"recommended: {best.flags()}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(threads))
@@ -4325,7 +4476,7 @@ def plot_sweep(sweep: Sweep, path: Path | str, title: str = "") -> bool:
         ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates, default=1) * 1.3)
-    ax.set(xlabel="decode threads (--num-threads)", ylabel="images/s",
+    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s",
            title=title or f"Sweep: {sweep.images} images per setting")  # fmt: skip
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -4612,8 +4763,9 @@ class RunConfig:
         decoder, decoder_backend: ``ffmpeg``, ``nvjpeg`` or ``nvdec`` (``pil`` with the DataLoader),
             and what implements it.
         transform: Size, crop and normalisation, from the model's pretrained config.
-        decode_threads: Threads in SPDL's pool.
-        decode_concurrency: Batches SPDL decodes at once.
+        decode_threads: Threads in SPDL's pool (in each worker process, with decode_processes).
+        decode_concurrency: Batches SPDL decodes at once (in each worker process).
+        decode_processes: Worker processes of the decode stage; 0 decodes in this process.
         loader_workers: The DataLoader's worker processes.
         dtype, dtype_reason: The model's precision, and why.
         max_bad: ``(value, is_percent)`` from ``--max-bad``, or None.
@@ -4658,6 +4810,7 @@ class RunConfig:
     command: tuple[str, ...] = ()
     transform_overrides: dict = field(default_factory=dict)
     start_time: str = ""
+    decode_processes: int = 0
 
     @property
     def my_images(self) -> ImageList:
@@ -4671,7 +4824,7 @@ class RunConfig:
         the DataLoader's prefetch (2 per worker)."""
         if self.loader == "torch":
             return 2 * self.loader_workers
-        return self.queue_size + 1 + _SPDL_STAGE_BUFFER + self.decode_concurrency
+        return self.queue_size + 1 + _SPDL_STAGE_BUFFER + self.decode_concurrency * max(1, self.decode_processes)
 
     def policy(self) -> BadImagePolicy:
         """A fresh bad-image policy as the flags ask."""
@@ -4686,6 +4839,7 @@ class RunConfig:
         return {
             "model": self.model, "weights": self.weights, "loader": self.loader, "batch_size": self.batch_size,
             "num_threads": self.decode_threads, "decode_concurrency": self.decode_concurrency,
+            "decode_processes": self.decode_processes,
             "loader_workers": self.loader_workers, "queue_size": self.queue_size, "decoder": self.decoder,
             "decoder_backend": self.decoder_backend, "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."), "dtype_reason": self.dtype_reason,
@@ -4812,6 +4966,9 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that no library makes a context on cuda:0 for this rank
     decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
+    if args.decode_processes and (decoder != "ffmpeg" or args.loader == "torch"):
+        raise UsageError("--decode-processes runs FFmpeg's decode in worker processes; "
+                         f"not with {'--loader torch' if args.loader == 'torch' else f'--use-{decoder}'}")  # fmt: skip
     backend = check_gpu_decoder(decoder, device)
     dtype, dtype_reason = choose_dtype(device, args.dtype)
     compile = args.compile if args.compile is not None else device.type == "cuda"
@@ -4838,6 +4995,7 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         stats_interval=args.stats_interval or -1, results_file=args.results_file,
         predictions_file=args.predictions_file, trace=args.trace, plot=args.plot, cold_cache=args.cold_cache,
         sweep=_sweep_grid(args, shard, len(images)), command=tuple(command),
+        decode_processes=args.decode_processes,
     )  # fmt: skip
 
 
@@ -4853,7 +5011,8 @@ def _sweep_grid(args: argparse.Namespace, shard: Shard, listed: int) -> dict[str
         return None
     if shard.world_size > 1:
         raise UsageError("--sweep runs in a single process, not under torchrun")
-    defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size}
+    defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size,
+                "decode-processes": args.decode_processes}  # fmt: skip
     try:
         grid = parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
     except ValueError as e:
@@ -4930,17 +5089,28 @@ def _open_loader(config: RunConfig, images: ImageList, policy: BadImagePolicy) -
                 # frame): until then torch's SIGCHLD handler raises, anywhere, for a dead worker.
                 workers._shutdown_workers()
         return
-    decode_func = get_decode_func(config.device, config.transform, config.decoder, policy,
-                                  max_image_bytes=config.max_image_bytes)  # fmt: skip
+    if config.decode_processes:  # batches decoded on the CPU in worker processes, copied to the device here
+        decode_func: Callable = _ProcessDecode(config.transform, config.max_image_bytes)
+    else:
+        decode_func = get_decode_func(config.device, config.transform, config.decoder, policy,
+                                      max_image_bytes=config.max_image_bytes)  # fmt: skip
     stats = PipelineStats(config.stats_interval)
     pipeline = get_pipeline(images, config.batch_size, decode_func, config.decode_concurrency, config.queue_size,
-                            config.decode_threads, stats=stats)  # fmt: skip
+                            config.decode_threads, stats=stats, decode_processes=config.decode_processes)  # fmt: skip
     pipeline.start()
-    handle = _Loader(pipeline.get_iterator(timeout=config.timeout), stats)
+    batches = pipeline.get_iterator(timeout=config.timeout)
+    if config.decode_processes:
+        batches = _received(batches, policy, config.device)
+    handle = _Loader(batches, stats)
     try:
         yield handle
     finally:
+        if handle.stop_at_once and config.decode_processes:
+            _end_children()  # an interrupt: the workers end now, not after SPDL's seconds of joining each
         handle.stopped_cleanly = _stop_pipeline(pipeline, 0.1 if handle.stop_at_once else 1.5)
+        if config.decode_processes:  # free the pool's queues now: the process ends with os._exit, and
+            handle.batches = batches = pipeline = iter(())  # multiprocessing's resource tracker would
+            gc.collect()  # then warn of their semaphores as leaked
 
 
 def _clock_start_hook(shard: Shard, stats: PipelineStats | None) -> Callable[[], None]:

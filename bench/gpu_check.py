@@ -11,6 +11,9 @@ then decodes unusual but valid images (greyscale, CMYK, progressive, 4:4:4, PNG 
 tiny, data after the end, animated) with each decoder against FFmpeg on the CPU, and
 classifies the real photos through each decoder with real weights and measures how often each
 decoder's top-1 agrees with FFmpeg's. One leg's failure is recorded and the others go on.
+FFmpeg's leg runs again with the decode stage in worker processes (``--layouts``, default 4 x 4
+and 2 x 8 against 16 threads in one process: issue #22), and every leg records its CPU time
+over its wall time.
 
 Everything fits in ``--time-budget``: the first leg gets twice ``--leg-timeout`` because it
 also fills torch.compile's on-disk caches, which the later legs (other processes) reuse; no
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -47,7 +51,7 @@ def run_leg(name: str, args: list[str], out: Path, timeout: float, log) -> dict:
     """Run the benchmark's CLI once; return its results file, or the error it stopped with."""
     results = out / f"{name}.json"
     cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), *args, "--results-file", str(results)]
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _children_cpu_s()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:  # what it printed so far says where it was
@@ -58,12 +62,21 @@ def run_leg(name: str, args: list[str], out: Path, timeout: float, log) -> dict:
         return {"ok": False, "error": f"timed out after {timeout:g} s", "output_tail": tail}
     log.write(f"### {name}: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}\n")
     log.flush()
-    entry = {"ok": proc.returncode == 0, "exit": proc.returncode, "wall_s": time.monotonic() - started}
+    wall_s, cpu_s = time.monotonic() - started, _children_cpu_s() - cpu
+    # CPU time of the leg's processes (its decode workers included: it joins them) over its wall
+    # time: how many cores it kept busy, whether in threads or in --decode-processes workers.
+    entry = {"ok": proc.returncode == 0, "exit": proc.returncode, "wall_s": wall_s, "cpu_s": cpu_s,
+             "cpu_over_wall": cpu_s / wall_s}  # fmt: skip
     if results.exists():
         entry["result"] = json.loads(results.read_text())
     if proc.returncode:
         entry["error"] = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
     return entry
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def top1_per_image(flist: Path, checkpoint: Path, device: str, decoder: str) -> dict[str, int]:
@@ -367,6 +380,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--decoders", default="ffmpeg,nvjpeg,nvdec")
+    parser.add_argument("--layouts", default="4x4,2x8",
+                        help="FFmpeg legs run again as PROCESSESxTHREADS (--decode-processes), against --threads "
+                             "threads in one process; empty for none")  # fmt: skip
     parser.add_argument("--leg-timeout", type=float, default=120, help="seconds per leg; the first gets twice")
     parser.add_argument("--time-budget", type=float, default=450, help="seconds for the whole check")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
@@ -406,19 +422,24 @@ def main() -> None:
         report["nvjpeg_rates"] = {"error": f"{type(e).__name__}: {e}"}
     print(f"nvJPEG decode-only and resize, images/s: {report['nvjpeg_rates']}", flush=True)
     write_report(report, args.out)
+    layouts = [tuple(map(int, text.split("x"))) for text in args.layouts.split(",") if text]
+    legs = [(decoder, args.threads, 0) for decoder in decoders]
+    legs += [("ffmpeg", threads, processes) for processes, threads in layouts if "ffmpeg" in decoders]
     with open(args.out / "gpu_check.log", "w") as log:
-        for i, decoder in enumerate(decoders):
+        for i, (decoder, threads, processes) in enumerate(legs):
+            name = f"{decoder}-{processes}x{threads}" if processes else decoder
             common = ["--input-flist", str(listed), "--prefix", f"{flist.parent}/", "--device", args.device,
-                      "--batch-size", str(args.batch_size), "--num-threads", str(args.threads),
+                      "--batch-size", str(args.batch_size), "--num-threads", str(threads),
+                      *(["--decode-processes", str(processes)] if processes else []),
                       "--model", "mobilenetv3_large_100", "--no-pretrained", "--breakdown",
                       *(["--compile-mode", args.compile_mode] if args.compile else ["--no-compile"]),
                       *DECODER_FLAGS[decoder], *(["--check-decoder", "0"] if decoder in args.unchecked.split(",") else [])]  # fmt: skip  # noqa: E501
             timeout = min(args.leg_timeout * (2 if i == 0 else 1), deadline - time.monotonic())
             if timeout < 10:
-                report["legs"][decoder] = {"ok": False, "error": "not run: the time budget was spent"}
+                report["legs"][name] = {"ok": False, "error": "not run: the time budget was spent"}
             else:
-                report["legs"][decoder] = run_leg(decoder, common, args.out, timeout, log)
-            print(f"{decoder}: {summary(report['legs'][decoder])}", flush=True)
+                report["legs"][name] = run_leg(name, common, args.out, timeout, log)
+            print(f"{name}: {summary(report['legs'][name])}", flush=True)
             write_report(report, args.out)
         try:
             report["unusual_images"] = unusual_images(args.scratch / "unusual", args.device, decoders, log)
@@ -455,7 +476,8 @@ def summary(leg: dict) -> str:
         return f"FAILED: {leg.get('error')}"
     b, decoder = leg["result"]["breakdown"], leg["result"]["config"]["decoder"]
     rates = f"loader {b['loader_fps']:.0f}, model {b['model_fps']:.0f}, end-to-end {b['e2e_fps']:.0f} images/s"
-    return f"{rates} ({b['efficiency']:.0%} of the bound, {b['bottleneck']} bound); decoder {decoder}"
+    return (f"{rates} ({b['efficiency']:.0%} of the bound, {b['bottleneck']} bound); decoder {decoder}; "
+            f"CPU time / wall time {leg['cpu_over_wall']:.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

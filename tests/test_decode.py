@@ -187,6 +187,41 @@ def test_resize_region_samples_where_the_whole_frame_would(width, height):
             assert abs(ours - whole) <= 0.06  # REGION_TOLERANCE, as documented
 
 
+def _resize_region_by_loop(length, resized, offset, crop):
+    """resize_region's search as a plain loop over the candidates (as it was written before
+    issue #22 vectorised it): the smallest qualifying resized length, the first pad on a tie."""
+    whole = (0, length, resized, offset)
+    ratio = length / resized
+    if ratio < 1:
+        return whole
+    best, best_out = whole, resized
+    for pad in range(4, 17):
+        for out in range(crop + pad + 4, min(crop + pad + 40, best_out)):
+            src_len = 2 * round(out * ratio / 2)
+            step = src_len / out
+            ideal_start = (offset + 0.5) * ratio - (pad + 0.5) * step
+            start = 2 * round(ideal_start / 2)
+            if start < 0 or start + src_len > length:
+                continue
+            first = start - ideal_start
+            if max(abs(first), abs(first + (crop - 1) * (step - ratio))) <= 0.06:
+                best, best_out = (start, src_len, out, pad), out
+                break
+    return best
+
+
+@pytest.mark.parametrize("size, crop_pct", [(224, 0.875), (288, 1.0), (160, 0.95)])
+def test_resize_region_finds_what_a_plain_search_finds(size, crop_pct):
+    # The same regions, so the same pixels, for every side length the sets meet and beyond.
+    transform = EvalTransform(size=size, crop_pct=crop_pct)
+    for length in range(size // 2, 1400):
+        for other in (length, 333, 375, 500, 301):
+            new_w, new_h, left, top = transform.geometry(length, other)
+            for args in ((length, new_w, left, size), (other, new_h, top, size)):
+                found = resize_region(*args)
+                assert found == _resize_region_by_loop(*args) and all(type(v) is int for v in found), args
+
+
 def test_resize_region_is_used_for_imagenets_common_sizes():
     transform = EvalTransform()
     for width, height in ((500, 375), (375, 500), (500, 333), (640, 480)):

@@ -26,7 +26,7 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
     check = subprocess.run(
         ["bash", str(ROOT / "bench" / "gpu_check.sh"), "--device", "cpu", "--decoders", "ffmpeg,nvjpeg",
          "--images", "40", "--repeat", "2", "--batch-size", "8", "--threads", "2", "--no-compile",
-         "--scratch", tmp_path / "scratch"],
+         "--layouts", "2x1", "--scratch", tmp_path / "scratch"],
         env=env, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert check.returncode == 0, check.stderr
@@ -61,6 +61,10 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
     # Each leg lists the 40 images twice; the images stay in the scratch folder, out of OUT.
     assert ffmpeg["ok"] and ffmpeg["result"]["classified"] == 80 and "breakdown" in ffmpeg["result"]
     assert ffmpeg["result"]["config"]["compile"] is False and ffmpeg["result"]["loader_lead"] <= 16 + 3 + 2
+    # FFmpeg again in 2 worker processes of 1 thread (--decode-processes): the same images, its CPU time kept.
+    layout = report["legs"]["ffmpeg-2x1"]
+    assert layout["ok"] and layout["result"]["classified"] == 80 and layout["result"]["config"]["decode_processes"] == 2
+    assert all(leg["cpu_s"] > 0 and leg["cpu_over_wall"] > 0 for leg in (ffmpeg, layout))
     assert not (tmp_path / "out" / "images").exists() and (tmp_path / "scratch" / "images" / "val40.flist").exists()
     rates = report["decode_rates"]
     assert rates["one_core_fps"] > 0 and rates["target_loader_fps"] == 0.75 * rates["cores"] * rates["one_core_fps"]

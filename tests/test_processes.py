@@ -1,0 +1,140 @@
+"""--decode-processes: the decode stage in SPDL's worker processes (issue #22), on the CPU."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from imagenet_classification import parse_sweep
+from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli
+
+
+def _photos_with_a_bad_one(demo_photos: Path, root: Path) -> tuple[Path, Path]:
+    """A private copy of 15 demo photos and one cut JPEG among them (the 6th listed)."""
+    shutil.copytree(demo_photos.parent / "val", root / "val")
+    lines = demo_photos.read_text().splitlines()[:15]
+    bad = root / Path(lines[0]).with_name("cut.JPEG")
+    bad.write_bytes((root / lines[0]).read_bytes()[:3000])  # no end-of-image marker: always a bad image
+    lines.insert(5, str(bad.relative_to(root)))
+    flist = root / "photos.flist"
+    flist.write_text("\n".join(lines) + "\n")
+    return flist, bad
+
+
+def _run(flist: Path, checkpoint: Path, out: Path, processes: int, threads: int) -> tuple[dict, list[dict]]:
+    proc = run_cli("--input-flist", flist, "--prefix", f"{flist.parent}/", "--model", "efficientnet_lite0",
+                   "--checkpoint", checkpoint, "--device", "cpu", "--no-compile", "--dtype", "float32",
+                   "--batch-size", "4", "--warmup-batches", "1", "--skip-bad", "--num-threads", str(threads),
+                   "--decode-processes", str(processes), "--results-file", out.with_suffix(".json"),
+                   "--predictions-file", out.with_suffix(".csv"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr[-3000:]
+    with open(out.with_suffix(".csv"), newline="") as f:
+        rows = sorted(csv.DictReader(f), key=lambda row: row["path"])  # workers deliver in any order
+    return read_json(out.with_suffix(".json")), rows
+
+
+def test_processes_and_threads_give_the_same_counts_accuracy_and_predictions(demo_photos, lite0_checkpoint,
+                                                                            tmp_path):  # fmt: skip
+    flist, bad = _photos_with_a_bad_one(demo_photos, tmp_path)
+    runs = {(p, t): _run(flist, lite0_checkpoint, tmp_path / f"{p}x{t}", p, t) for p, t in ((0, 2), (1, 2), (2, 1))}
+    for (processes, threads), (result, rows) in runs.items():
+        assert result["config"]["decode_processes"] == processes and result["config"]["num_threads"] == threads
+        assert (result["listed"], result["classified"], result["failed"], result["not_reached"]) == (16, 15, 1, 0)
+        # The cut image counted once across the workers, with the reason the in-process loader gives.
+        assert [f["path"] for f in result["failures"]] == [str(bad)]
+        assert "truncated JPEG" in result["failures"][0]["reason"]
+        assert len(rows) == 15 and str(bad) not in {row["path"] for row in rows}
+    reference, reference_rows = runs[(0, 2)]
+    assert reference["top1_correct"] >= 10  # real weights on real photos: a comparison worth making
+    for key in ((1, 2), (2, 1)):
+        result, rows = runs[key]
+        assert (result["top1_correct"], result["top5_correct"]) == (reference["top1_correct"],
+                                                                    reference["top5_correct"])  # fmt: skip
+        assert rows == reference_rows  # the same pixels, so the same classes and probabilities
+
+
+def _worker_pids(pid: int) -> set[int]:
+    """The decode workers among a process's children (not multiprocessing's resource tracker)."""
+    found = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline:
+                found.add(int(child))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_signal_stops_every_decode_process_and_keeps_the_partial_result(tmp_path):
+    flist = make_jpeg_set(tmp_path, 40)
+    flist.write_text("\n".join(flist.read_text().splitlines() * 150) + "\n")  # 6000: far more than it reaches
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), "--prefix",
+           f"{flist.parent}/", *TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1",
+           "--decode-processes", "2", "--num-threads", "1", "--results-file", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(workers := _worker_pids(proc.pid)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "the decode workers did not start"
+        time.sleep(0.2)
+    time.sleep(5)  # the workers decoding
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and time.monotonic() - sent < 2.0, stderr[-2000:]
+    while any(_running(pid) for pid in workers) and time.monotonic() - sent < 2.0:
+        time.sleep(0.05)
+    assert not any(_running(pid) for pid in workers), "a decode worker outlived the run by 2 s"
+    assert "interrupted by SIGTERM" in stderr and "(PARTIAL RUN)" in stdout and "Traceback" not in stderr
+    result = read_json(out)
+    assert result["partial"] is True and result["listed"] == 6000
+    assert result["classified"] + result["failed"] + result["not_reached"] == 6000
+
+
+def test_decode_processes_are_for_ffmpeg_only(jpeg_set):
+    for flag in ("--use-nvjpeg", "--loader=torch"):
+        proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--decode-processes", "2",
+                       flag)  # fmt: skip
+        assert proc.returncode == 2 and "--decode-processes" in proc.stderr, proc.stderr[-1000:]
+
+
+def test_the_sweep_learns_processes(jpeg_set, tmp_path):
+    defaults = {"num-threads": 2, "batch-size": 32, "queue-size": 16, "decode-processes": 0}
+    assert parse_sweep(["decode-processes=4,1,2,0"], defaults, 2)["decode-processes"] == [0, 1, 2, 4]
+    with pytest.raises(ValueError, match="at least 0"):
+        parse_sweep(["decode-processes=-1"], defaults, 2)
+    out = tmp_path / "sweep.json"
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile", "--dtype",
+                   "float32", "--batch-size", "4", "--sweep", "num-threads=1", "decode-processes=0,2",
+                   "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    points = read_json(out)["sweep"]["points"]
+    assert [(p["decode_processes"], p["num_threads"]) for p in points] == [(0, 1), (2, 1)]
+    assert all(p["loader_fps"] > 0 for p in points)
+    assert "processes  threads  batch" in proc.stdout
+    best = read_json(out)["sweep"]["recommended"]
+    assert proc.stdout.strip().endswith("--decode-processes 2" if best["decode_processes"] else "--queue-size 16")
+
+
+def test_a_stall_names_the_worker_processes(jpeg_set):
+    # A time-out far shorter than a spawned worker takes to start (it imports torch): no batch in time.
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
+                   "--decode-processes", "1", "--timeout", "0.2")  # fmt: skip
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "the decode stage has been on a batch in a --decode-processes worker for" in proc.stderr
+    assert "Traceback" not in proc.stderr
