@@ -3933,7 +3933,8 @@ def _agree_on_job(config: RunConfig) -> None:
     images = config.images
     digest = hashlib.sha256("\n".join(images.paths).encode("utf-8", "surrogateescape"))
     digest.update(repr(images.labels).encode())
-    local = ("device", "decoder_backend", "dtype_reason", "images_from")  # may differ from node to node
+    # May differ from node to node, or from rank to rank (each its own output files, its own clock).
+    local = ("device", "decoder_backend", "dtype_reason", "images_from", "command", "start_time")
     settings = {k: v for k, v in config.to_dict().items() if k not in local}
     seen: list = [None] * config.shard.world_size
     try:
@@ -5310,8 +5311,8 @@ def _parity_decode(config: RunConfig) -> Callable[[Sequence[tuple[str, int]]], B
 
     def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> Batch:
         images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
-        batch = collate_pil(list(PILDataset(images, config.transform, config.max_image_bytes)))
-        return next(torch_loader_batches(iter([batch]), config.device, policy))
+        batches = PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
+        return next(torch_loader_batches(iter(batches), config.device, policy))
 
     return decode_like_the_dataloader
 

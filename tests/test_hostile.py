@@ -450,7 +450,7 @@ def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(da
     plot.rmdir()
     out.unlink()
 
-    def cannot_draw(timeline: dict, path: Path) -> bool:
+    def cannot_draw(timeline: dict, path: Path, *title: str) -> bool:
         raise ValueError("x and y must have same first dimension, but have shapes (4,) and (5,)")
 
     monkeypatch.setattr(ic, "plot_timeline", cannot_draw)
@@ -653,18 +653,24 @@ def test_sweep_and_worker_sizes_are_capped_at_the_images_listed(dataset, tmp_pat
     assert read_json(out)["config"]["loader_workers"] == 3 and read_json(out)["classified"] == 3
 
 
-def test_out_of_memory_in_the_sweep_keeps_what_was_measured_with_the_runs_advice(dataset, tmp_path):
+def _out_of_memory_run(dataset: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    """resnet50 in float32 on 240 images in a 5 GB address space, with ``flags``: a batch of 240
+    cannot be had, a batch of 2 can."""
     lines = dataset.read_text().splitlines()
     dataset.write_text("\n".join(lines * 20) + "\n")  # 240 images
 
     def small_address_space() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (5_000_000_000, 5_000_000_000))
 
-    out = tmp_path / "s.json"
     cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", "--model", "resnet50", "--no-pretrained",
-               "--device", "cpu", "--no-compile", "--dtype", "float32", "--num-threads", "2", "--sweep",
-               "batch-size=2,240", "--results-file", out)  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=small_address_space)
+               "--device", "cpu", "--no-compile", "--dtype", "float32", "--num-threads", "2", *flags,
+               "--results-file", out)  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=small_address_space)
+
+
+def test_out_of_memory_in_the_sweep_keeps_what_was_measured_with_the_runs_advice(dataset, tmp_path):
+    out = tmp_path / "s.json"
+    proc = _out_of_memory_run(dataset, out, "--sweep", "batch-size=2,240")
     assert proc.returncode == 1, proc.stderr
     _one_line_error(proc, "out of memory on cpu with a batch of 240 images; try --batch-size 120")
     sweep = read_json(out)["sweep"]
@@ -672,17 +678,8 @@ def test_out_of_memory_in_the_sweep_keeps_what_was_measured_with_the_runs_advice
 
 
 def test_out_of_memory_in_the_parity_pass_is_the_runs_advice_and_a_results_file(dataset, tmp_path):
-    lines = dataset.read_text().splitlines()
-    dataset.write_text("\n".join(lines * 20) + "\n")  # 240 images
-
-    def small_address_space() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (5_000_000_000, 5_000_000_000))
-
     out = tmp_path / "r.json"
-    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", "--model", "resnet50", "--no-pretrained",
-               "--device", "cpu", "--no-compile", "--dtype", "float32", "--num-threads", "2", "--batch-size", "240",
-               "--parity", "240", "--results-file", out)  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=small_address_space)
+    proc = _out_of_memory_run(dataset, out, "--batch-size", "240", "--parity", "240")
     assert proc.returncode == 1, proc.stderr
     _one_line_error(proc, "out of memory on cpu with a batch of 240 images; try --batch-size 120")
     result = read_json(out)  # stopped before the loop: nothing measured, and said so
