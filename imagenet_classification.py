@@ -5062,12 +5062,18 @@ class _Loader:
     stopped_cleanly: bool = True
 
 
-def _stop_pipeline(pipeline: Pipeline, timeout: float) -> bool:
+def _stop_pipeline(pipeline: Pipeline, timeout: float, workers_ended: bool = False) -> bool:
     """Stop the pipeline; return False if a worker thread did not end within ``timeout`` seconds
-    (stuck in a hung read, or still decoding when the run must end at once)."""
+    (stuck in a hung read, or still decoding when the run must end at once). With
+    ``workers_ended`` (an interrupt ended the decode processes), the failure SPDL's stop may
+    raise for the stage whose queue they left unread is that ending, not a failure of the run."""
     try:
         pipeline.stop(timeout=timeout)
     except TimeoutError:
+        return False
+    except PipelineFailure:
+        if not workers_ended:
+            raise
         return False
     return True
 
@@ -5106,9 +5112,11 @@ def _open_loader(config: RunConfig, images: ImageList, policy: BadImagePolicy) -
     try:
         yield handle
     finally:
-        if handle.stop_at_once and config.decode_processes:
-            _end_children()  # an interrupt: the workers end now, not after SPDL's seconds of joining each
-        handle.stopped_cleanly = _stop_pipeline(pipeline, 0.1 if handle.stop_at_once else 1.5)
+        workers_ended = handle.stop_at_once and config.decode_processes > 0
+        if workers_ended:  # an interrupt: the workers end now, not after SPDL's seconds of joining each;
+            logging.getLogger("spdl.pipeline").setLevel(logging.CRITICAL)  # its traceback for their queue: no news
+            _end_children()
+        handle.stopped_cleanly = _stop_pipeline(pipeline, 0.1 if handle.stop_at_once else 1.5, workers_ended)
         if config.decode_processes:  # free the pool's queues now: the process ends with os._exit, and
             handle.batches = batches = pipeline = iter(())  # multiprocessing's resource tracker would
             gc.collect()  # then warn of their semaphores as leaked

@@ -192,14 +192,17 @@ def test_predictions_after_bad_images_name_their_own_files(mixed_items, loader):
 
 
 def test_prediction_files_hold_the_rows_as_written(tmp_path):
-    rows = [{"path": "a b/x.JPEG", "label": 281, "top5": [281, 1, 2, 3, 4], "probs": [0.5, 0.25, 0.125, 0.0625, 0.03],
-             "correct1": True, "correct5": True},
-            {"path": "y.JPEG", "label": 7, "top5": [0, 7, 2, 3, 4], "probs": [0.9, 0.05, 0.02, 0.01, 0.005],
-             "correct1": False, "correct5": True}]  # fmt: skip
+    rows = [{"path": "a b/x.JPEG", "label": 281, "label_name": "tabby", "top5": [281, 1, 2, 3, 4],
+             "top5_names": ["tabby", "goldfish", "great white shark", "tiger shark", "hammerhead"],
+             "probs": [0.5, 0.25, 0.125, 0.0625, 0.03], "correct1": True, "correct5": True},
+            {"path": "y.JPEG", "label": 7, "label_name": "cock", "top5": [0, 7, 2, 3, 4],
+             "top5_names": ["tench", "cock", "great white shark", "tiger shark", "hammerhead"],
+             "probs": [0.9, 0.05, 0.02, 0.01, 0.005], "correct1": False, "correct5": True}]  # fmt: skip
     write_predictions(tmp_path / "p.csv", rows)
     with open(tmp_path / "p.csv", newline="") as f:
         read = list(csv.DictReader(f))
-    assert read == [{"path": r["path"], "label": str(r["label"]), "top5": " ".join(map(str, r["top5"])),
+    assert read == [{"path": r["path"], "label": str(r["label"]), "label_name": r["label_name"],
+                     "top5": " ".join(map(str, r["top5"])), "top5_names": " | ".join(r["top5_names"]),
                      "probs": " ".join(map(str, r["probs"])), "correct1": str(int(r["correct1"])),
                      "correct5": str(int(r["correct5"]))} for r in rows]  # fmt: skip
     write_predictions(tmp_path / "p.jsonl", rows)
@@ -426,7 +429,8 @@ def test_results_file_holds_every_reported_figure(tmp_path):
     assert (r["fps"], r["top1"], r["top5"], r["fps_max_overstatement"]) == (4.0, 3 / 7, 5 / 7, 0.5)
     assert (r["world_size"], r["ranks"], r["config"], r["env"]) == (1, ranks, {"model": "m"}, {"torch": "x"})
     assert r["breakdown"] == {"loader_fps": 40.0, "model_fps": 600.0, "e2e_fps": 36.0, "bound_fps": 40.0,
-                              "bottleneck": "loader", "efficiency": 0.9, "shared_fps": 37.5}  # fmt: skip
+                              "bottleneck": "loader", "efficiency": 0.9, "shared_fps": 37.5, "read_fps": None,
+                              "read_mb_s": None, "read_resident": None, "read_cold": False}  # fmt: skip
     assert r["parity"] == {"images": 4, "mad_mean": 1.5, "mad_max": 3.0, "worst": "w.JPEG", "top1_agree": 0.75,
                            "top5_agree": 0.5, "top1_loader": 1.0, "top1_reference": 0.75}  # fmt: skip
 
