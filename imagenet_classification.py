@@ -4557,7 +4557,10 @@ def print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
     for stage in stats["stages"]:
         failed = f" ({stage['failures']} failed)" if stage["failures"] else ""
         stages.append(f"{stage['name']} {stage['ave_task_s'] * 1e3:.2f} ms x {stage['tasks']}{failed}")
-    print(f"SPDL stages (average task time x tasks): {', '.join(stages)}", file=file)
+    if stages:
+        print(f"SPDL stages (average task time x tasks): {', '.join(stages)}", file=file)
+    else:  # --decode-processes: the decode stage's tasks run, and are timed, in the worker processes
+        print("SPDL stages: none timed in this process (the decode stage runs in worker processes)", file=file)
     sink = stats["sink_queue"]
     if not sink["items"]:
         print("SPDL sink queue: no batch was taken in the FPS window", file=file)

@@ -101,6 +101,7 @@ def test_a_signal_stops_every_decode_process_and_keeps_the_partial_result(tmp_pa
         time.sleep(0.05)
     assert not any(_running(pid) for pid in workers), "a decode worker outlived the run by 2 s"
     assert "interrupted by SIGTERM" in stderr and "(PARTIAL RUN)" in stdout and "Traceback" not in stderr
+    assert "SPDL stages: none timed in this process (the decode stage runs in worker processes)" in stdout
     result = read_json(out)
     assert result["partial"] is True and result["listed"] == 6000
     assert result["classified"] + result["failed"] + result["not_reached"] == 6000
