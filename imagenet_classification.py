@@ -443,8 +443,9 @@ def _loader_flags(parser: argparse.ArgumentParser) -> None:
     decoder = loader.add_mutually_exclusive_group()
     decoder.add_argument("--use-nvjpeg", action="store_true", help="decode on the GPU with nvJPEG")
     decoder.add_argument("--use-nvdec", action="store_true", help="decode on the GPU with NVDEC")
-    loader.add_argument("--check-decoder", type=_count0, default=8, metavar="N",
-                        help="compare a GPU decoder with FFmpeg on the CPU on N images first (0: off)")  # fmt: skip
+    loader.add_argument("--check-decoder", type=_count0, metavar="N",
+                        help=f"compare a GPU decoder with FFmpeg on the CPU on N images first, 0: off "
+                             f"(default: {CHECK_DECODER_IMAGES})")  # fmt: skip
 
 
 def _model_flags(parser: argparse.ArgumentParser) -> None:
@@ -519,12 +520,17 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.data is not None:
         args.data_dir = args.data
+    if args.compile is False and (args.compile_mode or args.torchcompile):
+        parser.error(f"--{'compile-mode' if args.compile_mode else 'torchcompile'} compiles the model; "
+                     "--no-compile says not to: give one")  # fmt: skip
     if args.torchcompile or args.compile is None and args.compile_mode:
         args.compile = True  # asked for by timm's name, or by naming a mode
     if args.max_bad is not None and not args.skip_bad:
         parser.error("--max-bad only applies with --skip-bad")
     if args.loader == "torch" and (args.use_nvjpeg or args.use_nvdec):
         parser.error("--loader torch decodes with PIL on the CPU; it does not take --use-nvjpeg / --use-nvdec")
+    if args.loader == "torch" and args.check_decoder is not None:
+        parser.error("--check-decoder compares a GPU decoder with FFmpeg; --loader torch decodes with PIL on the CPU")
     if args.loader == "torch" and args.stats_interval is not None:
         parser.error("--stats-interval logs SPDL's stage statistics; --loader torch has no SPDL stages")
     if args.data_dir is not None and args.prefix:
@@ -1896,6 +1902,7 @@ NVIMGCODEC_CPU_THREADS = 1  # per decoder: each pipeline thread has decoders of 
 NVDEC_CONCURRENCY = 4  # batches decoded at once with NVDEC: one hardware decoder per thread
 NVDEC_MIN_SIDE, NVDEC_MAX_SIZE = 64, (32768, 16384)  # JPEG on A100 / H100 (SPDL's capability table)
 FPS_WINDOW_SLACK = 0.1  # the most FPS may overstate a loader-bound rate without a warning
+CHECK_DECODER_IMAGES = 8  # images a GPU decoder is compared with FFmpeg on before a run (--check-decoder)
 DECODER_TOLERANCE = 3.0  # mean absolute difference (0-255) a GPU decoder may show against FFmpeg, per image
 
 
@@ -4981,6 +4988,7 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
     torch_loader = args.loader == "torch"
     # A thread or worker with no image idles, and costs memory (a process each for the DataLoader).
     # (The queue is a bound that allocates nothing: it stays as given.)
+    check_images = CHECK_DECODER_IMAGES if args.check_decoder is None else args.check_decoder
     threads = min(args.num_threads, max(1, shard.size_of(len(images))))
     if threads < args.num_threads:
         _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
@@ -4995,7 +5003,7 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
         compile=compile and (args.compile_mode or COMPILE_MODE), transform_overrides=_transform_overrides(args),
         warmup_batches=args.warmup_batches, skip_bad=args.skip_bad, max_bad=args.max_bad,
         max_image_bytes=args.max_image_mb << 20, timeout=args.timeout, breakdown=args.breakdown,
-        parity=args.parity, check_decoder=0 if torch_loader else args.check_decoder,
+        parity=args.parity, check_decoder=0 if torch_loader else check_images,
         stats_interval=args.stats_interval or -1, results_file=args.results_file,
         predictions_file=args.predictions_file, trace=args.trace, plot=args.plot, cold_cache=args.cold_cache,
         sweep=_sweep_grid(args, shard, len(images)), command=tuple(command),

@@ -606,6 +606,9 @@ TORCHRUN = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "1
         (["--sweep", "auto", "--predictions-file", "p.csv"], {}, ("--sweep", "--predictions-file")),
         (["--sweep", "auto", "--skip-bad", "--max-bad", "2"], {}, ("--sweep", "--max-bad")),
         (["--use-nvjpeg", "--use-nvdec"], {}, ("--use-nvjpeg", "--use-nvdec")),
+        (["--loader", "torch", "--check-decoder", "4"], {}, ("--check-decoder", "--loader torch")),
+        (["--compile-mode", "default"], {}, ("--compile-mode", "--no-compile")),  # FAST says --no-compile
+        (["--torchcompile"], {}, ("--torchcompile", "--no-compile")),
         (["--use-nvdec"], {}, ("--use-nvdec", "cpu")),  # FAST runs on --device cpu
         (["--max-bad", "3"], {}, ("--max-bad", "--skip-bad")),
         (["--breakdown"], TORCHRUN, ("--breakdown", "torchrun")),
