@@ -55,6 +55,7 @@ import warnings
 import zipfile
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -4691,7 +4692,8 @@ def write_results(path: Path | str, report: RunReport) -> None:
         OSError: the file could not be written; an existing one is left as it was.
     """
     if str(path).lower().endswith(".csv"):
-        _write_atomically(path, _csv_text([_results_row(report.to_dict())]))
+        row = _results_row(report.to_dict())
+        _write_atomically(path, _csv_text([row], row))
     else:
         _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
 
@@ -4718,12 +4720,13 @@ def _results_row(payload: dict) -> dict:
     }  # fmt: skip
 
 
-def _csv_text(rows: Sequence[dict]) -> str:
-    """Rows with the same keys as CSV, a header first; None as an empty field."""
+def _csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    """Rows as CSV under a header of ``columns`` (the header alone where there is no row); None
+    as an empty field."""
     import csv
 
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
+    writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     return text.getvalue()
@@ -4739,16 +4742,11 @@ def write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
         OSError: the file could not be written.
     """
     if str(path).lower().endswith(".csv"):
-        import csv
-
-        text = io.StringIO()
-        writer = csv.writer(text, lineterminator="\n")
-        writer.writerow(["path", "label", "label_name", "top5", "top5_names", "probs", "correct1", "correct5"])
-        for r in rows:
-            writer.writerow([r["path"], r["label"], r["label_name"], " ".join(map(str, r["top5"])),
-                             " | ".join(r["top5_names"]), " ".join(map(str, r["probs"])), int(r["correct1"]),
-                             int(r["correct5"])])  # fmt: skip
-        _write_atomically(path, text.getvalue())
+        flat = [{**r, "top5": " ".join(map(str, r["top5"])), "top5_names": " | ".join(r["top5_names"]),
+                 "probs": " ".join(map(str, r["probs"])), "correct1": int(r["correct1"]),
+                 "correct5": int(r["correct5"])} for r in rows]  # fmt: skip
+        columns = ("path", "label", "label_name", "top5", "top5_names", "probs", "correct1", "correct5")
+        _write_atomically(path, _csv_text(flat, columns))
     else:
         _write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
 
@@ -5453,7 +5451,8 @@ def _run_sweep(config: RunConfig, signals: _Signals) -> int:
         not_written = _write_outputs([
             (config.results_file, lambda path: _write_atomically(path, _csv_text([
                 {**asdict(p), "bound_fps": p.bound_fps, "recommended": p is sweep.recommended} for p in sweep.points
-            ]) if str(path).lower().endswith(".csv") else json.dumps(payload, indent=2) + "\n")),
+            ], [*(f.name for f in dataclass_fields(SweepPoint)), "bound_fps", "recommended"])
+                if str(path).lower().endswith(".csv") else json.dumps(payload, indent=2) + "\n")),
             (config.plot if sweep.points else None, lambda path: plot_sweep(
                 sweep, path, f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting")),
         ])  # fmt: skip

@@ -48,6 +48,7 @@ from imagenet_classification import (
     RunResult,
     Sweep,
     SweepPoint,
+    _csv_text,
     benchmark,
     decode_pil,
     get_decode_func,
@@ -207,6 +208,14 @@ def test_prediction_files_hold_the_rows_as_written(tmp_path):
                      "correct5": str(int(r["correct5"]))} for r in rows]  # fmt: skip
     write_predictions(tmp_path / "p.jsonl", rows)
     assert [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()] == rows
+
+
+def test_csv_files_without_rows_still_carry_their_header(tmp_path):
+    # A run stopped before its first batch writes no prediction; a sweep stopped before its first
+    # setting measures none: each CSV is still its header, not a write that fails.
+    write_predictions(tmp_path / "p.csv", [])
+    assert (tmp_path / "p.csv").read_text() == "path,label,label_name,top5,top5_names,probs,correct1,correct5\n"
+    assert _csv_text([], ["num_threads", "bound_fps"]) == "num_threads,bound_fps\n"
 
 
 # --- Parity against a loader known to differ --------------------------------------------------
