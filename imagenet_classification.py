@@ -91,98 +91,34 @@ from torch import Tensor  # noqa: E402
 # native module, loaded on its first use (not at import), its names then plain attributes.
 
 __all__ = [
-    # The design's names, which notebooks use.
+    # The design's names: each stage can be called alone.
     "entrypoint",
     "main",
-    "benchmark",
     "source",
     "get_decode_func",
     "get_pipeline",
     "get_model",
+    "benchmark",
     "ModelBundle",
-    "Classification",
     "Preprocessing",
+    "Classification",
     "get_mappings",
     "parse_wnid",
-    # Errors.
-    "BenchmarkError",
-    "InputError",
-    "FileListError",
-    "ModelError",
-    "DeviceError",
-    "DecoderError",
-    "ImageDecodeError",
-    "RunStopped",
-    "BadImage",
-    "TooManyBadImages",
-    "LoaderStalled",
-    "LoaderIncomplete",
-    "LoaderFailed",
-    "OutOfMemory",
-    "ModelFailed",
-    "PeerStopped",
-    "RunInterrupted",
-    # Source.
+    # What a notebook composes with them.
     "ImageList",
     "read_file_list",
     "read_labels",
     "scan_folder",
-    "count_list",
-    "Shard",
-    # Decode.
     "EvalTransform",
-    "resize_region",
     "BadImagePolicy",
-    "read_image_bytes",
-    "JpegHeader",
-    "parse_jpeg_header",
-    "jpeg_truncated",
-    "image_size",
-    "decode_frames",
-    "filter_graph",
-    "FilterGraphCache",
-    "crop_on_cpu",
-    "decode_items",
-    "decode_cpu_image",
-    "decode_pil",
-    "ffmpeg_jpeg_configs",
-    "Batch",
-    "spdl_cuda_config",
-    "nvdec_can_take",
-    "first_jpeg_image",
-    "nv12_to_rgb",
-    "resize_crop_on_device",
-    "check_gpu_decoder",
-    "DecoderCheck",
-    "check_decoder",
-    # Pipeline and the DataLoader baseline.
-    "PipelineStats",
-    "PILDataset",
-    "collate_pil",
-    "get_torch_loader",
-    "torch_loader_batches",
-    # Model.
-    "pretrained_config",
-    "resolve_device",
-    "auto_dtype",
-    "choose_dtype",
-    # Loop, measurement, results.
     "RunResult",
-    "TimingWindow",
-    "Progress",
-    "Breakdown",
     "measure_loader",
-    "measure_model",
-    "Parity",
-    "measure_parity",
-    "init_distributed",
-    "reduce_results",
-    # Reporting.
-    "print_summary",
-    "print_breakdown",
-    "print_pipeline_stats",
-    "environment",
-    "write_results",
+    # Errors, and the warning of a run too short for its warm-up.
+    "InputError",
+    "ImageDecodeError",
+    "RunStopped",
+    "RunInterrupted",
+    "WarmupIncluded",
 ]
 
 __version__ = "0.1.0"  # pyproject.toml reads it from here
@@ -202,52 +138,29 @@ EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
 ################################################################################
 # Errors: what a library call raises on purpose. The entry point alone turns them into exit
-# statuses and advice about flags.
+# statuses (see _explain).
 ################################################################################
 
 
-class BenchmarkError(Exception):
-    """Base of the errors this module raises on purpose; the message says what and where."""
-
-
-class InputError(BenchmarkError):
-    """Input that cannot be used, found before the run."""
-
-
-class FileListError(InputError):
-    """A file list, label file or image folder that cannot be used; the message names the file
-    and line (or folder)."""
-
-
-class ModelError(InputError):
-    """The model cannot be built: an unknown name, weights out of reach, a bad checkpoint.
+class InputError(Exception):
+    """Input that cannot be used, found before the run: a file list, label file or folder (the
+    message names the file and line), an argument, a model, checkpoint, device or decoder.
 
     Attributes:
-        kind: ``name``, ``weights`` or ``checkpoint``: which input is at fault.
+        flag: The command-line flag that takes the input, when one does (``--model``, ...).
+        advice: What to do about it, in the command line's words ("" for none).
     """
 
-    def __init__(self, message: str, kind: str) -> None:
+    def __init__(self, message: str, flag: str | None = None, advice: str = "") -> None:
         super().__init__(message)
-        self.kind = kind
+        self.flag, self.advice = flag, advice
 
 
-class DeviceError(InputError):
-    """A device that does not exist or cannot be used here."""
+_FFMPEG_ADVICE = "drop the flag to decode with FFmpeg"
+_WEIGHTS_ADVICE = "pass --checkpoint PATH for local weights, or --no-pretrained for random ones"
 
 
-class DecoderError(InputError):
-    """A GPU decoder that cannot run here, or that failed its check against FFmpeg.
-
-    Attributes:
-        decoder: ``nvjpeg`` or ``nvdec`` (or ``ffmpeg`` for a failed check).
-    """
-
-    def __init__(self, message: str, decoder: str) -> None:
-        super().__init__(message)
-        self.decoder = decoder
-
-
-class ImageDecodeError(BenchmarkError):
+class ImageDecodeError(Exception):
     """An image that could not be read or decoded.
 
     Attributes:
@@ -263,72 +176,24 @@ class ImageDecodeError(BenchmarkError):
         return type(self), (self.path, self.reason)
 
 
-class RunStopped(BenchmarkError):
+class RunStopped(Exception):
     """A run that ended before every listed image was classified or failed.
 
     Attributes:
+        kind: Why: ``bad_image`` (the policy is strict), ``too_many_bad``, ``stalled`` (no batch
+            within the loader's time-out), ``incomplete`` (the loader ended early), ``loader``
+            (it failed), ``out_of_memory``, ``model`` (the model failed on a batch) or ``peer``
+            (another rank of a torchrun job stopped).
+        advice: What to do about it, in the command line's words ("" for none).
+        where: For ``stalled``: what the decode stage was doing.
         result: The partial :py:class:`RunResult`, set by :py:func:`benchmark` (None when
             raised outside it).
     """
 
-    result: RunResult | None = None
-
-
-class BadImage(RunStopped):
-    """An image could not be decoded and the policy is strict (see :py:class:`BadImagePolicy`)."""
-
-    def __init__(self, error: ImageDecodeError) -> None:
-        super().__init__(f"cannot decode {error.path}: {error.reason}")
-        self.path, self.reason = error.path, error.reason
-
-
-class TooManyBadImages(RunStopped):
-    """More images failed to decode than the policy allows."""
-
-    def __init__(self, failed: int, limit: int) -> None:
-        super().__init__(f"{failed} images failed to decode, more than the {limit} allowed")
-        self.failed, self.limit = failed, limit
-
-
-class LoaderStalled(RunStopped):
-    """No batch arrived within the loader's time-out.
-
-    Attributes:
-        stuck_on: ``(path, seconds)`` of the image a decode thread has been on the longest, or
-            None if no decode was in progress (the source was not delivering).
-    """
-
-    def __init__(self, stuck_on: tuple[str, float] | None) -> None:
-        if stuck_on is None:
-            where = "the decode stage is idle, waiting for the list source"
-        else:
-            where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.0f} s"
-        super().__init__(f"no batch within the loader's time-out: {where}")
-        self.stuck_on, self.where = stuck_on, where
-
-
-class LoaderIncomplete(RunStopped):
-    """The loader ended without delivering every listed image."""
-
-
-class LoaderFailed(RunStopped):
-    """The loader failed for a reason other than a bad image (see the log for SPDL's details)."""
-
-
-class OutOfMemory(RunStopped):
-    """The model ran out of memory on a batch."""
-
-    def __init__(self, device: torch.device, batch_size: int) -> None:
-        super().__init__(f"out of memory on {device} with a batch of {batch_size} images")
-        self.device, self.batch_size = device, batch_size
-
-
-class ModelFailed(RunStopped):
-    """The model failed on a batch (a compile error, a kernel error)."""
-
-
-class PeerStopped(RunStopped):
-    """Another rank of a torchrun job stopped or died."""
+    def __init__(self, message: str, kind: str, advice: str = "", where: str = "") -> None:
+        super().__init__(message)
+        self.kind, self.advice, self.where = kind, advice, where
+        self.result: RunResult | None = None
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -567,9 +432,9 @@ def _class_table() -> tuple[tuple[str, str], ...]:
     try:
         rows = [line.split("\t") for line in CLASS_TSV.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
-        raise FileListError(f"{CLASS_TSV}: cannot read the class table ({e})") from None
+        raise InputError(f"{CLASS_TSV}: cannot read the class table ({e})") from None
     if [row[0] for row in rows] != [str(i) for i in range(NUM_CLASSES)] or any(len(row) != 3 for row in rows):
-        raise FileListError(f"{CLASS_TSV}: not the {NUM_CLASSES} classes as 'index<TAB>wnid<TAB>name' lines")
+        raise InputError(f"{CLASS_TSV}: not the {NUM_CLASSES} classes as 'index<TAB>wnid<TAB>name' lines")
     return tuple((wnid, name.strip()) for _, wnid, name in rows)
 
 
@@ -640,7 +505,7 @@ class ImageList:
         return replace(self, paths=self.paths[rank::world_size], labels=self.labels[rank::world_size])
 
 
-class Labels(dict):
+class _Labels(dict):
     """Class index by image name (file name without its extension), and the file it came from."""
 
     def __init__(self, origin: str, by_name: dict[str, int]) -> None:
@@ -656,11 +521,11 @@ def _parse_label(text: str, where: str) -> int | None:
     """A label field: a WordNet ID or a class index (0-999); None if ``text`` is neither."""
     if _WNID.fullmatch(text):
         if (index := _class_index().get(text)) is None:
-            raise FileListError(f"{where}: {text} is not one of the {NUM_CLASSES} ImageNet classes")
+            raise InputError(f"{where}: {text} is not one of the {NUM_CLASSES} ImageNet classes")
         return index
     if re.fullmatch(r"[+-]?\d+", text):
         if not 0 <= int(text) < NUM_CLASSES:
-            raise FileListError(f"{where}: class index {text} is out of range (0-{NUM_CLASSES - 1})")
+            raise InputError(f"{where}: class index {text} is out of range (0-{NUM_CLASSES - 1})")
         return int(text)
     return None
 
@@ -669,41 +534,41 @@ def _text_lines(path: Path | str) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` of each line of a text file (``-``: standard input), read once.
 
     Raises:
-        FileListError: the file is missing, a folder, unreadable, not UTF-8 text, or not a list
+        InputError: the file is missing, a folder, unreadable, not UTF-8 text, or not a list
             of lines at all (a line longer than any path, as ``/dev/zero`` gives).
     """
     name = "<stdin>" if str(path) == "-" else str(path)
     try:
         f = sys.stdin.buffer if name == "<stdin>" else open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
-        raise FileListError(f"{name}: no such file") from None
+        raise InputError(f"{name}: no such file") from None
     except IsADirectoryError:
-        raise FileListError(f"{name}: is a folder, not a file") from None
+        raise InputError(f"{name}: is a folder, not a file") from None
     except OSError as e:
-        raise FileListError(f"{name}: cannot read it ({e.strerror or e})") from None
+        raise InputError(f"{name}: cannot read it ({e.strerror or e})") from None
     try:
         for lineno in itertools.count(1):
             try:
                 raw = f.readline(_MAX_LINE_BYTES)
             except OSError as e:
-                raise FileListError(f"{name}: cannot read it ({e.strerror or e})") from None
+                raise InputError(f"{name}: cannot read it ({e.strerror or e})") from None
             if not raw:
                 return
             if len(raw) == _MAX_LINE_BYTES and not raw.endswith(b"\n") or b"\0" in raw:
-                raise FileListError(
+                raise InputError(
                     f"{name}:{lineno}: binary data or a line over {_MAX_LINE_BYTES} bytes: not a text list"
                 )
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError:
-                raise FileListError(f"{name}:{lineno}: not UTF-8 text") from None
+                raise InputError(f"{name}:{lineno}: not UTF-8 text") from None
             yield lineno, text.removeprefix("\ufeff") if lineno == 1 else text
     finally:
         if f is not sys.stdin.buffer:
             f.close()
 
 
-def read_labels(path: Path | str) -> Labels:
+def read_labels(path: Path | str) -> _Labels:
     """Read labels for a flat folder of images, by image name.
 
     Two formats: Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``; the first
@@ -711,7 +576,7 @@ def read_labels(path: Path | str) -> Labels:
     label is a WordNet ID or a class index. Names are matched without their extension.
 
     Raises:
-        FileListError: an unreadable file or a bad line, named with its line number.
+        InputError: an unreadable file or a bad line, named with its line number.
     """
     by_name: dict[str, int] = {}
     for lineno, line in _text_lines(path):
@@ -728,11 +593,11 @@ def read_labels(path: Path | str) -> Labels:
             fields = [last] if last else []
         label = _parse_label(fields[0], where) if fields else None
         if label is None:
-            raise FileListError(f"{where}: expected 'name label' or 'ImageId,WNID …', got {text!r}")
+            raise InputError(f"{where}: expected 'name label' or 'ImageId,WNID …', got {text!r}")
         by_name[_image_name(name.strip())] = label
     if not by_name:
-        raise FileListError(f"{path}: no labels in it")
-    return Labels(str(path), by_name)
+        raise InputError(f"{path}: no labels in it")
+    return _Labels(str(path), by_name)
 
 
 def _split_last(text: str) -> tuple[str, str, str]:
@@ -742,7 +607,7 @@ def _split_last(text: str) -> tuple[str, str, str]:
 
 
 def read_file_list(
-    path: Path | str, prefix: str = "", max_samples: int | None = None, *, labels: Labels | None = None
+    path: Path | str, prefix: str = "", max_samples: int | None = None, *, labels: _Labels | None = None
 ) -> ImageList:
     """Read a file list once, checking every line.
 
@@ -762,7 +627,7 @@ def read_file_list(
         labels: From :py:func:`read_labels`, for a list of a flat folder's files.
 
     Raises:
-        FileListError: the list is unreadable or empty, or a line is bad (named with its number).
+        InputError: the list is unreadable or empty, or a line is bad (named with its number).
     """
     name = "<stdin>" if str(path) == "-" else str(path)
     paths: list[str] = []
@@ -780,27 +645,27 @@ def read_file_list(
             first_with_column = label is not None
         if (label is not None) != first_with_column:
             has = "has no label column" if label is None else "has a label column"
-            raise FileListError(f"{where}: {has}, unlike the list's first line (a list mixes nothing)")
+            raise InputError(f"{where}: {has}, unlike the list's first line (a list mixes nothing)")
         if label is None:
             label = _label_from_path(text, where, labels)
         elif labels is not None:
-            raise FileListError(f"{where}: has a label column; labels by file name are for lists without one")
+            raise InputError(f"{where}: has a label column; labels by file name are for lists without one")
         paths.append(prefix + (before if first_with_column else text))
         classes.append(label)
     if not paths:
-        raise FileListError(f"{name}: the file list has no image paths")
+        raise InputError(f"{name}: the file list has no image paths")
     return ImageList(tuple(paths), tuple(classes), name)
 
 
-def _label_from_path(text: str, where: str, labels: Labels | None) -> int:
+def _label_from_path(text: str, where: str, labels: _Labels | None) -> int:
     if labels is not None:
         if (label := labels.get(_image_name(text))) is None:
-            raise FileListError(f"{where}: {labels.origin} has no label for {_image_name(text)!r}")
+            raise InputError(f"{where}: {labels.origin} has no label for {_image_name(text)!r}")
         return label
     try:
         wnid = parse_wnid(text)
     except ValueError:
-        raise FileListError(f"{where}: no WordNet ID (nXXXXXXXX) in {text!r}, and no label column") from None
+        raise InputError(f"{where}: no WordNet ID (nXXXXXXXX) in {text!r}, and no label column") from None
     label = _parse_label(wnid, where)
     assert label is not None  # a WordNet ID is a label or an error
     return label
@@ -821,7 +686,7 @@ def _image_files(folder: str) -> Iterator[str]:
         yield from (os.path.join(path, name) for name in names)
 
 
-def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: Labels | None = None) -> ImageList:
+def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: _Labels | None = None) -> ImageList:
     """List a folder's images as torchvision's ``ImageFolder`` and timm's folder dataset do.
 
     Without ``labels``, ``root`` holds one folder per class, named by its WordNet ID (ImageNet's
@@ -830,12 +695,12 @@ def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: Lab
     (:py:data:`IMAGE_EXTENSIONS`) matched case-insensitively, hidden files skipped.
 
     Raises:
-        FileListError: no such folder, a class folder that is not an ImageNet WordNet ID, an
+        InputError: no such folder, a class folder that is not an ImageNet WordNet ID, an
             image without a label, or no images at all.
     """
     root = str(root)
     if not os.path.isdir(root):
-        raise FileListError(f"{root}: no such folder")
+        raise InputError(f"{root}: no such folder")
     _class_index()  # read before the listing, whose OSErrors name the folder
     paths: list[str] = []
     classes: list[int] = []
@@ -849,13 +714,13 @@ def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: Lab
                 paths.append(path)
                 classes.append(label if label is not None else _label_from_path(path, path, labels))
     except OSError as e:
-        raise FileListError(f"{root}: cannot list it ({e.strerror or e})") from None
+        raise InputError(f"{root}: cannot list it ({e.strerror or e})") from None
     if not paths:
-        raise FileListError(f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) in it")
+        raise InputError(f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) in it")
     return ImageList(tuple(paths), tuple(classes), root)
 
 
-def _class_folders(root: str, labels: Labels | None) -> list[tuple[str, int | None]]:
+def _class_folders(root: str, labels: _Labels | None) -> list[tuple[str, int | None]]:
     """``(folder, class index)`` to list: each class folder of ``root``, or ``root`` itself with
     labels by file name (index None)."""
     if labels is not None:
@@ -863,13 +728,13 @@ def _class_folders(root: str, labels: Labels | None) -> list[tuple[str, int | No
     with os.scandir(root) as it:
         top = sorted((e for e in it if e.name[0] != "."), key=lambda e: e.name)
     if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()), None):
-        raise FileListError(
+        raise InputError(
             f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels"
         )
     folders = []
     for entry in (e for e in top if e.is_dir()):
         if (label := _class_index().get(entry.name)) is None:
-            raise FileListError(f"{entry.path}: the folder name is not one of the {NUM_CLASSES} ImageNet WordNet IDs")
+            raise InputError(f"{entry.path}: the folder name is not one of the {NUM_CLASSES} ImageNet WordNet IDs")
         folders.append((entry.path, label))
     return folders
 
@@ -897,22 +762,22 @@ def source(
         rank, world_size: Yield only this rank's shard: images ``rank, rank + world_size, …``.
 
     Raises:
-        FileListError: a bad line; the message names the list file and line number.
+        InputError: a bad line; the message names the list file and line number.
     """
     yield from read_file_list(path, prefix, _limit(max_samples)).shard(rank, world_size)
 
 
-def count_list(path: Path | str, max_samples: float | None = None) -> int:
+def _count_list(path: Path | str, max_samples: float | None = None) -> int:
     """How many images a file list holds (at most ``max_samples``), checking every line.
 
     Raises:
-        FileListError: the list is missing, unreadable or empty, or a line is bad.
+        InputError: the list is missing, unreadable or empty, or a line is bad.
     """
     return len(read_file_list(path, max_samples=_limit(max_samples)))
 
 
 @dataclass(frozen=True)
-class Shard:
+class _Shard:
     """This process's place in a torchrun job (rank 0 of 1 outside torchrun)."""
 
     rank: int = 0
@@ -920,7 +785,7 @@ class Shard:
     local_rank: int = 0
 
     @classmethod
-    def from_env(cls) -> Shard:
+    def from_env(cls) -> _Shard:
         """Read RANK, WORLD_SIZE and LOCAL_RANK, which torchrun sets for each process."""
         env = os.environ
         return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
@@ -983,7 +848,7 @@ def _resident_bytes(fd: int, size: int) -> int | None:
 
 
 @dataclass
-class PageCache:
+class _PageCache:
     """How much of the listed files' data was in the page cache before a run, and after
     ``--cold-cache`` evicted it. Only file data is evicted: directory entries and inodes stay.
 
@@ -1024,7 +889,7 @@ class PageCache:
         return {**asdict(self), "resident": self.resident, "resident_after": self.resident_after}
 
     @classmethod
-    def total(cls, parts: Sequence[PageCache]) -> PageCache:
+    def total(cls, parts: Sequence[_PageCache]) -> _PageCache:
         """The sum of every rank's ``PageCache``: a count unknown on one rank is unknown."""
 
         def add(name: str) -> int | None:
@@ -1061,11 +926,11 @@ def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] 
         os.close(fd)
 
 
-def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> PageCache:
+def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> _PageCache:
     """Measure how much of each file's data is in the page cache; with ``evict``, drop it from
     the cache (``POSIX_FADV_DONTNEED``: no root needed) and measure again. A path that cannot be
     opened, or is no regular file, is counted in ``skipped``, not fatal."""
-    cache = PageCache(evict, resident_after_bytes=0 if evict else None)
+    cache = _PageCache(evict, resident_after_bytes=0 if evict else None)
     for path in paths:
         examined = _examine_file(path, evict)
         if examined is None:
@@ -1089,13 +954,13 @@ def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> PageCache:
 _FFMPEG_SCALE_FLAGS = {"bilinear": "bilinear", "bicubic": "bicublin", "nearest": "neighbor", "lanczos": "lanczos"}
 
 
-def pretrained_config(model_name: str) -> dict:
+def _pretrained_config(model_name: str) -> dict:
     """timm's pretrained config of a model name (``name``, ``name.tag``, ``hf-hub:…`` or
     ``local-dir:…``), read without building the model: input size, crop, interpolation,
     normalisation, number of classes. An ``hf-hub:`` name needs the hub (or its cache).
 
     Raises:
-        ModelError: not a timm model, or a source whose config cannot be read.
+        InputError: not a timm model, or a source whose config cannot be read.
     """
     import timm
     from timm.models import _hub, get_pretrained_cfg
@@ -1107,21 +972,21 @@ def pretrained_config(model_name: str) -> dict:
         elif source == "local-dir":
             config = _hub.load_model_config_from_path(model_id)[0]
         elif source or not model_name or not timm.is_model(model_name):
-            raise ModelError(f"{model_name!r} is not a timm model", "name")
+            raise InputError(f"{model_name!r} is not a timm model", "--model")
         else:
             config = get_pretrained_cfg(model_name)
     except (OSError, ValueError, KeyError, TypeError) as e:  # unreachable hub, bad config.json
-        raise ModelError(f"{model_name}: cannot read its config ({type(e).__name__}: {e})", "config") from None
+        raise InputError(f"{model_name}: cannot read its config ({type(e).__name__}: {e})", "--model") from None
     return config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
 
 
 def _check_imagenet_head(model_name: str, num_classes: int | None) -> None:
     """The model predicts ImageNet-1k's 1000 classes, which the labels index."""
     if num_classes is not None and num_classes != NUM_CLASSES:
-        raise ModelError(
+        raise InputError(
             f"{model_name} has {num_classes} output classes, not ImageNet-1k's {NUM_CLASSES}: the accuracy "
             "would be meaningless; pick a model or tag trained or fine-tuned on ImageNet-1k (…in1k)",
-            "name",
+            "--model",
         )
 
 
@@ -1159,16 +1024,16 @@ class EvalTransform:
         """The same, from timm's pretrained config for a model name, without building the model.
 
         Raises:
-            ModelError: not a timm model, or a transform this loader does not reproduce.
+            InputError: not a timm model, or a transform this loader does not reproduce.
         """
         import timm.data
 
-        config = pretrained_config(model_name)
+        config = _pretrained_config(model_name)
         return cls._from_data_config(timm.data.resolve_data_config(overrides or {}, pretrained_cfg=config))
 
     @classmethod
     def _from_data_config(cls, cfg: dict) -> EvalTransform:
-        """From timm's resolved data config; ModelError for a transform this loader does not do."""
+        """From timm's resolved data config; InputError for a transform this loader does not do."""
         height, width = cfg["input_size"][-2:]
         crop_mode = cfg.get("crop_mode") or "center"
         interpolation = str(cfg["interpolation"])
@@ -1180,7 +1045,7 @@ class EvalTransform:
         if crop_mode not in ("center", "squash"):
             reasons.append(f"its crop mode {crop_mode!r} is neither center nor squash")
         if reasons:
-            raise ModelError(f"its evaluation transform cannot be reproduced here: {'; '.join(reasons)}", "name")
+            raise InputError(f"its evaluation transform cannot be reproduced here: {'; '.join(reasons)}", "--model")
         return cls(
             size=int(width),
             crop_pct=float(cfg["crop_pct"]),
@@ -1227,8 +1092,8 @@ class EvalTransform:
             inside = f"crop={min(new_w, self.size)}:{min(new_h, self.size)}:{max(left, 0)}:{max(top, 0)}"
             return (f"scale={new_w}:{new_h}:flags={flags}:in_range=full,format=gbrp,{inside},"
                     f"pad={self.size}:{self.size}:{max(-left, 0)}:{max(-top, 0)}:color=black,format=rgb24")  # fmt: skip
-        x0, src_w, out_w, pad_x = resize_region(width, new_w, left, self.size)
-        y0, src_h, out_h, pad_y = resize_region(height, new_h, top, self.size)
+        x0, src_w, out_w, pad_x = _resize_region(width, new_w, left, self.size)
+        y0, src_h, out_h, pad_y = _resize_region(height, new_h, top, self.size)
         # exact=1: keep an odd full side as it is (the other side's region is even-sized).
         region = "" if (src_w, src_h) == (width, height) else f"crop={src_w}:{src_h}:{x0}:{y0}:exact=1,"
         crop = f"crop={self.size}:{self.size}:{pad_x}:{pad_y}"
@@ -1249,7 +1114,7 @@ def _crop_start(length: int, crop: int) -> int:
 REGION_TOLERANCE = 0.06  # source pixels
 
 
-def resize_region(length: int, resized: int, offset: int, crop: int) -> tuple[int, int, int, int]:
+def _resize_region(length: int, resized: int, offset: int, crop: int) -> tuple[int, int, int, int]:
     """Along one side: the part of a frame to resize so that a crop of the resized frame comes
     out as if the whole frame had been resized, with less work.
 
@@ -1302,10 +1167,10 @@ def _best_region(length: int, resized: int, offset: int, crop: int, ratio: float
 class BadImagePolicy:
     """What a run does with images that cannot be decoded, and the record of those it met.
 
-    Strict (the default): the run stops at the first bad image (:py:class:`BadImage`). With
+    Strict (the default): the run stops at the first bad image (a RunStopped of kind ``bad_image``). With
     ``skip=True``, each bad image is left out of its batch alone (its batch-mates are kept,
     labels stay aligned) and counted; ``max_bad`` (a count) or ``max_bad_percent`` (of the images
-    listed, rounded down) then stop the run (:py:class:`TooManyBadImages`) once more failed.
+    listed, rounded down) then stop the run (``too_many_bad``) once more failed.
 
     Decode functions record here, from their threads, each failure, each image a GPU decoder
     handed to FFmpeg, and the image each thread is on (which says where a stalled run is stuck);
@@ -1383,7 +1248,7 @@ class BadImagePolicy:
             return list(self._failures)
 
     def check(self, listed: int | None = None, seen: Sequence[ImageDecodeError] | None = None) -> None:
-        """Raise :py:class:`BadImage` or :py:class:`TooManyBadImages` if the run must stop.
+        """Raise RunStopped (``bad_image``, ``too_many_bad``) if the run must stop.
 
         Args:
             listed: The images listed, for a limit in percent.
@@ -1394,9 +1259,11 @@ class BadImagePolicy:
         if not failures:
             return
         if not self.skip:
-            raise BadImage(failures[0])
+            raise RunStopped(f"cannot decode {failures[0].path}: {failures[0].reason}", "bad_image",
+                             "--skip-bad skips such images")
         if (limit := self.limit(listed)) is not None and len(failures) > limit:
-            raise TooManyBadImages(len(failures), limit)
+            raise RunStopped(f"{len(failures)} images failed to decode, more than --max-bad allows ({limit})",
+                             "too_many_bad")
 
     @contextlib.contextmanager
     def working_on(self, path: str) -> Iterator[None]:
@@ -1436,7 +1303,7 @@ def _decoder_errors(path: str, decoder: str, also: tuple[type[BaseException], ..
         raise ImageDecodeError(path, f"{decoder} cannot decode it: {_spdl_reason(e)}") from None
 
 
-def read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
+def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
     """Read one image file whole, after checking that it is one.
 
     Only a regular file is read (a folder, a FIFO or a device such as ``/dev/zero`` is refused
@@ -1475,7 +1342,7 @@ def read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
         raise ImageDecodeError(path, f"file over the {max_bytes / 2**20:g} MiB limit")
     if not data:
         raise ImageDecodeError(path, "empty file (0 bytes)")
-    if data[:2] == b"\xff\xd8" and jpeg_truncated(data):
+    if data[:2] == b"\xff\xd8" and _jpeg_truncated(data):
         raise ImageDecodeError(path, "truncated JPEG (no end-of-image marker)")
     return data
 
@@ -1489,7 +1356,7 @@ _SOS = 0xDA  # start of scan
 
 
 @dataclass(frozen=True)
-class JpegHeader:
+class _JpegHeader:
     """What a JPEG's frame header says.
 
     Attributes:
@@ -1556,7 +1423,7 @@ def _jpeg_frame(data: bytes) -> tuple[int, int, int, int, int] | None:
     return None
 
 
-def parse_jpeg_header(data: bytes) -> JpegHeader | None:
+def _parse_jpeg_header(data: bytes) -> _JpegHeader | None:
     """The frame header of JPEG data, or None if the data is not JPEG or has no frame header
     before its first scan (corrupt)."""
     frame = _jpeg_frame(data)
@@ -1565,10 +1432,10 @@ def parse_jpeg_header(data: bytes) -> JpegHeader | None:
     marker, offset, width, height, components = frame
     table = data[offset + 10 : offset + 10 + 3 * components]
     sampling = tuple((table[i + 1] >> 4, table[i + 1] & 15) for i in range(0, len(table) - 2, 3))
-    return JpegHeader(marker, width, height, components, sampling)
+    return _JpegHeader(marker, width, height, components, sampling)
 
 
-def jpeg_truncated(data: bytes) -> bool:
+def _jpeg_truncated(data: bytes) -> bool:
     """Whether JPEG data ends before its image does: it does not end with the end-of-image
     marker, and none follows the start of the image's first scan. Data after the image's end (a
     camera's trailer, a second image) is fine, as PIL has it."""
@@ -1586,7 +1453,7 @@ _JPEG_START = b"\xff\xd8\xff"  # start-of-image marker, then the next marker
 _PNG_START = b"\x89PNG\r\n\x1a\n"
 
 
-class FilterGraphCache:
+class _FilterGraphCache:
     """Per-thread FFmpeg filter graphs for one transform, one per input size and pixel format.
 
     Setting up a filter graph costs about as much as decoding a typical ImageNet JPEG, so each
@@ -1611,7 +1478,7 @@ class FilterGraphCache:
         graph = graphs.pop(key, None)
         keep = graph is not None or seen.pop(key, False) is None
         if graph is None:
-            graph = filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
+            graph = _filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
         graph.add_frames(frames)
         output = graph.get_frames()
         if keep:  # only a graph that worked goes into the cache
@@ -1627,7 +1494,7 @@ class FilterGraphCache:
         return output
 
 
-def filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.FilterGraph:
+def _filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.FilterGraph:
     """A filter graph from frames of this size and pixel format through ``chain``.
 
     Set up by SPDL's ``make_filter_graph``, which releases the GIL while FFmpeg parses and
@@ -1638,7 +1505,7 @@ def filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.F
 
 
 @functools.cache
-def ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig]:
+def _ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig]:
     """How JPEG data is demuxed and decoded. Made on first use, not at import: making a config
     loads SPDL's native library.
 
@@ -1659,7 +1526,7 @@ def ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig]:
     return demux_config, spdl.io.decode_config(decoder_options=options)
 
 
-def decode_frames(data: bytes) -> spdl.io.ImageFrames:
+def _decode_frames(data: bytes) -> spdl.io.ImageFrames:
     """Demux and decode one image's JPEG or PNG data with FFmpeg, in the image's own pixel format.
 
     JPEG data goes straight to FFmpeg's JPEG demuxer as one packet and is decoded as
@@ -1671,7 +1538,7 @@ def decode_frames(data: bytes) -> spdl.io.ImageFrames:
     """
     # SPDL's native calls, as spdl.io.demux_image and decode_packets make them, without their
     # Python wrappers (a Demuxer object, a context manager, a usage log) around each image.
-    demux_config, decode_config = ffmpeg_jpeg_configs() if data.startswith(_JPEG_START) else (None, None)
+    demux_config, decode_config = _ffmpeg_jpeg_configs() if data.startswith(_JPEG_START) else (None, None)
     demuxer = _libspdl.make_demuxer(memoryview(data), demux_config=demux_config)
     try:
         packets = demuxer.demux_image(bsf=None)
@@ -1683,7 +1550,7 @@ def decode_frames(data: bytes) -> spdl.io.ImageFrames:
 _PIL_RESAMPLE = {"bilinear": 2, "bicubic": 3, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
 
 
-def decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) -> Any:
+def _decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) -> Any:
     """Decode one image with PIL, resize and crop it as ``transform`` says: uint8 ``size x size x 3``
     (a numpy array). This is what timm's validation does; it is also the decoder for the
     containers FFmpeg is not used for, and the DataLoader baseline's.
@@ -1694,7 +1561,7 @@ def decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) -
     import numpy as np
     from PIL import Image
 
-    data = read_image_bytes(path) if data is None else data
+    data = _read_image_bytes(path) if data is None else data
     with _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
         try:
             opened = Image.open(io.BytesIO(data))
@@ -1721,11 +1588,11 @@ def _ffmpeg_takes(data: bytes, frame_type: int | None) -> bool:
 _ARITHMETIC_SOF = frozenset({0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 
 
-def image_size(data: bytes) -> tuple[int, int] | None:
+def _image_size(data: bytes) -> tuple[int, int] | None:
     """``(width, height)`` from a JPEG's frame header or a PNG's IHDR, before any decoding."""
     if data.startswith(_PNG_START) and len(data) >= 24:
         return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    header = parse_jpeg_header(data)
+    header = _parse_jpeg_header(data)
     return (header.width, header.height) if header else None
 
 
@@ -1759,15 +1626,15 @@ def _pil_rgb(image: Any) -> Any:
     return image.convert("RGB")
 
 
-def crop_on_cpu(path: str, data: bytes, graphs: FilterGraphCache) -> spdl.io.VideoFrames | Any:
+def _crop_on_cpu(path: str, data: bytes, graphs: _FilterGraphCache) -> spdl.io.VideoFrames | Any:
     """One image decoded, resized and cropped on the CPU: an RGB frame from FFmpeg, or a numpy
     array from PIL for the data FFmpeg is not used for (see :py:func:`_ffmpeg_takes`)."""
     frame = _jpeg_frame(data)  # the header read once: which decoder, and the size to check
     if not _ffmpeg_takes(data, frame and frame[0]):
-        return decode_pil(path, graphs.transform, data)
-    _check_size(path, frame[2:4] if frame else image_size(data), graphs.transform)
+        return _decode_pil(path, graphs.transform, data)
+    _check_size(path, frame[2:4] if frame else _image_size(data), graphs.transform)
     try:  # what _decoder_errors does, without a context manager's objects for every image
-        frames = decode_frames(data)
+        frames = _decode_frames(data)
         # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion.
         if frames.width <= 0:
             raise ValueError("no frame decoded (corrupt data)")
@@ -1790,15 +1657,15 @@ def _image_tensor(image: spdl.io.VideoFrames | Any) -> Tensor:
     return torch.from_numpy(image.copy())
 
 
-def decode_cpu_image(path: str, graphs: FilterGraphCache, device: torch.device, data: bytes | None = None) -> Tensor:
+def _decode_cpu_image(path: str, graphs: _FilterGraphCache, device: torch.device, data: bytes | None = None) -> Tensor:
     """One image decoded on the CPU (as the FFmpeg loader decodes it) as uint8 ``3 x size x size``
     on ``device``: a GPU decoder's fallback for images it cannot take.
 
     Raises:
         ImageDecodeError: the image cannot be read or decoded.
     """
-    data = read_image_bytes(path) if data is None else data
-    return _image_tensor(crop_on_cpu(path, data, graphs)).permute(2, 0, 1).to(device)
+    data = _read_image_bytes(path) if data is None else data
+    return _image_tensor(_crop_on_cpu(path, data, graphs)).permute(2, 0, 1).to(device)
 
 
 ################################################################################
@@ -1806,7 +1673,7 @@ def decode_cpu_image(path: str, graphs: FilterGraphCache, device: torch.device, 
 ################################################################################
 
 
-class Batch(tuple):
+class _Batch(tuple):
     """A decoded batch, unpacked as ``images, labels = batch``: images uint8 ``N x 3 x S x S``
     (RGB, channels-last in memory), labels int64 ``N x 1``, both on the device. ``paths`` names
     the image of each row; ``failures`` are the batch's images that could not be decoded, left
@@ -1817,7 +1684,7 @@ class Batch(tuple):
 
     def __new__(
         cls, images: Tensor, labels: Tensor, paths: Sequence[str] = (), failures: Sequence[ImageDecodeError] = ()
-    ) -> Batch:
+    ) -> _Batch:
         batch = super().__new__(cls, (images, labels))
         batch.paths, batch.failures = tuple(paths), tuple(failures)
         return batch
@@ -1830,12 +1697,12 @@ def _label_tensor(labels: list[int], device: torch.device) -> Tensor:
     return torch.tensor(labels, dtype=torch.int64).view(-1, 1).to(device, non_blocking=True)
 
 
-def _empty_batch(transform: EvalTransform, device: torch.device, failures: Sequence[ImageDecodeError]) -> Batch:
+def _empty_batch(transform: EvalTransform, device: torch.device, failures: Sequence[ImageDecodeError]) -> _Batch:
     images = torch.empty((0, transform.size, transform.size, 3), dtype=torch.uint8, device=device)
-    return Batch(images.permute(0, 3, 1, 2), _label_tensor([], device), (), failures)
+    return _Batch(images.permute(0, 3, 1, 2), _label_tensor([], device), (), failures)
 
 
-def decode_items(
+def _decode_items(
     items: Sequence[tuple[str, int]],
     decode_one: Callable[[str], Any],
     policy: BadImagePolicy | None,
@@ -1871,16 +1738,16 @@ def decode_items(
 
 def _ffmpeg_decode_func(
     transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int
-) -> Callable[[Sequence[tuple[str, int]]], Batch]:
-    cuda_config = spdl_cuda_config(device) if device.type == "cuda" else None
-    graphs = FilterGraphCache(transform)
+) -> Callable[[Sequence[tuple[str, int]]], _Batch]:
+    cuda_config = _spdl_cuda_config(device) if device.type == "cuda" else None
+    graphs = _FilterGraphCache(transform)
 
     def decode_one(path: str) -> Any:
-        return crop_on_cpu(path, read_image_bytes(path, max_bytes), graphs)
+        return _crop_on_cpu(path, _read_image_bytes(path, max_bytes), graphs)
 
-    def decode_batch_ffmpeg(items: Sequence[tuple[str, int]]) -> Batch:
+    def decode_batch_ffmpeg(items: Sequence[tuple[str, int]]) -> _Batch:
         failures: list[ImageDecodeError] = []
-        crops, labels, paths = decode_items(items, decode_one, policy, failures)
+        crops, labels, paths = _decode_items(items, decode_one, policy, failures)
         if not crops:
             return _empty_batch(transform, device, failures)
         if cuda_config is not None and all(isinstance(c, _libspdl.VideoFrames) for c in crops):
@@ -1889,7 +1756,7 @@ def _ffmpeg_decode_func(
         else:
             images = _to_hwc(crops).to(device)
         # NHWC memory seen as NCHW: the channels-last layout convolutions prefer.
-        return Batch(images.permute(0, 3, 1, 2), _label_tensor(labels, device), paths, failures)
+        return _Batch(images.permute(0, 3, 1, 2), _label_tensor(labels, device), paths, failures)
 
     return decode_batch_ffmpeg
 
@@ -1925,7 +1792,7 @@ def _spdl_cuda_error() -> str | None:
     return None
 
 
-def spdl_cuda_config(device: torch.device, stream: torch.cuda.Stream | None = None) -> spdl.io.CUDAConfig:
+def _spdl_cuda_config(device: torch.device, stream: torch.cuda.Stream | None = None) -> spdl.io.CUDAConfig:
     """SPDL's CUDA config: allocations through torch's caching allocator, work on ``stream``
     (default: SPDL's per-thread default stream)."""
     kwargs = {} if stream is None else {"stream": stream.cuda_stream}
@@ -1951,7 +1818,7 @@ class _ThreadStreams:
             return None, None
         if not hasattr(self._local, "stream"):
             self._local.stream = torch.cuda.Stream(self.device)
-            self._local.config = spdl_cuda_config(self.device, self._local.stream)
+            self._local.config = _spdl_cuda_config(self.device, self._local.stream)
         return self._local.stream, self._local.config
 
     @contextlib.contextmanager
@@ -1965,7 +1832,7 @@ class _ThreadStreams:
         stream.synchronize()
 
 
-def resize_crop_on_device(image: Tensor, transform: EvalTransform, size: tuple[int, int] | None = None) -> Tensor:
+def _resize_crop_on_device(image: Tensor, transform: EvalTransform, size: tuple[int, int] | None = None) -> Tensor:
     """Resize a ``3 x H x W`` image on its device and centre-crop it, as the CPU path does:
     antialiased, with the geometry of an image of ``size`` (width, height; default: its own).
     torch's antialiased bicubic is PIL's; torch has no lanczos, so bicubic stands in for it."""
@@ -2005,7 +1872,7 @@ def _resize_crop_groups(images: Sequence[Tensor], transform: EvalTransform) -> l
     return [out[i] for i in range(len(images))]
 
 
-def nv12_to_rgb(nv12: Tensor) -> Tensor:
+def _nv12_to_rgb(nv12: Tensor) -> Tensor:
     """Full-range BT.601 (JFIF) NV12 to RGB: a JPEG's colours, as libjpeg and FFmpeg give them.
 
     Args:
@@ -2023,7 +1890,7 @@ def nv12_to_rgb(nv12: Tensor) -> Tensor:
     return torch.stack([y + 1.402 * v, y - 0.344136 * u - 0.714136 * v, y + 1.772 * u]).clamp_(0, 255)
 
 
-def nvdec_can_take(header: JpegHeader | None) -> bool:
+def _nvdec_can_take(header: _JpegHeader | None) -> bool:
     """NVDEC decodes sequential (baseline or extended) 8-bit 4:2:0 JPEGs within its size range."""
     return (
         header is not None
@@ -2034,7 +1901,7 @@ def nvdec_can_take(header: JpegHeader | None) -> bool:
     )
 
 
-def _nvjpeg_can_take(header: JpegHeader | None) -> bool:
+def _nvjpeg_can_take(header: _JpegHeader | None) -> bool:
     """nvJPEG takes baseline, extended and progressive JPEGs of 1 or 3 components; CMYK decodes
     to wrong colours without an error, so it goes to FFmpeg."""
     return header is not None and header.frame_type in (0xC0, 0xC1, 0xC2) and header.components in (1, 3)
@@ -2043,14 +1910,14 @@ def _nvjpeg_can_take(header: JpegHeader | None) -> bool:
 def _nvjpeg_takes(data: bytes, transform: EvalTransform) -> bool:
     """nvJPEG is given the JPEGs it takes (:py:func:`_nvjpeg_can_take`) within the size limits;
     the CPU refuses the others, naming the limit (see :py:func:`_check_size`)."""
-    header = parse_jpeg_header(data)
+    header = _parse_jpeg_header(data)
     if not _nvjpeg_can_take(header) or min(header.width, header.height) <= 0:
         return False
     new_w, new_h, _, _ = transform.geometry(header.width, header.height)
     return max(header.width * header.height, new_w * new_h) <= MAX_IMAGE_PIXELS
 
 
-def first_jpeg_image(data: bytes) -> bytes:
+def _first_jpeg_image(data: bytes) -> bytes:
     """JPEG data cut after its first image's end: NVDEC gets neither a second image (an MPO, a
     gain map) nor a trailer, as FFmpeg decodes only the first."""
     scan = next((offset for marker, offset in _jpeg_segments(data) if marker == _SOS), 2)
@@ -2228,10 +2095,10 @@ def _decode_nvdec_one(
     stretch), converted here with JPEG's colour matrix, then resized and cropped with the
     geometry of the original size, antialiased, as the CPU path does (NVDEC's own scaler has no
     antialiasing)."""
-    if not nvdec_can_take(parse_jpeg_header(data)):
+    if not _nvdec_can_take(_parse_jpeg_header(data)):
         return None
     try:
-        packets = spdl.io.demux_video(first_jpeg_image(data))
+        packets = spdl.io.demux_video(_first_jpeg_image(data))
         width, height = packets.width, packets.height
         even_w, even_h = width + width % 2, height + height % 2
         decoder = spdl.io.nvdec_decoder(
@@ -2243,15 +2110,15 @@ def _decode_nvdec_one(
     except _DECODER_ERRORS as e:
         _LG.debug("NVDEC left an image to the CPU: %s", _spdl_reason(e))
         return None
-    return resize_crop_on_device(nv12_to_rgb(nv12[0]), transform, (width, height))
+    return _resize_crop_on_device(_nv12_to_rgb(nv12[0]), transform, (width, height))
 
 
 def _fall_back(
-    path: str, data: bytes, graphs: FilterGraphCache, device: torch.device, policy: BadImagePolicy | None,
+    path: str, data: bytes, graphs: _FilterGraphCache, device: torch.device, policy: BadImagePolicy | None,
     failures: list[ImageDecodeError],
 ) -> Tensor | None:  # fmt: skip
     """An image a GPU decoder left, decoded on the CPU and counted; None if it is a bad image."""
-    decoded, _, _ = decode_items([(path, 0)], lambda p: decode_cpu_image(p, graphs, device, data), policy, failures)
+    decoded, _, _ = _decode_items([(path, 0)], lambda p: _decode_cpu_image(p, graphs, device, data), policy, failures)
     if not decoded:
         return None
     if policy is not None:
@@ -2265,19 +2132,19 @@ def _gpu_decode_func(
     device: torch.device,
     policy: BadImagePolicy | None,
     max_bytes: int,
-) -> Callable[[Sequence[tuple[str, int]]], Batch]:
+) -> Callable[[Sequence[tuple[str, int]]], _Batch]:
     """The batch function of a GPU decoder: read the files, let ``decode_on_gpu(datas, stream,
     config)`` decode those it takes on the thread's stream (it says how many each of its backends
     decoded), decode the rest on the CPU one by one (counted in the policy as fallbacks); a bad
     image as the policy says."""
-    graphs = FilterGraphCache(transform)
+    graphs = _FilterGraphCache(transform)
     streams = _ThreadStreams(device)
 
-    def decode_batch_gpu(items: Sequence[tuple[str, int]]) -> Batch:
+    def decode_batch_gpu(items: Sequence[tuple[str, int]]) -> _Batch:
         stream, config = streams.get()
         failures: list[ImageDecodeError] = []
         with streams.on(stream):
-            datas, labels, paths = decode_items(items, lambda path: read_image_bytes(path, max_bytes), policy, failures)
+            datas, labels, paths = _decode_items(items, lambda path: _read_image_bytes(path, max_bytes), policy, failures)
             with policy.working_on(paths[0]) if policy and paths else contextlib.nullcontext():
                 on_gpu, counts = decode_on_gpu(datas, stream, config)
             if policy is not None:
@@ -2296,7 +2163,7 @@ def _gpu_decode_func(
             # would recompile for another.
             batch = torch.stack(images).contiguous(memory_format=torch.channels_last)
             batch_labels = _label_tensor([labels[i] for i in kept], device)
-        return Batch(batch, batch_labels, [paths[i] for i in kept], failures)
+        return _Batch(batch, batch_labels, [paths[i] for i in kept], failures)
 
     return decode_batch_gpu
 
@@ -2310,7 +2177,7 @@ def _nvjpeg_library() -> str:
 def _nvjpeg_decode_func(
     transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int,
     library: str | None = None,
-) -> Callable[[Sequence[tuple[str, int]]], Batch]:  # fmt: skip
+) -> Callable[[Sequence[tuple[str, int]]], _Batch]:  # fmt: skip
     """The ``nvjpeg`` batch function, with ``library`` (default :py:func:`_nvjpeg_library`)."""
     if (library or _nvjpeg_library()) == "torchvision":
         return _gpu_decode_func(
@@ -2329,7 +2196,7 @@ def _nvjpeg_decode_func(
 
 def _nvdec_decode_func(
     transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int
-) -> Callable[[Sequence[tuple[str, int]]], Batch]:
+) -> Callable[[Sequence[tuple[str, int]]], _Batch]:
     if device.type != "cuda":
         raise ValueError(f"nvdec decodes on a CUDA GPU, not on {device}")
 
@@ -2352,7 +2219,7 @@ def get_decode_func(
     policy: BadImagePolicy | None = None,
     *,
     max_image_bytes: int = MAX_IMAGE_MB << 20,
-) -> Callable[[Sequence[tuple[str, int]]], Batch]:
+) -> Callable[[Sequence[tuple[str, int]]], _Batch]:
     """Return a function that decodes a batch of ``(path, label)`` items into a :py:class:`Batch`.
 
     ``images, labels = decode(items)``: images uint8 ``N x 3 x size x size`` (RGB,
@@ -2389,26 +2256,26 @@ def _probe_image() -> bytes:
     return encoded.getvalue()
 
 
-def check_gpu_decoder(decoder: str, device: torch.device) -> str:
+def _check_gpu_decoder(decoder: str, device: torch.device) -> str:
     """Check that a decoder can run on ``device``: SPDL's CUDA extension loads, and a GPU decoder
     decodes a small JPEG to the right colour. Returns the backend's name.
 
     Raises:
-        DecoderError: with the reason (the real import error, the driver's message, …).
+        InputError: with the reason (the real import error, the driver's message, …).
     """
     cuda_error = _spdl_cuda_error() if device.type == "cuda" else None
     if decoder == "ffmpeg":
         if cuda_error is not None:
-            raise DecoderError(
-                f"SPDL's CUDA extension, which copies batches to {device}, cannot load: {cuda_error}", decoder
-            )
+            raise InputError(f"SPDL's CUDA extension, which copies batches to {device}, cannot load: {cuda_error}",
+                             "--device")
         return "ffmpeg"
+    flag = f"--use-{decoder}"
     if device.type != "cuda" or not torch.cuda.is_available():
-        raise DecoderError(f"{decoder} decodes on a CUDA GPU, but this run uses {device}", decoder)
+        raise InputError(f"{flag} decodes on a CUDA GPU, but this run uses {device}", flag, _FFMPEG_ADVICE)
     if cuda_error is not None:
-        raise DecoderError(f"SPDL's CUDA extension cannot load: {cuda_error}", decoder)
+        raise InputError(f"SPDL's CUDA extension cannot load: {cuda_error}", flag, _FFMPEG_ADVICE)
     if decoder == "nvdec" and not spdl.io.utils.built_with_nvcodec():
-        raise DecoderError(f"the installed SPDL ({_version('spdl')}) is built without NVDEC", decoder)
+        raise InputError(f"the installed SPDL ({_version('spdl')}) is built without NVDEC", flag, _FFMPEG_ADVICE)
     backend = _nvimgcodec_check(device) if decoder == "nvjpeg" and _nvjpeg_library() == "nvimgcodec" else None
     transform, policy = EvalTransform(size=128, crop_pct=1.0), BadImagePolicy(skip=True)
     try:
@@ -2417,14 +2284,14 @@ def check_gpu_decoder(decoder: str, device: torch.device) -> str:
             f.flush()
             images, _ = get_decode_func(device, transform, decoder, policy)([(f.name, 0)])
     except _DECODER_ERRORS as e:
-        raise DecoderError(
-            f"{decoder} cannot decode a JPEG on {_device_name(device)}: {_spdl_reason(e)}", decoder
-        ) from None
+        raise InputError(f"{flag} cannot decode a JPEG on {_device_name(device)}: {_spdl_reason(e)}", flag,
+                         _FFMPEG_ADVICE) from None
     if policy.failed or policy.fallbacks or not len(images):
-        raise DecoderError(f"{decoder} cannot decode a plain JPEG on {_device_name(device)}", decoder)
+        raise InputError(f"{flag} cannot decode a plain JPEG on {_device_name(device)}", flag, _FFMPEG_ADVICE)
     colour = images.float().mean(dim=(0, 2, 3)).tolist()
     if max(abs(c - e) for c, e in zip(colour, (200, 80, 40), strict=True)) > 4:
-        raise DecoderError(f"{decoder} decodes a JPEG of RGB (200, 80, 40) to {[round(c) for c in colour]}", decoder)
+        raise InputError(f"{flag} decodes a JPEG of RGB (200, 80, 40) to {[round(c) for c in colour]}", flag,
+                         _FFMPEG_ADVICE)
     return backend or ("torchvision" if decoder == "nvjpeg" else "spdl")
 
 
@@ -2432,7 +2299,7 @@ def _nvimgcodec_check(device: torch.device) -> str:
     """``nvimgcodec (hardware, hybrid)``: the backends nvImageCodec has on ``device``.
 
     Raises:
-        DecoderError: it has none (nvJPEG's library missing, a driver too old for CUDA 13).
+        InputError: it has none (nvJPEG's library missing, a driver too old for CUDA 13).
     """
     errors: list[str] = []
     backends = [backend for backend, _ in _nvimgcodec_decoders(device, errors)]
@@ -2442,12 +2309,13 @@ def _nvimgcodec_check(device: torch.device) -> str:
         said = [line for line in _nvimgcodec()[1].splitlines() if "nvjpeg library" in line.lower()]
         hint = " (pip install nvidia-nvjpeg, CUDA 13's nvJPEG)" if said else ""
         reasons = "; ".join([*said, *errors])
-        raise DecoderError(f"nvImageCodec has no JPEG decoder on {device}{hint}: {reasons}", "nvjpeg")
+        raise InputError(f"nvImageCodec has no JPEG decoder on {device}{hint}: {reasons}", "--use-nvjpeg",
+                         _FFMPEG_ADVICE)
     return f"nvimgcodec ({', '.join(backends)})"
 
 
 @dataclass
-class DecoderCheck:
+class _DecoderCheck:
     """A decoder against FFmpeg on the CPU, image by image (see :py:func:`check_decoder`).
 
     Attributes:
@@ -2470,19 +2338,19 @@ class DecoderCheck:
         return self.mad_max <= self.tolerance
 
 
-def check_decoder(
-    decode: Callable[[Sequence[tuple[str, int]]], Batch],
+def _check_decoder(
+    decode: Callable[[Sequence[tuple[str, int]]], _Batch],
     items: Sequence[tuple[str, int]],
     transform: EvalTransform,
     decoder: str,
     tolerance: float = DECODER_TOLERANCE,
-) -> DecoderCheck:
+) -> _DecoderCheck:
     """Decode ``items`` with ``decode`` and with FFmpeg on the CPU, and compare the pixels.
 
     Images either decoder cannot decode are left out (the run's policy deals with them).
 
     Raises:
-        DecoderError: an image differs by more than ``tolerance``: the decoder, on this
+        InputError: an image differs by more than ``tolerance``: the decoder, on this
             hardware and driver, does not deliver the images FFmpeg does.
     """
     reference = get_decode_func("cpu", transform)
@@ -2496,13 +2364,13 @@ def check_decoder(
             mads[item[0]] = (theirs[0].cpu().float() - ours[0].float()).abs().mean().item()
     worst = max(mads, key=mads.__getitem__, default=None)
     values = list(mads.values())
-    check = DecoderCheck(decoder, len(values), sum(values) / len(values) if values else 0.0,
+    check = _DecoderCheck(decoder, len(values), sum(values) / len(values) if values else 0.0,
                          max(values, default=0.0), worst, tolerance)  # fmt: skip
     if not check.ok:
-        raise DecoderError(
+        raise InputError(
             f"{decoder} decodes {worst} with a mean absolute difference of {check.mad_max:.1f} "
             f"(0-255) from FFmpeg on the CPU, more than {tolerance:g}",
-            decoder,
+            *(("--device",) if decoder == "ffmpeg" else (f"--use-{decoder}", _FFMPEG_ADVICE)),
         )
     return check
 
@@ -2614,7 +2482,7 @@ class _TaskEnds(TaskHook):
         self.ends.append(time.monotonic())  # a task that raised is no batch: not reached
 
 
-class PipelineStats:
+class _PipelineStats:
     """Collect SPDL's per-stage statistics through the builder's public hooks, for a summary at
     the end of the run (SPDL's own logs, periodic with ``--stats-interval``, are kept).
 
@@ -2736,7 +2604,7 @@ def get_pipeline(
     buffer_size: int,
     num_threads: int,
     report_stats_interval: float = -1,
-    stats: PipelineStats | None = None,
+    stats: _PipelineStats | None = None,
     decode_processes: int = 0,
 ) -> Pipeline:
     """Build the loading pipeline: source -> aggregate -> pipe(decode) -> sink.
@@ -2801,19 +2669,19 @@ class _ProcessDecode:
 
     def __init__(self, transform: EvalTransform, max_image_bytes: int) -> None:
         self.transform, self.max_image_bytes = transform, max_image_bytes
-        self._decode: Callable[[Sequence[tuple[str, int]]], Batch] | None = None
+        self._decode: Callable[[Sequence[tuple[str, int]]], _Batch] | None = None
 
     def __getstate__(self) -> dict:
         return {"transform": self.transform, "max_image_bytes": self.max_image_bytes, "_decode": None}
 
-    def __call__(self, items: Sequence[tuple[str, int]]) -> Batch:
+    def __call__(self, items: Sequence[tuple[str, int]]) -> _Batch:
         if self._decode is None:  # once per worker; the worker's own policy only collects
             self._decode = get_decode_func("cpu", self.transform, "ffmpeg", BadImagePolicy(skip=True),
                                            max_image_bytes=self.max_image_bytes)  # fmt: skip
         return self._decode(items)
 
 
-def _received(batches: Iterator[Batch], policy: BadImagePolicy, device: torch.device) -> Iterator[Batch]:
+def _received(batches: Iterator[_Batch], policy: BadImagePolicy, device: torch.device) -> Iterator[_Batch]:
     """Batches from ``--decode-processes`` workers: each failure recorded once, here, as the batch
     that lists it arrives (so none counts twice, and those of batches never received are not
     reached), and the batch copied to ``device`` in this process, where the model is. While it
@@ -2829,7 +2697,7 @@ def _received(batches: Iterator[Batch], policy: BadImagePolicy, device: torch.de
             policy.record_failure(failure)
         if device.type != "cpu":
             images, labels = batch
-            batch = Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), batch.paths,
+            batch = _Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), batch.paths,
                           batch.failures)  # fmt: skip
         yield batch
 
@@ -2839,7 +2707,7 @@ def _received(batches: Iterator[Batch], policy: BadImagePolicy, device: torch.de
 ################################################################################
 
 
-class PILDataset(torch.utils.data.IterableDataset):
+class _PILDataset(torch.utils.data.IterableDataset):
     """Batches of images decoded by PIL (:py:func:`decode_pil`) in DataLoader workers: the list
     cut into batches of ``batch_size`` in order, as the SPDL loader cuts it, each worker taking
     every n-th batch (the DataLoader hands them out in that order again).
@@ -2858,17 +2726,17 @@ class PILDataset(torch.utils.data.IterableDataset):
         worker_id, workers = (worker.id, worker.num_workers) if worker else (0, 1)
         for i, items in enumerate(_batched(self.images, self.batch_size)):
             if i % workers == worker_id:
-                yield collate_pil([self._sample(path, label) for path, label in items])
+                yield _collate_pil([self._sample(path, label) for path, label in items])
 
     def _sample(self, path: str, label: int) -> tuple:
         """``(image or None, label, path, failure reason or None)``."""
         try:
-            return decode_pil(path, self.transform, read_image_bytes(path, self.max_bytes)), label, path, None
+            return _decode_pil(path, self.transform, _read_image_bytes(path, self.max_bytes)), label, path, None
         except ImageDecodeError as e:
             return None, label, path, e.reason
 
 
-def collate_pil(samples: list[tuple]) -> tuple[Tensor, Tensor, list[str], list[tuple[str, str]]]:
+def _collate_pil(samples: list[tuple]) -> tuple[Tensor, Tensor, list[str], list[tuple[str, str]]]:
     """Batch decoded samples like the SPDL path (channels-last NCHW uint8, N x 1 labels):
     ``(images, labels, paths, failures)``, each failure ``(path, reason)``."""
     import numpy as np
@@ -2885,15 +2753,15 @@ def collate_pil(samples: list[tuple]) -> tuple[Tensor, Tensor, list[str], list[t
 _DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a worker died
 
 
-def torch_loader_batches(
+def _torch_loader_batches(
     loader: torch.utils.data.DataLoader | Iterator, device: torch.device, policy: BadImagePolicy | None
-) -> Iterator[Batch]:
+) -> Iterator[_Batch]:
     """Move the DataLoader's batches (from the loader, or an iterator over it) to the device and
     record its failures in ``policy``.
 
     Raises:
         TimeoutError: no batch within the DataLoader's ``timeout``.
-        LoaderFailed: a worker died (its message, or the connection it broke).
+        RunStopped: (``loader``) a worker died (its message, or the connection it broke).
         ImageDecodeError: a bad image, without a policy.
     """
     batches = iter(loader)
@@ -2906,26 +2774,25 @@ def torch_loader_batches(
             if "timed out" in str(e):  # the DataLoader's own time-out
                 raise TimeoutError(str(e)) from None
             if _DATALOADER_DIED in str(e):  # killed (the out-of-memory killer?) or failed
-                raise LoaderFailed(f"the DataLoader failed: {str(e).splitlines()[0].strip()}") from None
+                raise RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader") from None
             raise
         except (ConnectionError, EOFError) as e:  # a worker died while its batch was handed over
-            raise LoaderFailed(
-                f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})"
-            ) from None
+            raise RunStopped(f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})",
+                             "loader") from None
         errors = [ImageDecodeError(path, reason) for path, reason in failures]
         for error in errors:
             if policy is None:
                 raise error
             policy.record_failure(error)
-        yield Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths, errors)
+        yield _Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths, errors)
 
 
-def get_torch_loader(
-    dataset: PILDataset, batch_size: int, num_workers: int, device: torch.device, timeout: float
+def _get_torch_loader(
+    dataset: _PILDataset, batch_size: int, num_workers: int, device: torch.device, timeout: float
 ) -> torch.utils.data.DataLoader:
     """A DataLoader over ``dataset``'s images in batches of ``batch_size`` (the SPDL loader's
     batches), in ``num_workers`` processes, pinned memory on CUDA."""
-    batches = PILDataset(dataset.images, dataset.transform, dataset.max_bytes, batch_size)
+    batches = _PILDataset(dataset.images, dataset.transform, dataset.max_bytes, batch_size)
     return torch.utils.data.DataLoader(
         batches, batch_size=None, num_workers=num_workers, collate_fn=_as_batched,
         pin_memory=device.type == "cuda", timeout=timeout if num_workers else 0,
@@ -3012,36 +2879,36 @@ class ModelBundle(torch.nn.Module):
         return self.classification(self.logits(images), labels)
 
 
-def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+def _resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     """Turn a device name into a checked device.
 
     ``auto`` is ``cuda:LOCAL_RANK`` if CUDA is available, else ``cpu``; ``cuda`` without an
     index is ``cuda:LOCAL_RANK`` (``local_rank`` is 0 outside torchrun).
 
     Raises:
-        DeviceError: not a device, or not one this machine has.
+        InputError: not a device, or not one this machine has.
     """
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(spec)
     except (RuntimeError, ValueError):
-        raise DeviceError(f"{spec!r} is not a device (use auto, cpu, cuda or cuda:N)") from None
+        raise InputError(f"{spec!r} is not a device (use auto, cpu, cuda or cuda:N)", "--device") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise DeviceError(f"{spec}: CUDA is not available on this machine")
+            raise InputError(f"{spec}: CUDA is not available on this machine", "--device")
         device = torch.device("cuda", local_rank if device.index is None else device.index)
         if device.index >= torch.cuda.device_count():
-            raise DeviceError(f"{spec}: only {torch.cuda.device_count()} CUDA device(s) here")
+            raise InputError(f"{spec}: only {torch.cuda.device_count()} CUDA device(s) here", "--device")
     elif device.type != "cpu":
-        raise DeviceError(f"{spec}: only cpu and cuda devices are supported")
+        raise InputError(f"{spec}: only cpu and cuda devices are supported", "--device")
     return device
 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tuple[torch.dtype, str]:
+def _auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tuple[torch.dtype, str]:
     """The precision that suits the hardware, and why: bfloat16 where it is native, float16 on
     CUDA GPUs without it, float32 on CPUs without it (where bfloat16 is emulated, many times
     slower)."""
@@ -3055,14 +2922,14 @@ def auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tuple
     return torch.float32, "this CPU lacks native bfloat16 (it would be emulated)"
 
 
-def choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.dtype, str]:
+def _choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.dtype, str]:
     """The model's precision on ``device``: ``requested`` (``bfloat16``, ``float16``,
     ``float32``), or for ``auto`` the one that suits the hardware; with the reason, in words."""
     if requested != "auto":
         return _DTYPES[requested], "asked for"
     if device.type == "cuda":
-        return auto_dtype(torch.cuda.get_device_capability(device), False)
-    return auto_dtype(None, torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return _auto_dtype(torch.cuda.get_device_capability(device), False)
+    return _auto_dtype(None, torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 # What torch.load raises for a file that is no checkpoint (text, empty, a cut zip, a refused pickle).
@@ -3071,10 +2938,10 @@ _CHECKPOINT_ERRORS = (OSError, RuntimeError, ValueError, EOFError, KeyError, Ind
 
 
 def _load_state_dict(path: Path) -> dict[str, Tensor]:
-    """A checkpoint's state dict, loaded safely (weights only). ModelError if it is none."""
+    """A checkpoint's state dict, loaded safely (weights only). InputError if it is none."""
 
-    def fail(reason: str) -> ModelError:
-        return ModelError(f"{path}: cannot load checkpoint ({reason})", "checkpoint")
+    def fail(reason: str) -> InputError:
+        return InputError(f"{path}: cannot load checkpoint ({reason})", "--checkpoint")
 
     if not path.is_file():
         raise fail("no such file" if not path.exists() else "not a regular file")
@@ -3108,21 +2975,21 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
     expected = model.state_dict()
     for key, value in expected.items():
         if key not in state:
-            raise ModelError(f"{path}: checkpoint lacks {key!r}, which {type(model).__name__} needs", "checkpoint")
+            raise InputError(f"{path}: checkpoint lacks {key!r}, which {type(model).__name__} needs", "--checkpoint")
         if tuple(state[key].shape) != tuple(value.shape):
-            raise ModelError(
+            raise InputError(
                 f"{path}: {key!r} has shape {tuple(state[key].shape)} in the checkpoint, "
                 f"the model expects {tuple(value.shape)}",
                 "checkpoint",
             )
     if extra := [k for k in state if k not in expected]:
-        raise ModelError(
+        raise InputError(
             f"{path}: checkpoint has {len(extra)} key(s) the model lacks, first {extra[0]!r}", "checkpoint"
         )
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        raise ModelError(f"{path}: cannot load checkpoint ({str(e).splitlines()[-1].strip()})", "checkpoint") from None
+        raise InputError(f"{path}: cannot load checkpoint ({str(e).splitlines()[-1].strip()})", "--checkpoint") from None
 
 
 HUB_CHECK_S = 3.0  # seconds to wait for the model hub's server before calling it out of reach
@@ -3164,7 +3031,7 @@ def _hub_offline() -> Iterator[None]:
 def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
     import timm
 
-    config = pretrained_config(model_name)
+    config = _pretrained_config(model_name)
     _check_imagenet_head(model_name, config.get("num_classes"))
     logging.getLogger("huggingface_hub").propagate = not logging.getLogger("huggingface_hub").handlers  # once
     unreachable = _hub_unreachable(config) if pretrained else None
@@ -3173,11 +3040,11 @@ def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
             model = timm.create_model(model_name, pretrained=pretrained)
     except OSError as e:  # the hub is out of reach and the weights are not in its cache
         where = f"the model hub is out of reach ({unreachable})" if unreachable else type(e).__name__
-        raise ModelError(f"{model_name}: cannot get its pretrained weights ({where}, and they are not in "
-                         "its cache)", "weights") from None  # fmt: skip
+        raise InputError(f"{model_name}: cannot get its pretrained weights ({where}, and they are not in "
+                         "its cache)", "--model", _WEIGHTS_ADVICE) from None  # fmt: skip
     except Exception as e:  # e.g. no pretrained weights, or a corrupt cached file (SafetensorError)
-        raise ModelError(f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''})", "weights") from None  # fmt: skip
+        raise InputError(f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})", "--model", _WEIGHTS_ADVICE) from None  # fmt: skip
     _check_imagenet_head(model_name, getattr(model, "num_classes", None))
     return model
 
@@ -3210,13 +3077,13 @@ def get_model(
             takes them: ``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``.
 
     Raises:
-        ModelError: an unknown model, weights out of reach, or a checkpoint that does not fit.
+        InputError: an unknown model, weights out of reach, or a checkpoint that does not fit.
     """
     device = torch.device(device)
     if use_bf16 is not None:
         dtype = torch.bfloat16 if use_bf16 else torch.float32
     if not isinstance(dtype, torch.dtype):
-        dtype = choose_dtype(device, dtype)[0]
+        dtype = _choose_dtype(device, dtype)[0]
     model = _create_timm_model(model_name, pretrained and checkpoint is None)
     if checkpoint is not None:
         _load_checkpoint(model, Path(checkpoint))
@@ -3289,7 +3156,7 @@ class RunResult:
     stop_reason: str | None = None
     failures: list[dict[str, str]] = field(default_factory=list)
     timeline: dict | None = None
-    page_cache: PageCache | None = None
+    page_cache: _PageCache | None = None
     predictions: list[dict] | None = field(default=None, repr=False)
 
     def record_failures(self, failures: Sequence[ImageDecodeError]) -> None:
@@ -3353,7 +3220,7 @@ class _Clock:
         return time.perf_counter()
 
 
-class TimingWindow:
+class _TimingWindow:
     """The FPS window: from the end of the warm-up to the last batch, and a timeline of the run.
 
     If the run has no more batches than the warm-up, the window covers every batch. ``sync``
@@ -3444,25 +3311,26 @@ def _is_out_of_memory(error: BaseException) -> bool:
 @contextlib.contextmanager
 def _out_of_memory_stops(device: torch.device, batch_size: int) -> Iterator[None]:
     """Memory running out in the block (a synthetic batch, the model, the loader's batches)
-    stops with OutOfMemory and its advice, as it does in the run."""
+    stops with out_of_memory and its advice, as it does in the run."""
     try:
         yield
     except (RuntimeError, MemoryError) as e:
         if not _is_out_of_memory(e):
             raise
-        raise OutOfMemory(device, batch_size) from None
+        raise _out_of_memory(device, batch_size) from None
 
 
 def _logits(model: ModelBundle, images: Tensor) -> Tensor:
-    """The bundle's logits for one batch; OutOfMemory or ModelFailed for what can go wrong there."""
+    """The bundle's logits for one batch; RunStopped (out_of_memory, model) for what can go wrong there."""
     try:
         return model.logits(images)
     except (RuntimeError, MemoryError) as e:
         if _is_out_of_memory(e):
-            raise OutOfMemory(images.device, images.shape[0]) from None
+            raise _out_of_memory(images.device, images.shape[0]) from None
         if _DATALOADER_DIED in str(e):  # torch raises it from its SIGCHLD handler, wherever the loop is
-            raise LoaderFailed(f"the DataLoader failed: {str(e).splitlines()[0].strip()}") from None
-        raise ModelFailed(f"the model failed on a batch of {images.shape[0]} images: {str(e).splitlines()[0]}") from e
+            raise RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader") from None
+        raise RunStopped(f"the model failed on a batch of {images.shape[0]} images: {str(e).splitlines()[0]}",
+                         "model", "--debug shows where; --no-compile if torch.compile failed") from e
 
 
 class _Predictions:
@@ -3556,7 +3424,7 @@ class WarmupIncluded(UserWarning):
 @contextlib.contextmanager
 def _stopped_runs(result: RunResult, policy: BadImagePolicy) -> Iterator[None]:
     """Whatever ends the loop early leaves as a RunStopped (or RunInterrupted) that carries the
-    partial result: the loader's time-out and failure become LoaderStalled and LoaderFailed."""
+    partial result: the loader's time-out and failure become RunStopped (stalled, loader)."""
     try:
         yield
     except RunStopped as e:
@@ -3568,7 +3436,7 @@ def _stopped_runs(result: RunResult, policy: BadImagePolicy) -> Iterator[None]:
     except (PipelineFailure, TimeoutError) as e:
         result.partial = True
         error: RunStopped = (
-            LoaderStalled(policy.oldest_in_progress()) if isinstance(e, TimeoutError) else _loader_failed(e, policy)
+            _stalled(policy.oldest_in_progress()) if isinstance(e, TimeoutError) else _loader_failed(e, policy)
         )
         error.result = result
         raise error from None
@@ -3583,7 +3451,7 @@ class _Loop:
         device = _model_device(model)
         self.model, self.result = model, result
         self.top1, self.top5 = (torch.zeros((), dtype=torch.int64, device=device) for _ in range(2))
-        self.window = TimingWindow(device, warmup_batches, sync_clocks)
+        self.window = _TimingWindow(device, warmup_batches, sync_clocks)
         self.kept = _Predictions() if predictions else None
 
     def classify(self, batch: tuple[Tensor, Tensor]) -> None:
@@ -3620,15 +3488,30 @@ class _Loop:
             result.predictions = self.kept.rows()
 
 
+def _stalled(stuck_on: tuple[str, float] | None) -> RunStopped:
+    """No batch within the loader's time-out; ``stuck_on`` is ``(path, seconds)`` of the image a
+    decode thread has been on the longest, or None if none was (the source was not delivering)."""
+    if stuck_on is None:
+        where = "the decode stage is idle, waiting for the list source"
+    else:
+        where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.0f} s"
+    return RunStopped(f"no batch within the loader's time-out: {where}", "stalled", where=where)
+
+
+def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
+    return RunStopped(f"out of memory on {device} with a batch of {batch_size} images; "
+                      f"try --batch-size {max(1, batch_size // 2)}", "out_of_memory")  # fmt: skip
+
+
 def _loader_failed(error: BaseException, policy: BadImagePolicy) -> RunStopped:
     """What a pipeline failure was: out of memory while decoding an image, another error there
     (named), or something else (SPDL's log above says what)."""
     if policy.unexpected is None:
-        return LoaderFailed(f"the loading pipeline failed: {error} (the log above says why)")
+        return RunStopped(f"the loading pipeline failed: {error} (the log above says why)", "loader")
     path, cause = policy.unexpected
     if isinstance(cause, MemoryError):
-        return LoaderFailed(f"out of memory while decoding {path}; fewer --num-threads need less")
-    return LoaderFailed(f"the loading pipeline failed on {path}: {type(cause).__name__}: {cause}")
+        return RunStopped(f"out of memory while decoding {path}; fewer --num-threads need less", "loader")
+    return RunStopped(f"the loading pipeline failed on {path}: {type(cause).__name__}: {cause}", "loader")
 
 
 def _check_delivered(delivered: int, listed: int | None) -> None:
@@ -3636,11 +3519,12 @@ def _check_delivered(delivered: int, listed: int | None) -> None:
     if listed is None or delivered == listed:
         return
     if delivered < listed:
-        raise LoaderIncomplete(f"the loader ended before delivering every listed image ({delivered} of {listed})")
-    raise LoaderFailed(f"the loader delivered {delivered} images, more than the {listed} listed")
+        raise RunStopped(f"the loader ended before delivering every listed image ({delivered} of {listed})",
+                         "incomplete")
+    raise RunStopped(f"the loader delivered {delivered} images, more than the {listed} listed", "loader")
 
 
-class Progress:
+class _Progress:
     """Images done, images/s and running top-1: a live line on a terminal, a log line otherwise.
 
     Reading the running top-1 waits for the device, so it is read only when a line is shown.
@@ -3680,7 +3564,7 @@ def _isatty(stream: TextIO) -> bool:
 
 
 @dataclass
-class Breakdown:
+class _Breakdown:
     """Throughput of the loader alone, the model alone and both together, in images/s.
 
     The bound is ``min(loader, model)``: neither side runs faster beside the other than alone.
@@ -3710,7 +3594,7 @@ class Breakdown:
 
     @classmethod
     def from_rates(cls, loader_fps: float, model_fps: float, e2e_fps: float, device: torch.device,
-                   read: tuple[float, float, float | None, bool] | None = None) -> Breakdown:  # fmt: skip
+                   read: tuple[float, float, float | None, bool] | None = None) -> _Breakdown:  # fmt: skip
         """The breakdown of these rates; ``read``: ``(read_fps, read_mb_s, read_resident, read_cold)``."""
         bound = min(loader_fps, model_fps)
         shared = 1 / (1 / loader_fps + 1 / model_fps) if loader_fps > 0 and model_fps > 0 else 0.0
@@ -3735,7 +3619,7 @@ def _disk_bound(loader_fps: float, read_fps: float, read_resident: float | None)
 
 def _timed_rate(steps: Iterable[int], warmup_batches: int, device: torch.device) -> float:
     """Images/s over ``steps`` (each yields its batch's image count), in :py:func:`benchmark`'s window."""
-    window = TimingWindow(device, warmup_batches)
+    window = _TimingWindow(device, warmup_batches)
     for frames in steps:
         window.add(frames)
     frames, seconds, _ = window.close()
@@ -3756,7 +3640,7 @@ def _read_batch_func(max_bytes: int) -> Callable[[Sequence[tuple[str, int]]], tu
         images = size = 0
         for path, _ in items:
             try:
-                size += len(read_image_bytes(path, max_bytes))
+                size += len(_read_image_bytes(path, max_bytes))
             except ImageDecodeError:
                 continue
             images += 1
@@ -3773,7 +3657,7 @@ def _read_batches(
     memory costs more than reading them.
 
     Raises:
-        LoaderFailed: no batch within ``timeout`` seconds (a hung read).
+        RunStopped: (``loader``) no batch within ``timeout`` seconds (a hung read).
     """
     import collections
     import concurrent.futures
@@ -3788,14 +3672,14 @@ def _read_batches(
             while pending and (batch is None or len(pending) > threads):
                 yield pending.popleft().result(timeout)
     except concurrent.futures.TimeoutError:
-        raise LoaderFailed(f"reading alone: no batch read within {timeout:g} s (--timeout)") from None
+        raise RunStopped(f"reading alone: no batch read within {timeout:g} s (--timeout)", "loader") from None
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # a hung read must not hang the run
 
 
 def _measure_reads(batches: Iterable[tuple[int, int]], warmup_batches: int) -> tuple[float, float]:
     """Images/s and MB/s (10^6 bytes) over batches of ``(images, bytes)``, in :py:func:`benchmark`'s window."""
-    window = TimingWindow(torch.device("cpu"), warmup_batches)
+    window = _TimingWindow(torch.device("cpu"), warmup_batches)
     timed = every = 0
     for images, size in batches:
         window.add(images)
@@ -3806,7 +3690,7 @@ def _measure_reads(batches: Iterable[tuple[int, int]], warmup_batches: int) -> t
     return (frames / seconds, size / 1e6 / seconds) if seconds > 0 else (0.0, 0.0)
 
 
-def measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_batches: int) -> float:
+def _measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_batches: int) -> float:
     """Images/s of the model alone, on synthetic uint8 batches already on its device."""
     device = _model_device(model)
     size = model.transform.size
@@ -3828,11 +3712,11 @@ def measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_
 ################################################################################
 
 
-def init_distributed(device: torch.device, timeout_s: float) -> None:
+def _init_distributed(device: torch.device, timeout_s: float) -> None:
     """Join the torchrun job: NCCL on CUDA, Gloo on the CPU; collectives give up after ``timeout_s``.
 
     Raises:
-        PeerStopped: the other ranks did not join within ``timeout_s``.
+        RunStopped: (``peer``) the other ranks did not join within ``timeout_s``.
     """
     import datetime
 
@@ -3850,11 +3734,11 @@ def init_distributed(device: torch.device, timeout_s: float) -> None:
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     except RuntimeError as e:  # DistStoreError: the other ranks did not all come (or the store is gone)
-        raise PeerStopped(f"the job's other ranks did not join within {timeout_s:g} s "
-                          f"({str(e).splitlines()[0]})") from None  # fmt: skip
+        raise RunStopped(f"the job's other ranks did not join within {timeout_s:g} s "
+                         f"({str(e).splitlines()[0]})", "peer") from None  # fmt: skip
 
 
-def _warmup_for_all_ranks(shard: Shard, listed: int, batch_size: int, warmup_batches: int) -> int:
+def _warmup_for_all_ranks(shard: _Shard, listed: int, batch_size: int, warmup_batches: int) -> int:
     """A warm-up every rank can reach, so the barrier at its end never waits on a finished rank.
 
     If the shortest shard has no more batches than the warm-up, return a count no rank reaches:
@@ -3877,16 +3761,16 @@ def _barrier() -> None:
     try:
         dist.barrier()
     except RuntimeError as e:  # DistBackendError / timeout: a peer is gone
-        raise PeerStopped(_peer_gone(e)) from None
+        raise RunStopped(_peer_gone(e), "peer") from None
 
 
-def _rank_entry(result: RunResult, shard: Shard, device: torch.device) -> dict:
+def _rank_entry(result: RunResult, shard: _Shard, device: torch.device) -> dict:
     """One rank's share of the job, as the results file lists it."""
     return {"rank": shard.rank, "classified": result.classified, "fps": result.fps,
             "elapsed_s": result.elapsed_s, "device": str(device)}  # fmt: skip
 
 
-def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tuple[RunResult, list[dict]]:
+def _reduce_results(result: RunResult, shard: _Shard, device: torch.device) -> tuple[RunResult, list[dict]]:
     """Sum the counts of every rank exactly; the FPS window is the longest rank's.
 
     Returns:
@@ -3918,21 +3802,21 @@ def reduce_results(result: RunResult, shard: Shard, device: torch.device) -> tup
     total.predictions = None if any(r is None for r in rows) else [row for r in rows for row in r]
     total.timeline = result.timeline  # rank 0's
     caches = [rank.pop("page_cache") for rank in gathered]  # each rank examined its own shard
-    total.page_cache = None if any(c is None for c in caches) else PageCache.total(caches)
+    total.page_cache = None if any(c is None for c in caches) else _PageCache.total(caches)
     if result.loader_lead is not None:  # every rank's loader holds as many batches ahead
         total.loader_lead = result.loader_lead * shard.world_size
     return total, gathered
 
 
-def _agree_on_job(config: RunConfig) -> None:
+def _agree_on_job(config: _RunConfig) -> None:
     """Check that every rank read the same list (its length and a hash of its paths and labels)
     and was given the same settings: a list still being written while the ranks read it would
     give each its own, and images that no rank classifies. Every rank gets the same answer, so
     all stop or none.
 
     Raises:
-        FileListError: the ranks' lists differ; UsageError: their settings do (the same line on every rank).
-        PeerStopped: a rank stopped before it could compare.
+        InputError: the ranks' lists or settings differ (the same line on every rank).
+        RunStopped: (``peer``) a rank stopped before it could compare.
     """
     import hashlib
 
@@ -3948,15 +3832,15 @@ def _agree_on_job(config: RunConfig) -> None:
     try:
         dist.all_gather_object(seen, (len(images), digest.hexdigest(), settings))
     except RuntimeError as e:
-        raise PeerStopped(_peer_gone(e)) from None
+        raise RunStopped(_peer_gone(e), "peer") from None
     if len({(n, h) for n, h, _ in seen}) > 1:
         counts = ", ".join(f"rank {rank}: {n}" for rank, (n, _, _) in enumerate(seen))
-        raise FileListError(f"{images.origin}: the ranks read different lists (images {counts}): was it still "
+        raise InputError(f"{images.origin}: the ranks read different lists (images {counts}): was it still "
                             "being written? Write the list first, then start torchrun")  # fmt: skip
     if differ := [k for k in settings if len({json.dumps(other[k]) for _, _, other in seen}) > 1]:
         given = "; ".join(f"{k}: " + ", ".join(f"rank {r}: {other[k]}" for r, (_, _, other) in enumerate(seen))
                           for k in differ)  # fmt: skip
-        raise UsageError(f"the ranks were given different settings ({given}): start them with the same flags")
+        raise InputError(f"the ranks were given different settings ({given}): start them with the same flags")
 
 
 _STOPPED_KEY = "imagenet_classification/stopped/"  # + rank: a stopped rank's share, in the job's store
@@ -3971,7 +3855,7 @@ def _publish_stop(entry: dict, rank: int) -> None:
         c10d._get_default_store().set(f"{_STOPPED_KEY}{rank}", json.dumps(entry))
 
 
-def _stopped_peers(shard: Shard, wait_s: float) -> list[dict]:
+def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
     """The shares other ranks left when they stopped (see ``_publish_stop``), waiting up to
     ``wait_s`` for those not there yet; a rank still running, or killed, leaves none."""
     import torch.distributed.distributed_c10d as c10d
@@ -3997,7 +3881,7 @@ def _stopped_peers(shard: Shard, wait_s: float) -> list[dict]:
 
 
 @dataclass
-class Parity:
+class _Parity:
     """The loader's images against timm's own validation transform (PIL decode, resize, centre
     crop, from the model's pretrained config), on the same images, through the same model.
 
@@ -4042,7 +3926,7 @@ def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform
     for path, _ in items:
         try:
             with _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
-                with Image.open(io.BytesIO(read_image_bytes(path))) as image:
+                with Image.open(io.BytesIO(_read_image_bytes(path))) as image:
                     cropped = reference(image.convert("RGB"))
         except ImageDecodeError:
             continue
@@ -4050,12 +3934,12 @@ def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform
     return out
 
 
-def measure_parity(
+def _measure_parity(
     items: Sequence[tuple[str, int]],
-    decode: Callable[[Sequence[tuple[str, int]]], Batch],
+    decode: Callable[[Sequence[tuple[str, int]]], _Batch],
     model: ModelBundle,
     batch_size: int = 32,
-) -> Parity:
+) -> _Parity:
     """Decode ``items`` with the loader's ``decode`` (made with a skipping policy) and with timm's
     reference transform, and compare pixels and the model's predictions."""
     ours: dict[str, Tensor] = {}
@@ -4079,7 +3963,7 @@ def measure_parity(
             hits_ours, hits_ref = hits_ours + int((a[:, 0] == truth).sum()), hits_ref + int((b[:, 0] == truth).sum())
     n = len(paths)
     worst = paths[mads.index(max(mads))] if mads else None
-    return Parity(n, sum(mads) / n if n else 0.0, max(mads, default=0.0), worst, agree1 / n if n else 0.0,
+    return _Parity(n, sum(mads) / n if n else 0.0, max(mads, default=0.0), worst, agree1 / n if n else 0.0,
                   agree5 / n if n else 0.0, hits_ours / n if n else 0.0, hits_ref / n if n else 0.0)  # fmt: skip
 
 
@@ -4092,7 +3976,7 @@ SWEEP_FLAGS = {"num-threads": "decode_threads", "batch-size": "batch_size", "que
 SWEEP_TOLERANCE = 0.05  # the recommended setting is the smallest within this of the best
 
 
-def parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) -> dict[str, list[int]]:
+def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) -> dict[str, list[int]]:
     """The values to sweep for each of ``num-threads``, ``batch-size``, ``queue-size`` and
     ``decode-processes``, from ``auto`` (threads doubling from 1 to the CPU count) or
     ``NAME=V1,V2,...`` specs; a setting not named keeps its value from ``defaults``.
@@ -4121,7 +4005,7 @@ def parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) 
 
 
 @dataclass
-class SweepPoint:
+class _SweepPoint:
     """One setting of the loader, and what it reached (images/s)."""
 
     num_threads: int
@@ -4148,16 +4032,16 @@ class SweepPoint:
 
 
 @dataclass
-class Sweep:
+class _Sweep:
     """A sweep's points, in the order run, and the images each loader setting was timed on."""
 
-    points: list[SweepPoint]
+    points: list[_SweepPoint]
     images: int
     stop_reason: str | None = None  # why it stopped before every setting was measured (then partial)
     error: BaseException | None = field(default=None, repr=False)  # what stopped it, for the exit status
 
     @property
-    def candidates(self) -> list[SweepPoint]:
+    def candidates(self) -> list[_SweepPoint]:
         """The settings whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first
         (fewest threads in all, then processes, batch, queue): those worth running end to end."""
         best = max((p.bound_fps for p in self.points), default=0.0)
@@ -4165,7 +4049,7 @@ class Sweep:
         return sorted(near, key=lambda p: (p.threads, p.decode_processes, p.batch_size, p.queue_size))
 
     @property
-    def recommended(self) -> SweepPoint | None:
+    def recommended(self) -> _SweepPoint | None:
         """The smallest setting run end to end whose end-to-end rate is within
         ``SWEEP_TOLERANCE`` of the best one measured (the bound alone says too little where the
         loader and the model share a CPU's cores); the smallest candidate if none was run; None
@@ -4183,13 +4067,13 @@ class Sweep:
                 "partial": self.error is not None, "stop_reason": self.stop_reason}  # fmt: skip
 
 
-def _sweep_settings(config: RunConfig, threads: int, batch_size: int, queue_size: int, processes: int = 0) -> RunConfig:
+def _sweep_settings(config: _RunConfig, threads: int, batch_size: int, queue_size: int, processes: int = 0) -> _RunConfig:
     concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
     return replace(config, decode_threads=threads, decode_concurrency=concurrency, loader_workers=threads,
                    batch_size=batch_size, queue_size=queue_size, decode_processes=processes)  # fmt: skip
 
 
-def run_sweep(config: RunConfig, model: ModelBundle, grid: dict[str, list[int]], e2e_runs: int = 3) -> Sweep:
+def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]], e2e_runs: int = 3) -> _Sweep:
     """Time the loader alone at every setting of ``grid`` (from :py:func:`parse_sweep`), each on
     the first images of the list (two warm-up batches, then enough batches to keep every thread
     busy), and the model alone per batch size; then end to end the setting with the best bound
@@ -4202,16 +4086,16 @@ def run_sweep(config: RunConfig, model: ModelBundle, grid: dict[str, list[int]],
     most = max(grid["batch-size"]) * (2 * max(grid["num-threads"]) * max(1, *grid["decode-processes"]) + 8 +
                                       sweep_warmup)  # fmt: skip
     images = config.my_images.head(min(len(config.my_images), most))
-    sweep, model_fps = Sweep([], len(images)), {}
+    sweep, model_fps = _Sweep([], len(images)), {}
     try:
         for threads, batch_size, queue_size, processes in itertools.product(*(grid[n] for n in SWEEP_FLAGS)):
             if batch_size not in model_fps:  # measured when first needed: a stop keeps whole points only
                 with _out_of_memory_stops(config.device, batch_size):
-                    model_fps[batch_size] = measure_model(model, batch_size, 10, sweep_warmup)
+                    model_fps[batch_size] = _measure_model(model, batch_size, 10, sweep_warmup)
             settings = _sweep_settings(config, threads, batch_size, queue_size, processes)
             loader_fps = _sweep_timed(settings, images, lambda loader, _: measure_loader(loader.batches,
                                       config.device, sweep_warmup))  # fmt: skip
-            sweep.points.append(SweepPoint(threads, batch_size, queue_size, loader_fps, model_fps[batch_size],
+            sweep.points.append(_SweepPoint(threads, batch_size, queue_size, loader_fps, model_fps[batch_size],
                                            decode_processes=processes))  # fmt: skip
             _LG.info("Sweep: %s: the loader alone %.1f images/s", sweep.points[-1].flags(), loader_fps)
         best = max(sweep.points, key=lambda p: p.bound_fps)
@@ -4226,7 +4110,7 @@ def run_sweep(config: RunConfig, model: ModelBundle, grid: dict[str, list[int]],
     return sweep
 
 
-def _sweep_timed(settings: RunConfig, images: ImageList, measure: Callable[[_Loader, BadImagePolicy], float]) -> float:
+def _sweep_timed(settings: _RunConfig, images: ImageList, measure: Callable[[_Loader, BadImagePolicy], float]) -> float:
     """``measure(loader, policy)`` on a loader of ``settings`` over ``images``, skipping bad images
     (speed, whatever the images); an interrupt stops the loader at once."""
     policy = BadImagePolicy(skip=True)
@@ -4245,7 +4129,7 @@ def _sweep_timed(settings: RunConfig, images: ImageList, measure: Callable[[_Loa
 
 
 @dataclass
-class RunReport:
+class _RunReport:
     """Everything a run reports: the result and what it was measured with.
 
     Attributes:
@@ -4265,11 +4149,11 @@ class RunReport:
     config: dict
     env: dict
     ranks: list[dict]
-    breakdown: Breakdown | None = None
+    breakdown: _Breakdown | None = None
     breakdown_cut: str | None = None
     pipeline_stats: dict | None = None
-    decoder_check: DecoderCheck | None = None
-    parity: Parity | None = None
+    decoder_check: _DecoderCheck | None = None
+    parity: _Parity | None = None
     world_size: int | None = None  # the job's processes (default: one per entry of ``ranks``)
 
     def to_dict(self) -> dict:
@@ -4284,7 +4168,7 @@ class RunReport:
         return payload
 
 
-def print_summary(result: RunResult, file: TextIO | None = None) -> None:
+def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
     """Print the design's FPS and accuracy lines, then the accounting of every listed image."""
     file = file or sys.stdout
     if result.warmup_included:
@@ -4331,7 +4215,7 @@ def _size_text(count: int) -> str:
     return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
 
 
-def _page_cache_lines(cache: PageCache) -> list[str]:
+def _page_cache_lines(cache: _PageCache) -> list[str]:
     """The summary's lines on the page cache: cold or warm, and how much was in memory."""
     line = "Page cache: cold run (--cold-cache)" if cache.cold else "Page cache: warm run (no --cold-cache)"
     listed = f"the listed {_size_text(cache.bytes)}"
@@ -4352,7 +4236,7 @@ def _page_cache_lines(cache: PageCache) -> list[str]:
     return lines
 
 
-def print_breakdown(breakdown: Breakdown, file: TextIO | None = None) -> None:
+def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
     """Print loader-only, model-only and end-to-end rates side by side, with the verdict."""
     b, file = breakdown, file or sys.stdout
     print(f"Breakdown (images/s): loader alone {b.loader_fps:.1f} | model alone {b.model_fps:.1f} | "
@@ -4378,7 +4262,7 @@ def print_breakdown(breakdown: Breakdown, file: TextIO | None = None) -> None:
               f"{b.shared_fps:.1f} images/s", file=file)  # fmt: skip
 
 
-def print_parity(parity: Parity, file: TextIO | None = None) -> None:
+def _print_parity(parity: _Parity, file: TextIO | None = None) -> None:
     """Print the loader against timm's reference transform."""
     p = parity
     print(f"Parity with timm's reference transform on {p.images} images: pixels differ by {p.mad_mean:.2f} "
@@ -4387,7 +4271,7 @@ def print_parity(parity: Parity, file: TextIO | None = None) -> None:
           file=file or sys.stdout)  # fmt: skip
 
 
-def print_sweep(sweep: Sweep, command: Sequence[str], file: TextIO | None = None) -> None:
+def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = None) -> None:
     """The sweep as a table, then the recommended setting as a command line to copy."""
     file = file or sys.stdout
     print(f"Sweep ({sweep.images} images per setting; images/s):", file=file)
@@ -4415,7 +4299,7 @@ _SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--num-threads", "-j", 
                   "--queue-size"}  # fmt: skip
 
 
-def _with_settings(command: Sequence[str], point: SweepPoint) -> list[str]:
+def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
     """The command line as typed, without the sweep's own flags (--sweep, --plot, --results-file)
     and the settings it chose, which come last from the point."""
     out, skipping = [], False
@@ -4443,7 +4327,7 @@ def _pyplot() -> Any:
 PLOT_HINT = "pip install matplotlib (or, in the checkout, pip install '.[plot]') to draw it"
 
 
-def plot_sweep(sweep: Sweep, path: Path | str, title: str = "") -> bool:
+def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
     """Images/s against decode threads: the loader alone, one line per batch size (and queue
     size); the end-to-end rates measured, as crosses, the recommended one circled; the model
     alone per batch size, a dashed line named at its end. The axes read in plain numbers
@@ -4504,7 +4388,7 @@ def _sliding_rate(ends: Sequence[float], images: Sequence[int], batches: int) ->
     return rates
 
 
-def plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
+def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
     """The run as it went: images/s over a sliding window of batches (a tenth of the run, 2 to
     20 batches), the first batch (start-up, and compilation when on) and the warm-up shaded,
     the FPS window and its rate marked, and the sink queue's occupancy per interval where
@@ -4557,7 +4441,7 @@ def _queue_verdict(occupancy: float) -> str:
     return "loader and model ran at about the same pace"
 
 
-def print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
+def _print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
     """Print :py:meth:`PipelineStats.summary`: each stage's average task time, then the sink
     queue's occupancy read as SPDL's performance guide reads it."""
     file = file or sys.stdout
@@ -4578,15 +4462,15 @@ def print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
           f"{wait_ms:.2f} ms per batch: {_queue_verdict(sink['occupancy'])}", file=file)  # fmt: skip
 
 
-def print_report(report: RunReport, file: TextIO | None = None) -> None:
+def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
     """The summary, then SPDL's statistics, the parity, and the breakdown (or why it was cut)."""
-    print_summary(report.result, file)
+    _print_summary(report.result, file)
     if report.pipeline_stats is not None:
-        print_pipeline_stats(report.pipeline_stats, file)
+        _print_pipeline_stats(report.pipeline_stats, file)
     if report.parity is not None:
-        print_parity(report.parity, file)
+        _print_parity(report.parity, file)
     if report.breakdown is not None:
-        print_breakdown(report.breakdown, file)
+        _print_breakdown(report.breakdown, file)
     if report.breakdown_cut is not None:
         print(f"Breakdown cut short ({report.breakdown_cut}): the end-to-end result above is complete", file=file)
 
@@ -4610,7 +4494,7 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or "cpu"
 
 
-def environment(device: torch.device) -> dict:
+def _environment(device: torch.device) -> dict:
     """Versions and hardware that the numbers depend on."""
     ffmpeg = spdl.io.utils.get_ffmpeg_versions()
     env = {
@@ -4683,7 +4567,7 @@ def _umask() -> int:
     return 0o022
 
 
-def write_results(path: Path | str, report: RunReport) -> None:
+def _write_results(path: Path | str, report: _RunReport) -> None:
     """Write the report as one JSON object, or for a ``.csv`` path one CSV row as timm's
     validate.py and benchmark.py write theirs (see :py:func:`_results_row`); atomically (see
     ``_write_atomically``).
@@ -4732,7 +4616,7 @@ def _csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
     return text.getvalue()
 
 
-def write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
+def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
     """Write one row per classified image: CSV for a ``.csv`` path, JSON Lines otherwise.
 
     Columns: path, label, label_name, top5 (class indices, best first), top5_names (their
@@ -4756,12 +4640,8 @@ def write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
 ################################################################################
 
 
-class UsageError(InputError):
-    """An argument the command line cannot use; its message names the flag."""
-
-
 @dataclass(frozen=True)
-class RunConfig:
+class _RunConfig:
     """The run's settings, built once from the arguments after the pre-flight checks.
 
     Attributes:
@@ -4784,7 +4664,7 @@ class RunConfig:
     """
 
     images: ImageList
-    shard: Shard
+    shard: _Shard
     device: torch.device
     loader: str
     decoder: str
@@ -4879,9 +4759,9 @@ def _read_images(args: argparse.Namespace) -> ImageList:
         return scan_folder(args.data_dir, limit, labels=labels)
     images = read_file_list(args.input_flist, args.prefix, limit, labels=labels)
     if args.prefix.endswith(os.sep) and not os.path.isdir(args.prefix):
-        raise UsageError(f"--prefix {args.prefix}: no such folder")
+        raise InputError(f"--prefix {args.prefix}: no such folder")
     if not os.path.lexists(images.paths[0]):
-        raise UsageError(f"the first listed image, {images.paths[0]}, does not exist: is --prefix right?")
+        raise InputError(f"the first listed image, {images.paths[0]}, does not exist: is --prefix right?")
     return images
 
 
@@ -4902,14 +4782,14 @@ def _check_outputs(args: argparse.Namespace, images: ImageList) -> None:
         target = _check_output_path(flag, path)
         listed = {os.path.realpath(p) for p in images.paths if os.path.basename(p) == os.path.basename(target)}
         if target in inputs | listed | seen:
-            raise UsageError(
+            raise InputError(
                 f"{flag} {path}: that file is one of the run's inputs or outputs; writing would replace it"
             )
         seen.add(target)
     if args.predictions_file is not None and not str(args.predictions_file).lower().endswith(PREDICTION_SUFFIXES):
-        raise UsageError(f"--predictions-file {args.predictions_file}: the name must end in .csv or .jsonl")
+        raise InputError(f"--predictions-file {args.predictions_file}: the name must end in .csv or .jsonl")
     if args.plot is not None and not str(args.plot).lower().endswith(".png"):
-        raise UsageError(f"--plot {args.plot}: the name must end in .png")
+        raise InputError(f"--plot {args.plot}: the name must end in .png")
 
 
 PREDICTION_SUFFIXES = (".csv", ".jsonl")
@@ -4918,16 +4798,16 @@ PREDICTION_SUFFIXES = (".csv", ".jsonl")
 def _check_output_path(flag: str, path: Path) -> str:
     """One file the run will write (see _check_outputs); returns its real path."""
     if str(path) == "-":  # stdout carries the summary; a file beside it is what was meant, or a mistake
-        raise UsageError(f"{flag} -: the summary goes to stdout; give a file name (- is none)")
+        raise InputError(f"{flag} -: the summary goes to stdout; give a file name (- is none)")
     if path.name in ("", ".", "..") or str(path).endswith(os.sep):
-        raise UsageError(f"{flag} {path}: not a file name")
+        raise InputError(f"{flag} {path}: not a file name")
     if (problem := _not_a_file(path)) is not None:
-        raise UsageError(f"{flag} {path}: {problem}")
+        raise InputError(f"{flag} {path}: {problem}")
     target = Path(os.path.realpath(path))
     if not target.parent.is_dir():
-        raise UsageError(f"{flag} {path}: folder {target.parent} does not exist")
+        raise InputError(f"{flag} {path}: folder {target.parent} does not exist")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise UsageError(f"{flag} {path}: cannot write there")
+        raise InputError(f"{flag} {path}: cannot write there")
     return str(target)
 
 
@@ -4949,37 +4829,37 @@ def _check_caches(device: torch.device, compile: bool) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=folder).close()
         except OSError as e:
-            raise UsageError(f"torch cannot write its cache in {folder} ({e.strerror or e}); "
+            raise InputError(f"torch cannot write its cache in {folder} ({e.strerror or e}); "
                              f"set {variable} to a writable folder") from None  # fmt: skip
 
 
-def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = ()) -> RunConfig:
+def _preflight(args: argparse.Namespace, shard: _Shard, command: Sequence[str] = ()) -> _RunConfig:
     """Check everything that can be checked before the model is built; build the run's config."""
     if shard.world_size > 1 and str(args.input_flist) == "-":
-        raise UsageError("--input-flist -: under torchrun every rank would read stdin; give the list as a file")
+        raise InputError("--input-flist -: under torchrun every rank would read stdin; give the list as a file")
     images = _read_images(args)
     try:
         if args.checkpoint is not None and not args.checkpoint.is_file():
             what = "no such file" if not args.checkpoint.exists() else "not a regular file"
-            raise UsageError(f"--checkpoint {args.checkpoint}: {what}")
+            raise InputError(f"--checkpoint {args.checkpoint}: {what}")
         _check_outputs(args, images)
     except OSError as e:  # e.g. a name too long for the file system
-        raise UsageError(f"{e.filename}: {e.strerror or e}") from None
+        raise InputError(f"{e.filename}: {e.strerror or e}") from None
     if args.breakdown and shard.world_size > 1:
-        raise UsageError("--breakdown runs in a single process, not under torchrun")
+        raise InputError("--breakdown runs in a single process, not under torchrun")
     if args.cold_cache and not hasattr(os, "posix_fadvise"):
-        raise UsageError(f"--cold-cache: {platform.system()} has no posix_fadvise to evict files from the page cache")
+        raise InputError(f"--cold-cache: {platform.system()} has no posix_fadvise to evict files from the page cache")
     if args.parity and shard.world_size > 1:  # rank 0 alone would compare, while the others wait out --timeout
-        raise UsageError("--parity compares in a single process, not under torchrun")
-    device = resolve_device(args.device, shard.local_rank)
+        raise InputError("--parity compares in a single process, not under torchrun")
+    device = _resolve_device(args.device, shard.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that no library makes a context on cuda:0 for this rank
     decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
     if args.decode_processes and (decoder != "ffmpeg" or args.loader == "torch"):
-        raise UsageError("--decode-processes runs FFmpeg's decode in worker processes; "
+        raise InputError("--decode-processes runs FFmpeg's decode in worker processes; "
                          f"not with {'--loader torch' if args.loader == 'torch' else f'--use-{decoder}'}")  # fmt: skip
-    backend = check_gpu_decoder(decoder, device)
-    dtype, dtype_reason = choose_dtype(device, args.dtype)
+    backend = _check_gpu_decoder(decoder, device)
+    dtype, dtype_reason = _choose_dtype(device, args.dtype)
     compile = args.compile if args.compile is not None else device.type == "cuda"
     _check_caches(device, compile)
     transform = EvalTransform.from_model_name(args.model, _transform_overrides(args))
@@ -4990,7 +4870,7 @@ def _preflight(args: argparse.Namespace, shard: Shard, command: Sequence[str] = 
     threads = min(args.num_threads, max(1, shard.size_of(len(images))))
     if threads < args.num_threads:
         _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
-    return RunConfig(
+    return _RunConfig(
         images=images, shard=shard, device=device, loader=args.loader,
         decoder="pil" if torch_loader else decoder, decoder_backend="pil" if torch_loader else backend,
         transform=transform, batch_size=args.batch_size, decode_threads=threads,
@@ -5016,19 +4896,19 @@ def _transform_overrides(args: argparse.Namespace) -> dict:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def _sweep_grid(args: argparse.Namespace, shard: Shard, listed: int) -> dict[str, list[int]] | None:
+def _sweep_grid(args: argparse.Namespace, shard: _Shard, listed: int) -> dict[str, list[int]] | None:
     if not args.sweep:
         return None
     if shard.world_size > 1:
-        raise UsageError("--sweep runs in a single process, not under torchrun")
+        raise InputError("--sweep runs in a single process, not under torchrun")
     defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size,
                 "decode-processes": args.decode_processes}  # fmt: skip
     try:
-        grid = parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
+        grid = _parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
     except ValueError as e:
-        raise UsageError(f"--sweep: {e}") from None
+        raise InputError(f"--sweep: {e}") from None
     if args.loader == "torch" and len(grid["queue-size"]) > 1:
-        raise UsageError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
+        raise InputError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
     capped = _capped_sizes(grid, listed)
     if capped != grid:
         asked = ", ".join(f"{name}={','.join(map(str, grid[name]))}" for name in grid if capped[name] != grid[name])
@@ -5044,13 +4924,13 @@ def _capped_sizes(grid: dict[str, list[int]], listed: int) -> dict[str, list[int
     return {**grid, **capped}  # the queue is a bound that allocates nothing: as given
 
 
-def _check_decoder(config: RunConfig) -> DecoderCheck | None:
+def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
     """The run's decoder against FFmpeg on the CPU, on the first images (before the model is built)."""
     if not config.check_decoder or config.device.type == "cpu" and config.decoder == "ffmpeg":
         return None  # FFmpeg on the CPU is the reference itself
     decode = get_decode_func(config.device, config.transform, config.decoder,
                              max_image_bytes=config.max_image_bytes)  # fmt: skip
-    check = check_decoder(decode, list(config.images.head(config.check_decoder)), config.transform, config.decoder)
+    check = _check_decoder(decode, list(config.images.head(config.check_decoder)), config.transform, config.decoder)
     _LG.info("Decoder check: %s against FFmpeg on the CPU, %d images, mean absolute difference %.2f (worst %.2f).",
              config.decoder, check.images, check.mad_mean, check.mad_max)  # fmt: skip
     return check
@@ -5065,8 +4945,8 @@ class _Loader:
     whether to stop it at once (an interrupt: the process ends right after the report) and
     whether it stopped cleanly (False when a worker thread was stuck, e.g. in a hung read)."""
 
-    batches: Iterator[Batch]
-    stats: PipelineStats | None = None
+    batches: Iterator[_Batch]
+    stats: _PipelineStats | None = None
     stop_at_once: bool = False
     stopped_cleanly: bool = True
 
@@ -5088,13 +4968,13 @@ def _stop_pipeline(pipeline: Pipeline, timeout: float, workers_ended: bool = Fal
 
 
 @contextlib.contextmanager
-def _open_loader(config: RunConfig, images: ImageList, policy: BadImagePolicy) -> Iterator[_Loader]:
+def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) -> Iterator[_Loader]:
     """Start the loader the config names over ``images``; stop it on the way out."""
     if config.loader == "torch":
-        dataset = PILDataset(images, config.transform, config.max_image_bytes)
-        workers = iter(get_torch_loader(dataset, config.batch_size, config.loader_workers, config.device,
+        dataset = _PILDataset(images, config.transform, config.max_image_bytes)
+        workers = iter(_get_torch_loader(dataset, config.batch_size, config.loader_workers, config.device,
                                         config.timeout))  # fmt: skip
-        handle = _Loader(torch_loader_batches(workers, config.device, policy))
+        handle = _Loader(_torch_loader_batches(workers, config.device, policy))
         try:
             yield handle
         finally:
@@ -5110,7 +4990,7 @@ def _open_loader(config: RunConfig, images: ImageList, policy: BadImagePolicy) -
     else:
         decode_func = get_decode_func(config.device, config.transform, config.decoder, policy,
                                       max_image_bytes=config.max_image_bytes)  # fmt: skip
-    stats = PipelineStats(config.stats_interval)
+    stats = _PipelineStats(config.stats_interval)
     pipeline = get_pipeline(images, config.batch_size, decode_func, config.decode_concurrency, config.queue_size,
                             config.decode_threads, stats=stats, decode_processes=config.decode_processes)  # fmt: skip
     pipeline.start()
@@ -5131,7 +5011,7 @@ def _open_loader(config: RunConfig, images: ImageList, policy: BadImagePolicy) -
             gc.collect()  # then warn of their semaphores as leaked
 
 
-def _clock_start_hook(shard: Shard, stats: PipelineStats | None) -> Callable[[], None]:
+def _clock_start_hook(shard: _Shard, stats: _PipelineStats | None) -> Callable[[], None]:
     """What runs at each clock start: a barrier across ranks, and the stage statistics' window."""
 
     def at_clock_start() -> None:
@@ -5178,11 +5058,11 @@ class _Outcome:
     job_stop_reason: str | None = None  # under torchrun: what stopped the job, if a peer's failure did
 
 
-def _run_loop(config: RunConfig, model: ModelBundle) -> _Outcome:
+def _run_loop(config: _RunConfig, model: ModelBundle) -> _Outcome:
     """Run the timed loop over this rank's images; a run that stops early is an outcome too, and
     so is one interrupted while its loader starts or stops."""
     images, policy = config.my_images, config.policy()
-    progress = Progress(len(images)) if config.shard.rank == 0 else None
+    progress = _Progress(len(images)) if config.shard.rank == 0 else None
     warmup = _warmup_for_all_ranks(config.shard, len(config.images), config.batch_size, config.warmup_batches)
     outcome, loader = _Outcome(RunResult(len(images), partial=True)), None
     try:
@@ -5222,7 +5102,7 @@ def _add_loader_stats(outcome: _Outcome, loader: _Loader, concurrency: int | Non
         t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, t["interval_s"], len(t["images"]))
 
 
-def _add_window_lead(result: RunResult, stats: PipelineStats, concurrency: int) -> None:
+def _add_window_lead(result: RunResult, stats: _PipelineStats, concurrency: int) -> None:
     """The loader's lead and known rate when the FPS window opened, as measured, in ``result``
     (the lead never above the loader's capacity already there)."""
     window = stats.window_lead(concurrency)
@@ -5234,7 +5114,7 @@ def _add_window_lead(result: RunResult, stats: PipelineStats, concurrency: int) 
         result.loader_min_fps = batches_per_s * result.frames_timed / result.batches_timed
 
 
-def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult) -> Breakdown:
+def _measure_breakdown(config: _RunConfig, model: ModelBundle, result: RunResult) -> _Breakdown:
     """After the end-to-end run: the same loader alone, reading its files alone, then the model
     alone on as many batches of the run's size (never more work than the run had). With
     ``--cold-cache`` the files are evicted again before each pass that reads them."""
@@ -5245,11 +5125,11 @@ def _measure_breakdown(config: RunConfig, model: ModelBundle, result: RunResult)
         loader_fps = measure_loader(loader.batches, config.device, config.warmup_batches)
     read = _read_alone(config)
     batch_size = min(config.batch_size, len(config.my_images))
-    model_fps = measure_model(model, batch_size, result.batches, config.warmup_batches)
-    return Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device, read)
+    model_fps = _measure_model(model, batch_size, result.batches, config.warmup_batches)
+    return _Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device, read)
 
 
-def _read_alone(config: RunConfig) -> tuple[float, float, float | None, bool]:
+def _read_alone(config: _RunConfig) -> tuple[float, float, float | None, bool]:
     """The read ceiling: this rank's files read as the loader reads them, as many batches at once
     as it decodes, no decode. Returns images/s, MB/s, the share of their bytes in the page cache
     as the pass began (after eviction with ``--cold-cache``), and whether they were evicted."""
@@ -5260,14 +5140,14 @@ def _read_alone(config: RunConfig) -> tuple[float, float, float | None, bool]:
     return fps, mb_s, cache.resident_after if config.cold_cache else cache.resident, config.cold_cache
 
 
-def _look_at_cache(config: RunConfig) -> PageCache:
+def _look_at_cache(config: _RunConfig) -> _PageCache:
     """This rank's images in the page cache; evicted first with ``--cold-cache``."""
     what = "evicting them from" if config.cold_cache else "how much is in"
     _LG.info("Page cache: %s files listed, %s the page cache.", len(config.my_images), what)
     return _examine_page_cache(config.my_images.paths, evict=config.cold_cache)
 
 
-def _combine_ranks(outcome: _Outcome, config: RunConfig) -> list[dict]:
+def _combine_ranks(outcome: _Outcome, config: _RunConfig) -> list[dict]:
     """The job's totals into ``outcome.result``; the per-rank list (see ``_job_after_stop`` for a
     job that stopped)."""
     mine = _rank_entry(outcome.result, config.shard, config.device)
@@ -5275,10 +5155,10 @@ def _combine_ranks(outcome: _Outcome, config: RunConfig) -> list[dict]:
         return [mine]
     if outcome.error is None:
         try:
-            outcome.result, ranks = reduce_results(outcome.result, config.shard, config.device)
+            outcome.result, ranks = _reduce_results(outcome.result, config.shard, config.device)
             return ranks
         except RuntimeError as e:  # a peer stopped before the final reduction
-            outcome.error = PeerStopped(_peer_gone(e))
+            outcome.error = RunStopped(_peer_gone(e), "peer")
         except RunInterrupted as e:  # torchrun ends the other ranks once one has stopped
             outcome.error = e
         outcome.result.partial = True
@@ -5290,7 +5170,7 @@ _COUNTS = ("classified", "failed", "top1_correct", "top5_correct", "frames_timed
 PEER_WORD_S = 2.0  # how long rank 0, stopped by a peer or a signal, waits for the stopped ranks' shares
 
 
-def _job_after_stop(outcome: _Outcome, config: RunConfig, mine: dict) -> list[dict]:
+def _job_after_stop(outcome: _Outcome, config: _RunConfig, mine: dict) -> list[dict]:
     """A stopped job as this rank can know it: its own share, left for rank 0 in the job's store;
     on rank 0, the job's totals over the whole list from the shares of every rank that stopped
     (a rank with no word: its images not reached), and in ``outcome.job_stop_reason`` the failure
@@ -5298,11 +5178,11 @@ def _job_after_stop(outcome: _Outcome, config: RunConfig, mine: dict) -> list[di
     result, shard = outcome.result, config.shard
     own = _explain(outcome.error, config)[0] if outcome.error is not None else "stopped"
     share = {**mine, **{k: getattr(result, k) for k in _COUNTS}, "failures": result.failures, "stop_reason": own,
-             "stopped_by": type(outcome.error).__name__}  # fmt: skip
+             "stopped_by": getattr(outcome.error, "kind", "interrupted")}  # fmt: skip
     _publish_stop(share, shard.rank)
     if shard.rank != 0:
         return [mine]
-    followed = isinstance(outcome.error, PeerStopped | RunInterrupted)  # then the cause may be a peer's
+    followed = isinstance(outcome.error, RunInterrupted) or getattr(outcome.error, "kind", None) == "peer"  # then the cause may be a peer's
     shares = [share, *_stopped_peers(shard, PEER_WORD_S if followed else 0.0)]
     job = RunResult(len(config.images), partial=True, elapsed_s=max(e["elapsed_s"] for e in shares),
                     warmup_included=result.warmup_included, timeline=result.timeline, predictions=result.predictions,
@@ -5311,14 +5191,14 @@ def _job_after_stop(outcome: _Outcome, config: RunConfig, mine: dict) -> list[di
         setattr(job, k, sum(e[k] for e in shares))
     if result.loader_lead is not None:
         job.loader_lead = result.loader_lead * shard.world_size
-    causes = [e for e in shares if e["stopped_by"] not in ("PeerStopped", "RunInterrupted")]
-    cause = (causes or [e for e in shares if e["stopped_by"] == "RunInterrupted"] or [share])[0]
+    causes = [e for e in shares if e["stopped_by"] not in ("peer", "interrupted")]
+    cause = (causes or [e for e in shares if e["stopped_by"] == "interrupted"] or [share])[0]
     outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {cause['stop_reason']}"
     outcome.result = job
     return [{k: e[k] for k in (*mine, "stop_reason")} for e in sorted(shares, key=lambda e: e["rank"])]
 
 
-def _parity_decode(config: RunConfig) -> Callable[[Sequence[tuple[str, int]]], Batch]:
+def _parity_decode(config: _RunConfig) -> Callable[[Sequence[tuple[str, int]]], _Batch]:
     """The run's own decode for :py:func:`measure_parity`, skipping bad images: the decode
     function of the SPDL loader, or the DataLoader's (PIL, in this process) for ``--loader torch``."""
     policy = BadImagePolicy(skip=True)
@@ -5326,15 +5206,15 @@ def _parity_decode(config: RunConfig) -> Callable[[Sequence[tuple[str, int]]], B
         return get_decode_func(config.device, config.transform, config.decoder, policy,
                                max_image_bytes=config.max_image_bytes)  # fmt: skip
 
-    def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> Batch:
+    def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> _Batch:
         images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
-        batches = PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
-        return next(torch_loader_batches(iter(batches), config.device, policy))
+        batches = _PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
+        return next(_torch_loader_batches(iter(batches), config.device, policy))
 
     return decode_like_the_dataloader
 
 
-def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunReport, _Outcome]:
+def _run(config: _RunConfig, decoder_check: _DecoderCheck | None) -> tuple[_RunReport, _Outcome]:
     """Build the model, run, then the breakdown; everything measured, in a report."""
     model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
                       checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
@@ -5349,12 +5229,12 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
                  if config.compile == "max-autotune" else "")  # fmt: skip
     parity = None
     if config.parity and config.shard.rank == 0:
-        parity = measure_parity(list(config.images.head(config.parity)), _parity_decode(config), model,
+        parity = _measure_parity(list(config.images.head(config.parity)), _parity_decode(config), model,
                                 min(config.batch_size, config.parity))  # fmt: skip
     page_cache = _look_at_cache(config)  # last before the loop: the decoder check and parity read images too
     outcome = _run_loop(config, model)
     outcome.result.page_cache = page_cache
-    report = RunReport(outcome.result, config.to_dict(), environment(config.device), [],
+    report = _RunReport(outcome.result, config.to_dict(), _environment(config.device), [],
                        pipeline_stats=outcome.pipeline_stats, decoder_check=decoder_check, parity=parity,
                        world_size=config.shard.world_size)  # fmt: skip
     if config.breakdown and outcome.error is None and outcome.stopped_cleanly:
@@ -5364,7 +5244,7 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
             report.breakdown_cut, outcome.error = e.reason, e
         except (RunStopped, RuntimeError, MemoryError) as e:  # the run's result stands; say why this did not
             if not isinstance(e, RunStopped) and _is_out_of_memory(e):  # the model alone's batch: the run's advice
-                e = OutOfMemory(config.device, min(config.batch_size, len(config.my_images)))
+                e = _out_of_memory(config.device, min(config.batch_size, len(config.my_images)))
             reason = _explain(e, config)[0] if isinstance(e, RunStopped) else str(e).splitlines()[0] if str(e) else ""
             report.breakdown_cut = f"it failed: {type(e).__name__}: {reason}"
     report.ranks = _combine_ranks(outcome, config)
@@ -5372,39 +5252,20 @@ def _run(config: RunConfig, decoder_check: DecoderCheck | None) -> tuple[RunRepo
     return report, outcome
 
 
-def _explain(error: BaseException, config: RunConfig | None) -> tuple[str, int]:
+def _explain(error: BaseException, config: _RunConfig | None) -> tuple[str, int]:
     """The one line the command line prints for an error, with advice about its flags, and the
     exit status: the only place where library errors meet flags and exit statuses."""
     if isinstance(error, RunInterrupted):
         return error.reason, EXIT_SIGINT if error.signum == signal.SIGINT else EXIT_SIGTERM
     if isinstance(error, InputError):
-        return _explain_input(error), EXIT_USAGE
-    if isinstance(error, LoaderStalled) and config is not None:
+        line = str(error) if error.flag is None or str(error).startswith(error.flag) else f"{error.flag}: {error}"
+        return f"{line}; {error.advice}" if error.advice else line, EXIT_USAGE
+    assert isinstance(error, RunStopped), error
+    if error.kind == "stalled" and config is not None:
         head = f"no batch for {config.timeout:g} s (--timeout)"
         where = f"{head} from the DataLoader's workers" if config.loader == "torch" else f"{head}: {error.where}"
         return where, EXIT_STALLED
-    if isinstance(error, TooManyBadImages):
-        return f"{error.failed} images failed to decode, more than --max-bad allows ({error.limit})", EXIT_FAILED
-    if isinstance(error, OutOfMemory):
-        return f"{error}; try --batch-size {max(1, error.batch_size // 2)}", EXIT_FAILED
-    advice = {BadImage: "--skip-bad skips such images", ModelFailed: "--debug shows where; --no-compile if "
-              "torch.compile failed"}.get(type(error))  # fmt: skip
-    return f"{error}{f' ({advice})' if advice else ''}", EXIT_FAILED
-
-
-def _explain_input(error: InputError) -> str:
-    """An input error's line, prefixed with the flag that took the input."""
-    if isinstance(error, ModelError):
-        advice = "; pass --checkpoint PATH for local weights, or --no-pretrained for random ones"
-        flag = "--checkpoint" if error.kind == "checkpoint" else "--model"
-        return f"{flag}: {error}{advice if error.kind == 'weights' else ''}"
-    if isinstance(error, DeviceError) or isinstance(error, DecoderError) and error.decoder == "ffmpeg":
-        return f"--device: {error}"
-    if isinstance(error, DecoderError):
-        flag, text = f"--use-{error.decoder}", str(error)
-        text = f"{flag}{text[len(error.decoder) :]}" if text.startswith(error.decoder) else f"{flag}: {text}"
-        return f"{text}; drop the flag to decode with FFmpeg"
-    return str(error)
+    return f"{error} ({error.advice})" if error.advice else str(error), EXIT_FAILED
 
 
 def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | None]]]) -> list[str]:
@@ -5427,33 +5288,33 @@ def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | 
     return errors
 
 
-def _run_sweep(config: RunConfig, signals: _Signals) -> int:
+def _sweep_command(config: _RunConfig, signals: _Signals) -> int:
     """The sweep instead of a run: the table, then the results file and the plot, with the
     settings measured so far if the sweep stopped (marked partial)."""
     decoder_check = None
     try:
-        decoder_check = _check_decoder(config)  # a GPU decoder is checked as for a run
+        decoder_check = _check_run_decoder(config)  # a GPU decoder is checked as for a run
         model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
                           checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
                           transform=config.transform_overrides)  # fmt: skip
-        sweep = run_sweep(config, model, config.sweep or {})
+        sweep = _run_sweep(config, model, config.sweep or {})
     except (RunStopped, RunInterrupted) as e:  # before the first setting: an empty sweep, written all the same
-        sweep = Sweep([], 0, error=e)
+        sweep = _Sweep([], 0, error=e)
     with signals.deferred_while():
         status = 0
         if sweep.error is not None:
             sweep.stop_reason, status = _explain(sweep.error, config)
             _say(f"error: {sweep.stop_reason}; the settings measured before it are below (PARTIAL SWEEP)")
-        payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": environment(config.device)}
+        payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": _environment(config.device)}
         if decoder_check is not None:
             payload["decoder_check"] = asdict(decoder_check)
-        _print_out(print_sweep, sweep, config.command)
+        _print_out(_print_sweep, sweep, config.command)
         not_written = _write_outputs([
             (config.results_file, lambda path: _write_atomically(path, _csv_text([
                 {**asdict(p), "bound_fps": p.bound_fps, "recommended": p is sweep.recommended} for p in sweep.points
-            ], [*(f.name for f in dataclass_fields(SweepPoint)), "bound_fps", "recommended"])
+            ], [*(f.name for f in dataclass_fields(_SweepPoint)), "bound_fps", "recommended"])
                 if str(path).lower().endswith(".csv") else json.dumps(payload, indent=2) + "\n")),
-            (config.plot if sweep.points else None, lambda path: plot_sweep(
+            (config.plot if sweep.points else None, lambda path: _plot_sweep(
                 sweep, path, f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting")),
         ])  # fmt: skip
         if config.plot is None:
@@ -5465,7 +5326,7 @@ def _run_sweep(config: RunConfig, signals: _Signals) -> int:
     return status or (EXIT_FAILED if not_written else 0)
 
 
-def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
+def _finish(report: _RunReport, outcome: _Outcome, config: _RunConfig) -> int:
     """Say why the run stopped (if it did), print the report (rank 0, or a rank that stopped
     alone), write the files; return the exit status."""
     shard, status = config.shard, 0
@@ -5479,14 +5340,14 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
     rows, timeline = _in_list_order(outcome.result.predictions, config.images), outcome.result.timeline
     profiler = outcome.profiler
     outputs = [
-        (config.results_file, lambda path: write_results(path, report)),
-        (config.predictions_file, lambda path: write_predictions(path, rows or [])),  # a stopped run's rows too
-        (config.plot if timeline else None, lambda path: plot_timeline(timeline or {}, path, _run_title(report))),
+        (config.results_file, lambda path: _write_results(path, report)),
+        (config.predictions_file, lambda path: _write_predictions(path, rows or [])),  # a stopped run's rows too
+        (config.plot if timeline else None, lambda path: _plot_timeline(timeline or {}, path, _run_title(report))),
         (config.trace if profiler is not None else None, lambda path: _export_trace(profiler, path)),
     ]
     try:
         if shard.rank == 0 or alone:  # the summary first: no file, however it fails, can cost it
-            _print_out(print_report, report)
+            _print_out(_print_report, report)
     finally:  # nor can the summary cost the files
         not_written = _write_outputs(outputs) if shard.rank == 0 else []
     if config.plot is not None and not timeline and shard.rank == 0:
@@ -5496,7 +5357,7 @@ def _finish(report: RunReport, outcome: _Outcome, config: RunConfig) -> int:
     return status or (EXIT_FAILED if not_written else 0)
 
 
-def _run_title(report: RunReport) -> str:
+def _run_title(report: _RunReport) -> str:
     """The run in a plot's title: the model and its settings, and the FPS."""
     c, r = report.config, report.result
     compiled = f"compiled ({c['compile']})" if c["compile"] else "not compiled"
@@ -5582,20 +5443,20 @@ def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
-def _shard_from_env() -> Shard:
+def _shard_from_env() -> _Shard:
     try:
-        shard = Shard.from_env()
+        shard = _Shard.from_env()
     except ValueError:
-        raise UsageError("RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers (torchrun sets them)") from None
+        raise InputError("RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers (torchrun sets them)") from None
     if not (0 <= shard.rank < shard.world_size and shard.local_rank >= 0):
-        raise UsageError(f"RANK={shard.rank} WORLD_SIZE={shard.world_size} LOCAL_RANK={shard.local_rank}: no such rank")
+        raise InputError(f"RANK={shard.rank} WORLD_SIZE={shard.world_size} LOCAL_RANK={shard.local_rank}: no such rank")
     if shard.world_size > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
-        raise UsageError(f"WORLD_SIZE={shard.world_size} without MASTER_ADDR and MASTER_PORT: run under torchrun, "
+        raise InputError(f"WORLD_SIZE={shard.world_size} without MASTER_ADDR and MASTER_PORT: run under torchrun, "
                          "or unset WORLD_SIZE")  # fmt: skip
     return shard
 
 
-def _run_job(config: RunConfig, signals: _Signals) -> int:
+def _run_job(config: _RunConfig, signals: _Signals) -> int:
     """The run, alone or as one rank of a torchrun job. Returns the exit status."""
     try:
         report, outcome = _run_or_stop(config)
@@ -5612,22 +5473,22 @@ def _run_job(config: RunConfig, signals: _Signals) -> int:
     return status
 
 
-def _run_or_stop(config: RunConfig) -> tuple[RunReport, _Outcome]:
+def _run_or_stop(config: _RunConfig) -> tuple[_RunReport, _Outcome]:
     """The decoder check, joining the torchrun job, the run; what stops it before its loop (a
     signal while the model compiles, out of memory in the parity pass) is an outcome too, with
     nothing measured, reported and written like any stopped run."""
     decoder_check = None
     try:
         if config.shard.rank == 0 or config.shard.world_size == 1:
-            decoder_check = _check_decoder(config)
+            decoder_check = _check_run_decoder(config)
         if config.shard.world_size > 1:
             # Compilation happens on the first batches, before the warm-up barrier: allow for it.
-            init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
+            _init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
             _agree_on_job(config)
         return _run(config, decoder_check)
     except (RunStopped, RunInterrupted) as e:
         outcome = _Outcome(RunResult(len(config.my_images), partial=True), e)
-        report = RunReport(outcome.result, config.to_dict(), environment(config.device), [],
+        report = _RunReport(outcome.result, config.to_dict(), _environment(config.device), [],
                            decoder_check=decoder_check, world_size=config.shard.world_size)  # fmt: skip
         report.ranks = _combine_ranks(outcome, config)
         report.result = outcome.result
@@ -5652,7 +5513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if shard.rank != 0:
                 logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
             config = replace(_preflight(args, shard, command), start_time=start_time)
-            return _run_sweep(config, signals) if config.sweep else _run_job(config, signals)
+            return _sweep_command(config, signals) if config.sweep else _run_job(config, signals)
         except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
             message, status = _explain(e, config)
             _say(f"error: {message}")

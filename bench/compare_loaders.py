@@ -155,7 +155,7 @@ def decode_only_rate(paths: list[str], threads: int = 1, as_loader: bool = False
     def decode(path: str) -> None:
         data = Path(path).read_bytes()
         if as_loader:
-            ic.decode_frames(data)
+            ic._decode_frames(data)
         else:
             spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None)
 
@@ -173,7 +173,7 @@ def decode_only_rate(paths: list[str], threads: int = 1, as_loader: bool = False
 
 def image_kinds(data: bytes) -> list[str]:
     """The kinds one JPEG counts in, read from its frame header (``whole mix`` for every one)."""
-    header = ic.parse_jpeg_header(data)
+    header = ic._parse_jpeg_header(data)
     kinds = ["whole mix", "progressive" if header.frame_type == 0xC2 else "baseline"]
     if header.components == 3:
         kinds.append("colour 4:2:0" if header.chroma_420 else "colour 4:4:4" if header.sampling[0] == (1, 1)
@@ -186,7 +186,7 @@ def image_kinds(data: bytes) -> list[str]:
     return kinds
 
 
-def _decode_and_load_s(path: str, data: bytes, graphs: ic.FilterGraphCache, load_first: bool) -> tuple[float, float]:
+def _decode_and_load_s(path: str, data: bytes, graphs: ic._FilterGraphCache, load_first: bool) -> tuple[float, float]:
     """Seconds for FFmpeg to decode one image alone (FFmpeg's defaults, the format probed), and
     for the loader's own work on it (the module's decode, resize and crop), one right after the
     other."""
@@ -195,7 +195,7 @@ def _decode_and_load_s(path: str, data: bytes, graphs: ic.FilterGraphCache, load
         spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None)
 
     def load() -> None:
-        ic.crop_on_cpu(path, data, graphs)
+        ic._crop_on_cpu(path, data, graphs)
 
     spent = {}
     for step in (load, decode) if load_first else (decode, load):
@@ -220,12 +220,12 @@ def per_kind_rates(paths: list[str], repeats: int, first_pass: int = 0) -> dict[
     datas = [Path(path).read_bytes() for path in paths]
     kinds = [image_kinds(data) for data in datas]
     names = list(dict.fromkeys(kind for of_image in kinds for kind in of_image))
-    warm = ic.FilterGraphCache(ic.EvalTransform())
+    warm = ic._FilterGraphCache(ic.EvalTransform())
     for path, data in list(zip(paths, datas, strict=True))[:50]:  # untimed: the code paths, the allocator
         _decode_and_load_s(path, data, warm, False)
     passes: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for repeat in range(first_pass, first_pass + repeats):
-        graphs, spent = ic.FilterGraphCache(ic.EvalTransform()), {name: [0.0, 0.0] for name in names}
+        graphs, spent = ic._FilterGraphCache(ic.EvalTransform()), {name: [0.0, 0.0] for name in names}
         for path, data, of_image in zip(paths, datas, kinds, strict=True):
             decode_s, load_s = _decode_and_load_s(path, data, graphs, load_first=repeat % 2 == 1)
             for kind in of_image:
@@ -251,8 +251,8 @@ def open_loader(kind: str, flist: Path, threads: int, batch_size: int, transform
     the benchmark's CLI builds them (with a bad-image policy, which the CLI always has)."""
     images, cpu = ic.read_file_list(flist, f"{flist.parent}/"), torch.device("cpu")
     if kind == "torch":
-        loader = ic.get_torch_loader(ic.PILDataset(images, transform), batch_size, threads, cpu, 120)
-        yield ic.torch_loader_batches(loader, cpu, ic.BadImagePolicy())
+        loader = ic._get_torch_loader(ic._PILDataset(images, transform), batch_size, threads, cpu, 120)
+        yield ic._torch_loader_batches(loader, cpu, ic.BadImagePolicy())
         return
     decode = ic.get_decode_func(cpu, transform, policy=ic.BadImagePolicy())
     pipeline = ic.get_pipeline(images, batch_size, decode, threads, 16, threads)
@@ -282,8 +282,8 @@ def model_rates(flist: Path, model_name: str, batch_size: int, threads: int, war
     """Model-only and end-to-end images/s with the SPDL loader, through the benchmark's loop."""
     model = ic.get_model(model_name, "cpu", pretrained=False, compile=False, dtype="float32")
     with open_loader("spdl", flist, threads, batch_size, model.transform) as batches:
-        result = ic.benchmark(batches, model, listed=ic.count_list(flist), warmup_batches=warmup)
-    return {"model_fps": ic.measure_model(model, batch_size, result.batches, warmup), "e2e_fps": result.fps}
+        result = ic.benchmark(batches, model, listed=ic._count_list(flist), warmup_batches=warmup)
+    return {"model_fps": ic._measure_model(model, batch_size, result.batches, warmup), "e2e_fps": result.fps}
 
 
 SCALING_CHILD = """
@@ -371,7 +371,7 @@ def main() -> None:
     subset.write_text("\n".join(flist.read_text().splitlines()[: args.model_images]) + "\n")
     results["model"] = model_rates(subset, args.model, args.batch_size, args.max_threads, 1)
     results["scaling"] = scaling_check(flist, args.max_threads, args.repeats)
-    results["env"] = ic.environment(torch.device("cpu"))
+    results["env"] = ic._environment(torch.device("cpu"))
 
     med = {name: {t: statistics.median(results[name][str(t)]) for t in threads}
            for name in ("decode_only", "decode_only_as_loader")}  # fmt: skip

@@ -103,11 +103,11 @@ class _Graphs:
 def _decode(data: bytes, decoding: str = PROBED) -> spdl.io.ImageFrames:
     """FFmpeg demux and decode, one of the ways in ``ROWS``."""
     if decoding == LOADER:
-        return ic.decode_frames(data)
+        return ic._decode_frames(data)
     config = {
         PROBED: None,
         NAMED: spdl.io.demux_config(format="jpeg_pipe"),
-        ONE_PACKET: ic.ffmpeg_jpeg_configs()[0],
+        ONE_PACKET: ic._ffmpeg_jpeg_configs()[0],
     }[decoding]
     return spdl.io.decode_packets(spdl.io.demux_image(data, demux_config=config), filter_desc=None)
 
@@ -134,7 +134,7 @@ def pil_mad(paths: list[str], graphs: _Graphs, decoding: str) -> float:
     for path in paths:
         frames = graphs.apply(_decode(Path(path).read_bytes(), decoding))
         ours = spdl.io.to_numpy(spdl.io.convert_frames([frames])).reshape(T.size, T.size, 3).astype(np.int16)
-        worst = max(worst, float(np.abs(ours - ic.decode_pil(path, T).astype(np.int16)).mean()))
+        worst = max(worst, float(np.abs(ours - ic._decode_pil(path, T).astype(np.int16)).mean()))
     return worst
 
 
@@ -198,7 +198,7 @@ def main() -> None:
         "vs_yardstick": ratios,
         "pil_mad": mads,
         "loader": part2,
-        "env": ic.environment(torch.device("cpu")),
+        "env": ic._environment(torch.device("cpu")),
     }
     (args.out / "decode_paths.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out / 'decode_paths.json'}")

@@ -277,7 +277,7 @@ def main() -> None:
         return child_loop(args.child, args.seconds, args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     sets = {name: make_image_set(args.out / "images", args.images, mix=name) for name in ("imagenet", "default")}
-    results: dict = {"sampled": {}, "env": ic.environment(torch.device("cpu"))}
+    results: dict = {"sampled": {}, "env": ic._environment(torch.device("cpu"))}
     before = _module_at(args.before, args.out) if args.before else None
     for name, flist in sets.items() if args.sampling else ():
         runs, old = [], []

@@ -85,7 +85,7 @@ def top1_per_image(flist: Path, checkpoint: Path, device: str, decoder: str) -> 
 
     import imagenet_classification as ic
 
-    ic.check_gpu_decoder(decoder, torch.device(device))  # a clear reason if it cannot run here
+    ic._check_gpu_decoder(decoder, torch.device(device))  # a clear reason if it cannot run here
     model = ic.get_model("efficientnet_lite0", device, checkpoint=checkpoint, compile=False, dtype="float32")
     decode = ic.get_decode_func(device, model.transform, decoder)
     items = list(ic.source(flist, f"{flist.parent}/"))
@@ -115,7 +115,7 @@ def unusual_images(folder: Path, device: str, decoders: list[str], log) -> dict:
     for decoder in decoders:
         policy = ic.BadImagePolicy(skip=True)
         try:
-            ic.check_gpu_decoder(decoder, torch.device(device))
+            ic._check_gpu_decoder(decoder, torch.device(device))
             decode = ic.get_decode_func(device, decoder=decoder, policy=policy)
             mads = {}
             for item, expected in zip(items, reference, strict=True):  # one by one: a failure names its image
@@ -224,7 +224,7 @@ def nvjpeg_rates(flist: Path, device: str, batch_size: int = NVJPEG_BATCH, secon
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     datas = [(flist.parent / line).read_bytes() for line in flist.read_text().split()[:batch_size]]
-    datas = [data for data in datas if ic._nvjpeg_can_take(ic.parse_jpeg_header(data))]
+    datas = [data for data in datas if ic._nvjpeg_can_take(ic._parse_jpeg_header(data))]
     out: dict = {"device": device, "batch": len(datas), "jpeg_engines": jpeg_engines() if dev.type == "cuda" else None}
     nvimgcodec, said = ic._nvimgcodec()
     if nvimgcodec is None:
@@ -272,7 +272,7 @@ def resize_rates(images: list, sync, seconds: float) -> dict:
 
     transform = ic.EvalTransform()
     grouped = _rate(lambda: (ic._resize_crop_groups(images, transform), sync()), len(images), seconds)
-    single = _rate(lambda: ([ic.resize_crop_on_device(im, transform) for im in images], sync()), len(images), seconds)
+    single = _rate(lambda: ([ic._resize_crop_on_device(im, transform) for im in images], sync()), len(images), seconds)
     sizes = len({tuple(image.shape) for image in images})
     return {"sizes": sizes, "grouped_fps": grouped, "per_image_fps": single, "grouped_over_per_image": grouped / single}
 
@@ -284,7 +284,7 @@ def _ffmpeg_plane(data: bytes, plane: str):
     import imagenet_classification as ic
 
     frames = spdl.io.decode_packets(
-        spdl.io.demux_image(ic.first_jpeg_image(data)), filter_desc=f"extractplanes={plane}"
+        spdl.io.demux_image(ic._first_jpeg_image(data)), filter_desc=f"extractplanes={plane}"
     )
     height, width = frames.height, frames.width
     return spdl.io.to_numpy(spdl.io.convert_frames([frames])).reshape(height, width)
@@ -306,12 +306,12 @@ def nvdec_planes(paths: list[Path], device: str) -> dict:
 
     import imagenet_classification as ic
 
-    config = ic.spdl_cuda_config(torch.device(device))
+    config = ic._spdl_cuda_config(torch.device(device))
     out = {}
     for path in paths:
         data = path.read_bytes()
         try:
-            packets = spdl.io.demux_video(ic.first_jpeg_image(data))
+            packets = spdl.io.demux_video(ic._first_jpeg_image(data))
             width, height = packets.width, packets.height
             decoder = spdl.io.nvdec_decoder(config, packets.codec)
             nv12 = spdl.io.to_torch(decoder.decode_packets(packets))[0].cpu()
@@ -349,13 +349,13 @@ def nccl_one_rank(device: str) -> dict:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dev = torch.device(device)  # "cuda" too: init_distributed picks the current GPU
-    ic.init_distributed(dev, 60)
+    ic._init_distributed(dev, 60)
     try:
         result = ic.RunResult(listed=10, classified=9, failed=1, top1_correct=7, top5_correct=8,
                               frames_timed=8, elapsed_s=0.5, batches=3)  # fmt: skip
         result.predictions = [{"path": "a", "top1": 1}]
         result.decoder_backends = {"hardware": 8, "hybrid": 1}
-        total, ranks = ic.reduce_results(result, ic.Shard(0, 1, 0), dev)
+        total, ranks = ic._reduce_results(result, ic._Shard(0, 1, 0), dev)
         ok = (total.classified, total.top5_correct, total.elapsed_s, len(ranks)) == (9, 8, 0.5, 1)
         ok = ok and total.decoder_backends == result.decoder_backends
         return {"ok": ok, "backend": dist.get_backend(), "total": total.to_dict(), "ranks": ranks}
@@ -411,7 +411,7 @@ def main() -> None:
     first = args.out / "gpu_check.json"
     report: dict = json.loads(first.read_text()) if first.exists() else {}
     report.update({"device": args.device, "images": args.images, "legs": {}})
-    report["env"] = ic.environment(torch.device(args.device))
+    report["env"] = ic._environment(torch.device(args.device))
     deadline = time.monotonic() + args.time_budget - AGREEMENT_RESERVE_S
     report["decode_rates"] = decode_rates(flist)
     print(f"FFmpeg decode-only: {report['decode_rates']}", flush=True)

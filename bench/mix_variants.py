@@ -52,10 +52,10 @@ from compare_loaders import MIXES, decode_only_rate, loader_rate, make_image_set
 
 import imagenet_classification as ic  # noqa: E402
 
-CURRENT_FILTER, CURRENT_DECODE, CURRENT_READ = ic.EvalTransform.ffmpeg_filter, ic.decode_frames, ic.read_image_bytes
+CURRENT_FILTER, CURRENT_DECODE, CURRENT_READ = ic.EvalTransform.ffmpeg_filter, ic._decode_frames, ic._read_image_bytes
 
 
-class _OneStageCache(ic.FilterGraphCache):
+class _OneStageCache(ic._FilterGraphCache):
     """The cache before issue #17 (``admit_second = False``): a graph per size that also packs
     the crop to RGB24, kept from the first image of its size on; or kept from the second."""
 
@@ -68,7 +68,7 @@ class _OneStageCache(ic.FilterGraphCache):
         graph = graphs.pop(key, None)
         keep = graph is not None or not self.admit_second or seen.pop(key, False) is None
         if graph is None:
-            graph = ic.filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
+            graph = ic._filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
         graph.add_frames(frames)
         output = graph.get_frames()
         if keep:
@@ -80,7 +80,7 @@ class _OneStageCache(ic.FilterGraphCache):
         return output
 
 
-class _TwoStageCache(ic.FilterGraphCache):
+class _TwoStageCache(ic._FilterGraphCache):
     """The current cache, with every size's graph stopping at the crop in planar RGB and one
     graph per thread, set up once, packing the crops of all sizes to RGB24."""
 
@@ -88,7 +88,7 @@ class _TwoStageCache(ic.FilterGraphCache):
         planar = super().apply(frames)
         if not hasattr(self._local, "packer"):
             size = self.transform.size
-            self._local.packer = ic.filter_graph(size, size, "gbrp", "format=rgb24")
+            self._local.packer = ic._filter_graph(size, size, "gbrp", "format=rgb24")
         self._local.packer.add_frames(planar)
         return self._local.packer.get_frames()
 
@@ -97,7 +97,7 @@ def _planar_filter(transform: ic.EvalTransform, width: int, height: int) -> str:
     return CURRENT_FILTER(transform, width, height).removesuffix(",format=rgb24")
 
 
-class _PrebuiltCache(ic.FilterGraphCache):
+class _PrebuiltCache(ic._FilterGraphCache):
     """A bound, not a path: the current graphs, all set up before the clock starts (by
     :py:meth:`prebuild`), so that no image pays for setting up a graph."""
 
@@ -107,10 +107,10 @@ class _PrebuiltCache(ic.FilterGraphCache):
     def prebuild(cls, paths: list[str]) -> None:
         transform = ic.EvalTransform()
         for path in paths:
-            frames = ic.decode_frames(Path(path).read_bytes())
+            frames = ic._decode_frames(Path(path).read_bytes())
             key = (frames.width, frames.height, frames.pix_fmt)
             if key not in cls.graphs:
-                cls.graphs[key] = ic.filter_graph(*key, transform.ffmpeg_filter(key[0], key[1]))
+                cls.graphs[key] = ic._filter_graph(*key, transform.ffmpeg_filter(key[0], key[1]))
 
     def apply(self, frames: spdl.io.ImageFrames) -> spdl.io.VideoFrames:
         graph = self.graphs[(frames.width, frames.height, frames.pix_fmt)]
@@ -125,7 +125,7 @@ def _range_untold_filter(transform: ic.EvalTransform, width: int, height: int) -
 _grey = threading.local()  # whether the frame whose chain is being made is greyscale
 
 
-class _GreyAwareCache(ic.FilterGraphCache):
+class _GreyAwareCache(ic._FilterGraphCache):
     def apply(self, frames: spdl.io.ImageFrames) -> spdl.io.VideoFrames:
         _grey.now = frames.pix_fmt == "gray"
         return super().apply(frames)
@@ -139,11 +139,11 @@ def _grey_kept_filter(transform: ic.EvalTransform, width: int, height: int) -> s
 
 
 def _lowres_decode(data: bytes) -> spdl.io.ImageFrames:
-    size = ic.image_size(data)
+    size = ic._image_size(data)
     if not data.startswith(b"\xff\xd8") or size is None or min(size) < 2 * ic.EvalTransform().resize_short:
         return CURRENT_DECODE(data)
     options = {"err_detect": "explode", "lowres": "1"} | ({"idct": "xvid"} if ic.platform.machine() == "x86_64" else {})
-    packets = spdl.io.demux_image(data, demux_config=ic.ffmpeg_jpeg_configs()[0])
+    packets = spdl.io.demux_image(data, demux_config=ic._ffmpeg_jpeg_configs()[0])
     decode_config = spdl.io.decode_config(decoder_options=options)
     return spdl.io.decode_packets(packets, filter_desc=None, decode_config=decode_config, num_frames=1)
 
@@ -158,7 +158,7 @@ def _read_up_to_the_limit(path: str, max_bytes: int = ic.MAX_IMAGE_MB << 20) -> 
             data = f.read(max_bytes + 1)
     finally:
         os.close(fd)
-    ic.jpeg_truncated(data)
+    ic._jpeg_truncated(data)
     return data
 
 
@@ -166,11 +166,11 @@ def _read_up_to_the_limit(path: str, max_bytes: int = ic.MAX_IMAGE_MB << 20) -> 
 VARIANTS: dict[str, tuple[type, Callable, Callable, Callable]] = {
     "before": (_OneStageCache, _range_untold_filter, CURRENT_DECODE, _read_up_to_the_limit),
     "in_range": (_OneStageCache, CURRENT_FILTER, CURRENT_DECODE, CURRENT_READ),
-    "current": (ic.FilterGraphCache, CURRENT_FILTER, CURRENT_DECODE, CURRENT_READ),
+    "current": (ic._FilterGraphCache, CURRENT_FILTER, CURRENT_DECODE, CURRENT_READ),
     "one packer": (_TwoStageCache, _planar_filter, CURRENT_DECODE, CURRENT_READ),
     "grey kept grey": (_GreyAwareCache, _grey_kept_filter, CURRENT_DECODE, CURRENT_READ),
-    "lowres": (ic.FilterGraphCache, CURRENT_FILTER, _lowres_decode, CURRENT_READ),
-    "old read": (ic.FilterGraphCache, CURRENT_FILTER, CURRENT_DECODE, _read_up_to_the_limit),
+    "lowres": (ic._FilterGraphCache, CURRENT_FILTER, _lowres_decode, CURRENT_READ),
+    "old read": (ic._FilterGraphCache, CURRENT_FILTER, CURRENT_DECODE, _read_up_to_the_limit),
     "all prebuilt": (_PrebuiltCache, CURRENT_FILTER, CURRENT_DECODE, CURRENT_READ),
 }
 PER_IMAGE_VARIANTS = [name for name in VARIANTS if name != "old read"]  # the same per image as current
@@ -182,23 +182,23 @@ def variant(name: str) -> Iterator[None]:
     """The module patched to decode as ``name`` does, for the duration. Only the loader reads
     files (``per_kind_rates`` has the bytes in memory)."""
     cache, chain, decode, read = VARIANTS[name]
-    saved = ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames, ic.read_image_bytes
-    ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames, ic.read_image_bytes = (
+    saved = ic._FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic._decode_frames, ic._read_image_bytes
+    ic._FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic._decode_frames, ic._read_image_bytes = (
         cache, chain, decode, read)  # fmt: skip
     try:
         yield
     finally:
-        ic.FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic.decode_frames, ic.read_image_bytes = saved
+        ic._FilterGraphCache, ic.EvalTransform.ffmpeg_filter, ic._decode_frames, ic._read_image_bytes = saved
 
 
 def pil_agreement(paths: list[str]) -> dict[str, float]:
     """Mean and largest per-image mean absolute difference (0-255) from PIL's decode, bicubic
     resize and crop, with the module as patched now."""
-    transform, graphs, mads = ic.EvalTransform(), ic.FilterGraphCache(ic.EvalTransform()), []
+    transform, graphs, mads = ic.EvalTransform(), ic._FilterGraphCache(ic.EvalTransform()), []
     for path in paths:
-        crop = ic.crop_on_cpu(path, Path(path).read_bytes(), graphs)
+        crop = ic._crop_on_cpu(path, Path(path).read_bytes(), graphs)
         ours = spdl.io.to_numpy(spdl.io.convert_frames([crop]))[0, 0].astype(np.int16)
-        mads.append(float(np.abs(ours - ic.decode_pil(path, transform).astype(np.int16)).mean()))
+        mads.append(float(np.abs(ours - ic._decode_pil(path, transform).astype(np.int16)).mean()))
     return {"mean": float(np.mean(mads)), "max": max(mads)}
 
 
@@ -269,7 +269,7 @@ def main() -> None:
     args = parser.parse_args()
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
-    out = {"mix": args.mix, "env": ic.environment(torch.device("cpu"))}
+    out = {"mix": args.mix, "env": ic._environment(torch.device("cpu"))}
     if args.variants and args.rounds:
         out |= per_kind_table(paths, args.variants, args.rounds, args.agreement_images)
     if args.pipeline_repeats:

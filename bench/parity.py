@@ -91,8 +91,8 @@ class Variant:
         if self.torch_resize:
             return f"{pre}format=rgb24"
         new_w, new_h, left, top = transform.geometry(width, height)
-        x0, src_w, out_w, pad_x = (ic.resize_region if self.region else _whole)(width, new_w, left, transform.size)
-        y0, src_h, out_h, pad_y = (ic.resize_region if self.region else _whole)(height, new_h, top, transform.size)
+        x0, src_w, out_w, pad_x = (ic._resize_region if self.region else _whole)(width, new_w, left, transform.size)
+        y0, src_h, out_h, pad_y = (ic._resize_region if self.region else _whole)(height, new_h, top, transform.size)
         region = "" if (src_w, src_h) == (width, height) else f"crop={src_w}:{src_h}:{x0}:{y0}:exact=1,"
         scale = f"scale={out_w}:{out_h}:flags={self.flags}{self.params}"
         return f"{region}{pre}{scale},format=gbrp,crop={transform.size}:{transform.size}:{pad_x}:{pad_y},format=rgb24"
@@ -151,9 +151,9 @@ class _Decoder:
     def __call__(self, data: bytes) -> np.ndarray:
         """One image: uint8 ``size x size x 3``."""
         if self.variant.module:
-            frames = ic.decode_frames(data)
+            frames = ic._decode_frames(data)
         else:
-            packets = spdl.io.demux_image(data, demux_config=ic.ffmpeg_jpeg_configs()[0])
+            packets = spdl.io.demux_image(data, demux_config=ic._ffmpeg_jpeg_configs()[0])
             frames = spdl.io.decode_packets(packets, filter_desc=None, decode_config=self.decode_config, num_frames=1)
         key = (frames.width, frames.height, frames.pix_fmt)
         graph = self.graphs.get(key)
@@ -193,7 +193,7 @@ def check_reference(paths: list[str], model: torch.nn.Module, transform: ic.Eval
     for path in paths:
         with Image.open(path) as image:
             expected = np.asarray(to_pixels(image.convert("RGB")))
-        crops.append(ic.decode_pil(path, transform))
+        crops.append(ic._decode_pil(path, transform))
         assert np.array_equal(crops[-1], expected), f"{path}: decode_pil differs from timm's transform"
     return np.stack(crops)
 
@@ -325,7 +325,7 @@ def main() -> None:
     for result in results:
         result.rate_ratio = 1.0 if result.name == BEFORE.name else rates.get(result.name)
     _print_table(results, len(names))
-    out = {"images": len(names), "results": [asdict(r) for r in results], "env": ic.environment(torch.device("cpu"))}
+    out = {"images": len(names), "results": [asdict(r) for r in results], "env": ic._environment(torch.device("cpu"))}
     (args.out / "parity.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out / 'parity.json'}")
 

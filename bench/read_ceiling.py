@@ -106,7 +106,7 @@ def main() -> None:
     results = {"images": len(images), "bytes": size, "threads": threads, "runs": runs, "resident": resident,
                "ratios": {f"{what}_cold_over_warm_{t}threads": paired(t, what) for what in ("read", "loader")
                           for t in threads},
-               "env": ic.environment(CPU)}  # fmt: skip
+               "env": ic._environment(CPU)}  # fmt: skip
     for t in threads:
         results["ratios"][f"loader_over_read_cold_{t}threads"] = median("loader_cold", t) / median("read_cold", t)
     (args.out / "read_ceiling.json").write_text(json.dumps(results, indent=2) + "\n")

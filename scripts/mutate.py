@@ -103,13 +103,13 @@ GROUPS: dict[str, Group] = {
     ),
     "timing": Group(
         [
-            "TimingWindow",
+            "_TimingWindow",
             "benchmark",
             "_Loop",
             "_timed_rate",
             "measure_loader",
-            "measure_model",
-            "Breakdown.from_rates",
+            "_measure_model",
+            "_Breakdown.from_rates",
         ],  # fmt: skip
         _numbers(
             "test_breakdown_bound_and_efficiency_by_hand",
@@ -133,7 +133,7 @@ GROUPS: dict[str, Group] = {
         ],
     ),
     "results": Group(
-        ["RunResult", "reduce_results", "_rank_entry", "print_summary", "print_breakdown"],
+        ["RunResult", "_reduce_results", "_rank_entry", "_print_summary", "_print_breakdown"],
         _numbers(
             "test_results_and_their_rates_by_hand",
             "test_summary_of_a_run_without_failures_says_none",
@@ -164,7 +164,7 @@ GROUPS: dict[str, Group] = {
             "EvalTransform.geometry",
             "EvalTransform.ffmpeg_filter",
             "_crop_start",
-            "resize_region",
+            "_resize_region",
             "REGION_TOLERANCE",
         ],  # fmt: skip
         _numbers(
@@ -196,13 +196,13 @@ GROUPS: dict[str, Group] = {
         ],
     ),
     "shards": Group(
-        ["source", "ImageList.shard", "Shard", "_warmup_for_all_ranks"],
+        ["source", "ImageList.shard", "_Shard", "_warmup_for_all_ranks"],
         _numbers("test_shard_sizes_by_hand", "test_each_rank_takes_every_nth_line_from_its_own")
         + ["tests/test_distributed.py::test_shards_cover_every_line_once", *_numbers("test_torchrun_per_rank_figures")],
         ["tests/test_distributed.py::test_shards_cover_every_line_once", "tests/test_source.py", *_OLD_TORCHRUN],
     ),
     "bad-image policy": Group(
-        ["_max_bad", "BadImagePolicy", "decode_items"],
+        ["_max_bad", "BadImagePolicy", "_decode_items"],
         _numbers(
             "test_max_bad_values_accepted_and_refused",
             "test_bad_image_policy_bookkeeping_by_hand",
@@ -309,49 +309,49 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("EvalTransform.ffmpeg_filter",
      'region = "" if (src_w, src_w) == (width, height) else f"crop={src_w}:{src_h}:{x0}:{y0}:exact=1,"',
      "true only for a square image, whose sides have the same region: the same test"),
-    ("resize_region", "if ratio <= 1:", "a side that is not scaled is resized whole: the same samples, more work"),
-    ("resize_region", "for pad in range(5, 17):", _REGION),
-    ("resize_region", "for pad in range(4, 18):", _REGION),
-    ("resize_region", "for pad in range(4, 16):", _REGION),
-    ("resize_region", "for out in range(crop + pad + 4, max(crop + pad + 40, best_out)):", _REGION),
-    ("resize_region", "for out in range(crop + pad + 5, min(crop + pad + 40, best_out)):", _REGION),
-    ("resize_region", "for out in range(crop + pad + 4, min(crop + pad + 41, best_out)):", _REGION),
-    ("resize_region", "for out in range(crop + pad + 4, min(crop + pad + 39, best_out)):", _REGION),
-    ("resize_region", "src_len = 2 * math.floor(out * ratio / 2)", _REGION),
-    ("resize_region", "start = 2 * math.ceil(ideal_start / 2)", _REGION),
-    ("resize_region", "if start <= 0 or start + src_len > length:", _REGION),
-    ("resize_region", "if start < 0 or start + src_len >= length:", _REGION),
-    ("resize_region", "if start < 1 or start + src_len > length:", _REGION),
-    ("resize_region", "if start < -1 or start + src_len > length:", "start is even: the same test as start < 0"),
-    ("resize_region", "if max(abs(first), abs(first + (crop - 1) * (step - ratio))) < REGION_TOLERANCE:", _REGION),
-    ("resize_region", "if max(abs(first), abs(first + (crop + 1) * (step - ratio))) <= REGION_TOLERANCE:",
+    ("_resize_region", "if ratio <= 1:", "a side that is not scaled is resized whole: the same samples, more work"),
+    ("_resize_region", "for pad in range(5, 17):", _REGION),
+    ("_resize_region", "for pad in range(4, 18):", _REGION),
+    ("_resize_region", "for pad in range(4, 16):", _REGION),
+    ("_resize_region", "for out in range(crop + pad + 4, max(crop + pad + 40, best_out)):", _REGION),
+    ("_resize_region", "for out in range(crop + pad + 5, min(crop + pad + 40, best_out)):", _REGION),
+    ("_resize_region", "for out in range(crop + pad + 4, min(crop + pad + 41, best_out)):", _REGION),
+    ("_resize_region", "for out in range(crop + pad + 4, min(crop + pad + 39, best_out)):", _REGION),
+    ("_resize_region", "src_len = 2 * math.floor(out * ratio / 2)", _REGION),
+    ("_resize_region", "start = 2 * math.ceil(ideal_start / 2)", _REGION),
+    ("_resize_region", "if start <= 0 or start + src_len > length:", _REGION),
+    ("_resize_region", "if start < 0 or start + src_len >= length:", _REGION),
+    ("_resize_region", "if start < 1 or start + src_len > length:", _REGION),
+    ("_resize_region", "if start < -1 or start + src_len > length:", "start is even: the same test as start < 0"),
+    ("_resize_region", "if max(abs(first), abs(first + (crop - 1) * (step - ratio))) < REGION_TOLERANCE:", _REGION),
+    ("_resize_region", "if max(abs(first), abs(first + (crop + 1) * (step - ratio))) <= REGION_TOLERANCE:",
      "the error is linear in k: bounded at k = 0 and k = crop + 1, it is bounded at crop - 1. " + _REGION),
-    ("resize_region", "if max(abs(first), abs(first + (crop - 0) * (step - ratio))) <= REGION_TOLERANCE:",
+    ("_resize_region", "if max(abs(first), abs(first + (crop - 0) * (step - ratio))) <= REGION_TOLERANCE:",
      "the error is linear in k: bounded at k = 0 and k = crop, it is bounded at crop - 1. " + _REGION),
-    ("resize_region", "best, best_out = (start, src_len, out, pad), best_out", _REGION),
-    ("TimingWindow", "elif self.batches >= self.warmup_batches:", "the equal case is taken by the `if` above"),
-    ("TimingWindow", "event = torch.cuda.Event(enable_timing=False)", _GPU),
-    ("TimingWindow", "times = [self._start_mark.elapsed_time(event) * 1e3 for event, _ in self.marks]", _GPU),
-    ("TimingWindow", "times = [self._start_mark.elapsed_time(event) / 1001.0 for event, _ in self.marks]", _GPU),
-    ("TimingWindow", "times = [self._mark.elapsed_time(event) / 1e3 for event, _ in self.marks]", _GPU),
-    ("TimingWindow", "times = [self.t_start.elapsed_time(event) / 1e3 for event, _ in self.marks]", _GPU),
-    ("TimingWindow", "return self.frames_all, self.t_end - self._start_mark, True", _CLOCKS),
-    ("TimingWindow", "times = [t - self.t_start for t, _ in self.marks]", _CLOCKS),
-    ("TimingWindow", '"warmup_end_s": (self.t_warm - self._start_mark) if timed else 0.0,', _CLOCKS),
-    ("TimingWindow", '"end_s": self.t_end - self._start_mark,', _CLOCKS),
-    ("TimingWindow", "images = [0] * (round(max(times, default=0.0) // interval) + 1)", _FLOOR),
-    ("TimingWindow", "images = [0] * (int(max(times, default=0.0) / interval) + 1)", _FLOOR),
-    ("TimingWindow", "images[round(t // interval)] += frames", _FLOOR),
-    ("TimingWindow", "images[int(t / interval)] += frames", _FLOOR),
-    ("TimingWindow", "for t, frames in zip(times, (f for _, f in self.marks), strict=False):",
+    ("_resize_region", "best, best_out = (start, src_len, out, pad), best_out", _REGION),
+    ("_TimingWindow", "elif self.batches >= self.warmup_batches:", "the equal case is taken by the `if` above"),
+    ("_TimingWindow", "event = torch.cuda.Event(enable_timing=False)", _GPU),
+    ("_TimingWindow", "times = [self._start_mark.elapsed_time(event) * 1e3 for event, _ in self.marks]", _GPU),
+    ("_TimingWindow", "times = [self._start_mark.elapsed_time(event) / 1001.0 for event, _ in self.marks]", _GPU),
+    ("_TimingWindow", "times = [self._mark.elapsed_time(event) / 1e3 for event, _ in self.marks]", _GPU),
+    ("_TimingWindow", "times = [self.t_start.elapsed_time(event) / 1e3 for event, _ in self.marks]", _GPU),
+    ("_TimingWindow", "return self.frames_all, self.t_end - self._start_mark, True", _CLOCKS),
+    ("_TimingWindow", "times = [t - self.t_start for t, _ in self.marks]", _CLOCKS),
+    ("_TimingWindow", '"warmup_end_s": (self.t_warm - self._start_mark) if timed else 0.0,', _CLOCKS),
+    ("_TimingWindow", '"end_s": self.t_end - self._start_mark,', _CLOCKS),
+    ("_TimingWindow", "images = [0] * (round(max(times, default=0.0) // interval) + 1)", _FLOOR),
+    ("_TimingWindow", "images = [0] * (int(max(times, default=0.0) / interval) + 1)", _FLOOR),
+    ("_TimingWindow", "images[round(t // interval)] += frames", _FLOOR),
+    ("_TimingWindow", "images[int(t / interval)] += frames", _FLOOR),
+    ("_TimingWindow", "for t, frames in zip(times, (f for _, f in self.marks), strict=False):",
      "both come from self.marks: always the same length"),
-    ("TimingWindow", '"batch_end_s": [round(t, 7) for t in times],',
+    ("_TimingWindow", '"batch_end_s": [round(t, 7) for t in times],',
      "the batch ends are kept to the microsecond; 10 us more or less is far below what a batch's end means"),
-    ("TimingWindow", '"batch_end_s": [round(t, 5) for t in times],',
+    ("_TimingWindow", '"batch_end_s": [round(t, 5) for t in times],',
      "the batch ends are kept to the microsecond; 10 us more or less is far below what a batch's end means"),
     ("RunResult", "predictions: list[dict] | None = field(default=None, repr=True)",
      "repr only: no figure, and the results file leaves predictions out"),
-    ("Breakdown.from_rates", 'bottleneck = "loader" if loader_fps <= model_fps else "model"',
+    ("_Breakdown.from_rates", 'bottleneck = "loader" if loader_fps <= model_fps else "model"',
      "only a tie of two measured rates differs, where neither side is the bottleneck"),
     ("_timed_rate", "return frames / seconds if seconds >= 0 else 0.0",
      "seconds is never 0 or less: two reads of a monotonic nanosecond clock around the loop"),
@@ -359,14 +359,14 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "seconds is never 0 or less: two reads of a monotonic nanosecond clock around the loop"),
     ("_timed_rate", "return frames / seconds if seconds > -1 else 0.0",
      "seconds is never 0 or less: two reads of a monotonic nanosecond clock around the loop"),
-    ("measure_model", "images = torch.randint(1, 256, (batch_size, size, size, 3), dtype=torch.uint8, device=device)",
+    ("_measure_model", "images = torch.randint(1, 256, (batch_size, size, size, 3), dtype=torch.uint8, device=device)",
      "the pixel values of the synthetic images do not change the model's speed"),
-    ("measure_model", "images = torch.randint(0, 255, (batch_size, size, size, 3), dtype=torch.uint8, device=device)",
+    ("_measure_model", "images = torch.randint(0, 255, (batch_size, size, size, 3), dtype=torch.uint8, device=device)",
      "the pixel values of the synthetic images do not change the model's speed"),
-    ("reduce_results", 'on = device if device.type != "cuda" else torch.device("cpu")',
+    ("_reduce_results", 'on = device if device.type != "cuda" else torch.device("cpu")',
      "on the CPU both give the CPU; on a GPU, NCCL refuses CPU tensors and the run stops with an error: "
      "no wrong figure (and no GPU here to show it)"),
-    ("reduce_results", "total = RunResult(**dict(zip(fields, counts.tolist(), strict=False)))",
+    ("_reduce_results", "total = RunResult(**dict(zip(fields, counts.tolist(), strict=False)))",
      "both come from `fields`: always the same length"),
     ("_warmup_for_all_ranks", "most = math.ceil(shard.size_of(listed, 0) * batch_size)", _BOUND),
     ("_warmup_for_all_ranks", "most = math.ceil(shard.size_of(listed, -1) / batch_size)",
@@ -896,7 +896,7 @@ def print_semantic(summary: dict, semantic: list[Mutant]) -> None:
           f"{summary['error']} ERRORS (snippets to re-anchor)")  # fmt: skip
 
 
-def print_report(summary: dict, mutants: list[Mutant], edits: list[Mutant], seconds: float) -> None:
+def _print_report(summary: dict, mutants: list[Mutant], edits: list[Mutant], seconds: float) -> None:
     print("\nThe issue's hand edits:")
     for e in edits:
         print(f"  {e.status:8} {e.description}" + (f": {e.diff}" if e.status == "error" else ""))
@@ -963,7 +963,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.monotonic() - started
     summary = summarise(mutants, edits)
     if mutants or edits:
-        print_report(summary, mutants, edits, seconds)
+        _print_report(summary, mutants, edits, seconds)
     if semantic:
         summary["semantic"] = summarise_semantic(semantic)
         print_semantic(summary["semantic"], semantic)

@@ -15,18 +15,18 @@ from PIL import Image
 
 from imagenet_classification import (
     BadImagePolicy,
-    DecoderError,
+    InputError,
     EvalTransform,
-    FilterGraphCache,
     ImageDecodeError,
-    check_gpu_decoder,
-    decode_cpu_image,
-    decode_frames,
+    _check_gpu_decoder,
+    _decode_cpu_image,
+    _decode_frames,
+    _FilterGraphCache,
+    _nvdec_can_take,
+    _parse_jpeg_header,
+    _read_image_bytes,
+    _resize_region,
     get_decode_func,
-    nvdec_can_take,
-    parse_jpeg_header,
-    read_image_bytes,
-    resize_region,
     source,
 )
 from tests.conftest import label_colour, write_jpeg
@@ -85,7 +85,7 @@ def _pil_reference(path: str, transform: EvalTransform) -> np.ndarray:
 
 def test_cached_filter_graphs_equal_a_fresh_graph_per_image(jpeg_set):
     transform = EvalTransform()
-    graphs = FilterGraphCache(transform, capacity=2)  # 4 sizes in the set: graphs are dropped and rebuilt
+    graphs = _FilterGraphCache(transform, capacity=2)  # 4 sizes in the set: graphs are dropped and rebuilt
     for path, _ in _items(jpeg_set) * 2:
         packets = spdl.io.demux_image(path)
         filter_desc = transform.ffmpeg_filter(packets.width, packets.height)
@@ -100,20 +100,20 @@ def test_image_files_are_read_whole_in_one_read_of_their_size(tmp_path):
     # One read of the size fstat gives, and a byte more: a file that grew is still read whole (or
     # refused over the limit), and so is one whose size says 0 although it has data, as /proc's.
     path = write_jpeg(tmp_path / "a.JPEG", (64, 48), (10, 20, 30))
-    assert read_image_bytes(str(path)) == path.read_bytes()
+    assert _read_image_bytes(str(path)) == path.read_bytes()
     with pytest.raises(ImageDecodeError, match="over the"):
-        read_image_bytes(str(path), max_bytes=100)
+        _read_image_bytes(str(path), max_bytes=100)
     if Path("/proc/self/status").is_file():
-        assert read_image_bytes("/proc/self/status").startswith(b"Name:")
+        assert _read_image_bytes("/proc/self/status").startswith(b"Name:")
 
 
 def test_a_sizes_graph_is_kept_from_its_second_image_on(tmp_path):
     # Sizes met once (most of ImageNet's long tail) must not push the common sizes' graphs out.
     common = write_jpeg(tmp_path / "common.JPEG", (500, 375), (90, 120, 150))
     once = [write_jpeg(tmp_path / f"once{i}.JPEG", (400 + i, 300), (90, 120, 150)) for i in range(4)]
-    graphs = FilterGraphCache(EvalTransform(), capacity=2)
+    graphs = _FilterGraphCache(EvalTransform(), capacity=2)
     for path in [common, *once, common, *once[:1]]:
-        graphs.apply(decode_frames(path.read_bytes()))
+        graphs.apply(_decode_frames(path.read_bytes()))
     assert set(graphs._local.graphs) == {(500, 375, "yuvj420p"), (400, 300, "yuvj420p")}
     assert set(graphs._local.seen) == {(400 + i, 300, "yuvj420p") for i in range(1, 4)}
 
@@ -132,7 +132,7 @@ def test_telling_swscale_the_input_is_full_range_changes_no_pixel(tmp_path, mode
     assert ":in_range=full" in told
     outputs = []
     for chain in (told, told.replace(":in_range=full", "")):
-        frames = decode_frames(path.read_bytes())
+        frames = _decode_frames(path.read_bytes())
         source = f"buffer=video_size=500x333:pix_fmt={frames.pix_fmt}:time_base=1/25:pixel_aspect=1/1"
         graph = spdl.io.FilterGraph(f"{source},{chain},buffersink")
         graph.add_frames(frames)
@@ -144,7 +144,7 @@ def test_telling_swscale_the_input_is_full_range_changes_no_pixel(tmp_path, mode
 def test_jpeg_is_decoded_with_the_xvid_idct_within_rounding_of_ffmpegs_default(demo_photos):
     # The loader's decode differs from FFmpeg's default IDCT (so the option reaches the decoder),
     # by no more than IDCT rounding, seen through the same resize and crop.
-    graphs = FilterGraphCache(EvalTransform())
+    graphs = _FilterGraphCache(EvalTransform())
 
     def pixels(frames: spdl.io.ImageFrames) -> np.ndarray:
         return spdl.io.to_numpy(spdl.io.convert_frames([graphs.apply(frames)])).astype(np.int16)
@@ -152,7 +152,7 @@ def test_jpeg_is_decoded_with_the_xvid_idct_within_rounding_of_ffmpegs_default(d
     for path, _ in _items(demo_photos)[:5]:
         data = Path(path).read_bytes()
         default = spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None)
-        diff = np.abs(pixels(decode_frames(data)) - pixels(default))
+        diff = np.abs(pixels(_decode_frames(data)) - pixels(default))
         assert 0 < diff.mean() < 0.5 and diff.max() <= 8, (path, diff.mean(), diff.max())
 
 
@@ -175,7 +175,7 @@ def test_resize_region_samples_where_the_whole_frame_would(width, height):
     transform = EvalTransform()
     new_w, new_h, left, top = transform.geometry(width, height)
     for length, resized, offset in ((width, new_w, left), (height, new_h, top)):
-        start, src_len, out, pad = resize_region(length, resized, offset, transform.size)
+        start, src_len, out, pad = _resize_region(length, resized, offset, transform.size)
         if (start, src_len, out, pad) == (0, length, resized, offset):
             continue  # the whole side
         assert length >= resized and out < resized
@@ -218,7 +218,7 @@ def test_resize_region_finds_what_a_plain_search_finds(size, crop_pct):
         for other in (length, 333, 375, 500, 301):
             new_w, new_h, left, top = transform.geometry(length, other)
             for args in ((length, new_w, left, size), (other, new_h, top, size)):
-                found = resize_region(*args)
+                found = _resize_region(*args)
                 assert found == _resize_region_by_loop(*args) and all(type(v) is int for v in found), args
 
 
@@ -227,8 +227,8 @@ def test_resize_region_is_used_for_imagenets_common_sizes():
     for width, height in ((500, 375), (375, 500), (500, 333), (640, 480)):
         new_w, new_h, left, top = transform.geometry(width, height)
         long_side = (width, new_w, left) if width > height else (height, new_h, top)
-        assert resize_region(*long_side, transform.size)[1] < long_side[0]
-    assert resize_region(200, 256, 16, 224) == (0, 200, 256, 16)  # enlarged: the whole side
+        assert _resize_region(*long_side, transform.size)[1] < long_side[0]
+    assert _resize_region(200, 256, 16, 224) == (0, 200, 256, 16)  # enlarged: the whole side
 
 
 @pytest.mark.parametrize("size", [(300, 273), (273, 300), (500, 375), (640, 427), (224, 224)])
@@ -400,25 +400,25 @@ def test_which_images_nvdec_can_take(tmp_path):
     for name, (picture, options, frame_type, expected) in cases.items():
         path = tmp_path / name
         picture.save(path, **{"format": "JPEG", **options})
-        header = parse_jpeg_header(path.read_bytes())
+        header = _parse_jpeg_header(path.read_bytes())
         assert (header.frame_type if header else None) == frame_type, name
-        assert nvdec_can_take(header) is expected, name
-    header = parse_jpeg_header((tmp_path / "cmyk.JPEG").read_bytes())
+        assert _nvdec_can_take(header) is expected, name
+    header = _parse_jpeg_header((tmp_path / "cmyk.JPEG").read_bytes())
     assert (header.components, header.width, header.height) == (4, 128, 96)
 
 
 def test_gpu_fallback_image_equals_the_ffmpeg_batch(jpeg_set):
     transform = EvalTransform()
     path, label = _items(jpeg_set)[0]
-    image = decode_cpu_image(path, FilterGraphCache(transform), torch.device("cpu"), Path(path).read_bytes())
+    image = _decode_cpu_image(path, _FilterGraphCache(transform), torch.device("cpu"), Path(path).read_bytes())
     batch, _ = get_decode_func("cpu", transform)([(path, label)])
     assert image.shape == (3, 224, 224) and torch.equal(image, batch[0])
 
 
 def test_gpu_decoders_refuse_cpu_at_start():
     for decoder in ("nvjpeg", "nvdec"):
-        with pytest.raises(DecoderError, match=f"{decoder} decodes on a CUDA GPU"):
-            check_gpu_decoder(decoder, torch.device("cpu"))
-    assert check_gpu_decoder("ffmpeg", torch.device("cpu")) == "ffmpeg"
+        with pytest.raises(InputError, match=f"{decoder} decodes on a CUDA GPU"):
+            _check_gpu_decoder(decoder, torch.device("cpu"))
+    assert _check_gpu_decoder("ffmpeg", torch.device("cpu")) == "ffmpeg"
     with pytest.raises(ValueError, match="unknown decoder"):
         get_decode_func("cpu", decoder="pil")

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from imagenet_classification import Shard, source
+from imagenet_classification import _Shard, source
 from tests.conftest import ROOT, read_json, run_cli
 
 
@@ -34,7 +34,7 @@ def test_shards_cover_every_line_once(jpeg_set):
     for world in (2, 3, 7):
         shards = [list(source(jpeg_set, rank=r, world_size=world)) for r in range(world)]
         assert sorted(item for shard in shards for item in shard) == sorted(everything)
-        assert [len(s) for s in shards] == [Shard(r, world).size_of(len(everything)) for r in range(world)]
+        assert [len(s) for s in shards] == [_Shard(r, world).size_of(len(everything)) for r in range(world)]
 
 
 def test_torchrun_totals_equal_a_single_process(demo_photos, lite0_checkpoint, tmp_path):

@@ -19,16 +19,16 @@ from PIL import Image
 
 from imagenet_classification import (
     BadImagePolicy,
-    Batch,
-    DecoderError,
+    InputError,
     EvalTransform,
+    _Batch,
+    _check_decoder,
+    _check_gpu_decoder,
+    _nv12_to_rgb,
+    _resize_crop_on_device,
     benchmark,
-    check_decoder,
-    check_gpu_decoder,
     get_decode_func,
     get_model,
-    nv12_to_rgb,
-    resize_crop_on_device,
     source,
 )
 
@@ -73,7 +73,7 @@ def test_nv12_conversion_gives_a_jpegs_colours(demo_photos, tmp_path):
     for path in _photo_jpegs(demo_photos, tmp_path, [(500, 374), (374, 500), (640, 426), (320, 240)]):
         nv12 = _nv12(path)
         pil = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"))).permute(2, 0, 1).float()
-        ours = (nv12_to_rgb(nv12).round() - pil).abs().mean().item()
+        ours = (_nv12_to_rgb(nv12).round() - pil).abs().mean().item()
         wrong = (_limited_bt709(nv12).round() - pil).abs().mean().item()
         assert ours < 1.2, (path.name, ours)
         assert wrong > 5, (path.name, wrong)  # the comparison can tell the two apart
@@ -86,7 +86,7 @@ def test_nvdec_output_through_the_device_resize_matches_the_ffmpeg_path(demo_pho
     (path,) = _photo_jpegs(demo_photos, tmp_path, [size])
     even = (size[0] + size[0] % 2, size[1] + size[1] % 2)
     transform = EvalTransform()
-    ours = resize_crop_on_device(nv12_to_rgb(_nv12(path, even if even != size else None)), transform, size)
+    ours = _resize_crop_on_device(_nv12_to_rgb(_nv12(path, even if even != size else None)), transform, size)
     reference, _ = get_decode_func("cpu", transform)([(str(path), 0)])
     assert ours.shape == (3, 224, 224) and ours.dtype == torch.uint8
     assert (ours.float() - reference[0].float()).abs().mean().item() < 1.5
@@ -139,21 +139,21 @@ def test_decoder_check_stops_a_decoder_that_gets_the_colours_wrong(jpeg_set):
 
     def swapped(batch_items):  # a decoder that delivers BGR: the kind of fault a driver could bring
         batch = real(batch_items)
-        return Batch(batch[0].flip(1), batch[1], batch.paths)
+        return _Batch(batch[0].flip(1), batch[1], batch.paths)
 
     pattern = r"swapped decodes .*\.JPEG with a mean absolute difference of \d+\.\d"
-    with pytest.raises(DecoderError, match=pattern) as info:
-        check_decoder(swapped, items, transform, "swapped")
-    assert info.value.decoder == "swapped"
-    check = check_decoder(get_decode_func("cpu", transform, "nvjpeg"), items, transform, "nvjpeg")
+    with pytest.raises(InputError, match=pattern) as info:
+        _check_decoder(swapped, items, transform, "swapped")
+    assert info.value.flag == "--use-swapped"
+    check = _check_decoder(get_decode_func("cpu", transform, "nvjpeg"), items, transform, "nvjpeg")
     assert check.ok and check.images == 8 and 0 < check.mad_max < 1.5
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="SPDL's CUDA extension loads where there is a GPU")
 def test_a_cuda_run_without_spdls_cuda_extension_names_the_real_import_error():
     pattern = r"SPDL's CUDA extension.* cannot load: libcuda\.so\.1: cannot open shared object file"
-    with pytest.raises(DecoderError, match=pattern):
-        check_gpu_decoder("ffmpeg", torch.device("cuda", 0))
+    with pytest.raises(InputError, match=pattern):
+        _check_gpu_decoder("ffmpeg", torch.device("cuda", 0))
 
 
 def test_a_compiled_model_does_not_recompile_for_a_padded_or_planar_batch(jpeg_set):

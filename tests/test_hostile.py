@@ -110,17 +110,17 @@ def test_a_results_folder_removed_during_the_run_is_one_line_after_the_summary(d
 def test_a_failed_write_leaves_the_old_results_whole(tmp_path, monkeypatch):
     path = tmp_path / "r.json"
     path.write_text('{"old": true}\n')
-    report = ic.RunReport(ic.RunResult(listed=1, classified=1), {}, {}, [])
+    report = ic._RunReport(ic.RunResult(listed=1, classified=1), {}, {}, [])
 
     def disk_full(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(OSError, match="No space left"):
-        ic.write_results(path, report)
+        ic._write_results(path, report)
     assert path.read_text() == '{"old": true}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
     monkeypatch.undo()
-    ic.write_results(path, report)
+    ic._write_results(path, report)
     assert json.loads(path.read_text())["classified"] == 1
 
 
@@ -313,7 +313,7 @@ def test_damaged_jpegs_and_bombs_are_counted_failures(demo_photos, tmp_path):
     assert "over the limit of 178,956,970" in reasons["bomb"] and "would be resized to" in reasons["strip"]
     for path, _ in items[2:]:  # the DataLoader baseline's decoder refuses them too
         with pytest.raises(ic.ImageDecodeError):
-            ic.decode_pil(path, ic.EvalTransform())
+            ic._decode_pil(path, ic.EvalTransform())
 
 
 @pytest.mark.parametrize("error", [ConnectionResetError(104, "Connection reset by peer"), EOFError()])
@@ -325,9 +325,10 @@ def test_a_worker_dying_while_its_batch_is_handed_over_is_a_loader_failure(error
         yield
 
     with pytest.raises(
-        ic.LoaderFailed, match=f"the DataLoader failed: a worker's connection broke \\({type(error).__name__}"
-    ):
-        next(ic.torch_loader_batches(batches(), torch.device("cpu"), ic.BadImagePolicy()))
+        ic.RunStopped, match=f"the DataLoader failed: a worker's connection broke \\({type(error).__name__}"
+    ) as info:
+        next(ic._torch_loader_batches(batches(), torch.device("cpu"), ic.BadImagePolicy()))
+    assert info.value.kind == "loader"
 
 
 def test_a_dead_dataloader_worker_stops_the_run_with_its_result(dataset, tmp_path):
@@ -437,7 +438,7 @@ def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(da
     args = ["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--results-file", out,
             "--predictions-file", rows, "--plot", plot]  # fmt: skip
     ic._init_logging()  # onto this test's stderr (an earlier in-process main() left it on its own)
-    config = ic._preflight(ic._parse_args([str(a) for a in args]), ic.Shard())
+    config = ic._preflight(ic._parse_args([str(a) for a in args]), ic._Shard())
     plot.mkdir()  # the plot's name taken by a folder after the start-up check
     report, outcome = ic._run_or_stop(config)
     assert ic._finish(report, outcome, config) == 1
@@ -702,7 +703,7 @@ def test_stdout_and_dash_are_no_output_files(dataset, tmp_path, capfd):
     status, _, stderr = _main([*base, "--results-file", "/dev/stdout"], capfd)
     assert status == 2 and "that is the file the run's stdout goes to" in _errors(stderr)[0], stderr
     with pytest.raises(OSError, match="the file the run's stdout goes to"):  # the write's test is the same
-        ic.write_results("/dev/stdout", ic.RunReport(ic.RunResult(listed=1), {}, {}, []))
+        ic._write_results("/dev/stdout", ic._RunReport(ic.RunResult(listed=1), {}, {}, []))
     # A descriptor that is not open (/dev/stdout with stdout closed leads there): no file can be made in /proc.
     status, _, stderr = _main([*base, "--results-file", "/proc/self/fd/987"], capfd)
     assert status == 2 and "a process's file descriptor (/proc), not a regular file" in _errors(stderr)[0], stderr

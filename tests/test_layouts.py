@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from imagenet_classification import FileListError, get_mappings, read_file_list, read_labels, scan_folder
+from imagenet_classification import InputError, get_mappings, read_file_list, read_labels, scan_folder
 from tests.conftest import read_json, run_cli
 
 WNIDS = {index: wnid for wnid, index in get_mappings().items()}
@@ -95,7 +95,7 @@ def test_folders_are_listed_as_imagefolder_lists_them(tmp_path):
 )
 def test_bad_lists_name_the_line(tmp_path, lines, message):
     (tmp_path / "l.txt").write_text("\n".join(lines) + "\n")
-    with pytest.raises(FileListError, match=message):
+    with pytest.raises(InputError, match=message):
         read_file_list(tmp_path / "l.txt")
 
 
@@ -111,25 +111,25 @@ def test_labels_by_file_name(tmp_path):
     assert dict(read_labels(tmp_path / "sol.csv")) == {"ILSVRC2012_val_00000002": 281}
     labels = read_labels(tmp_path / "names.txt")
     (tmp_path / "l.txt").write_text("val/ILSVRC2012_val_00000001.JPEG\nval/ILSVRC2012_val_00000003.JPEG\n")
-    with pytest.raises(FileListError, match=r"l\.txt:2: .*names\.txt has no label for 'ILSVRC2012_val_00000003'"):
+    with pytest.raises(InputError, match=r"l\.txt:2: .*names\.txt has no label for 'ILSVRC2012_val_00000003'"):
         read_file_list(tmp_path / "l.txt", labels=labels)
     (tmp_path / "bad.txt").write_text("a.JPEG 5\nb.JPEG\n")
-    with pytest.raises(FileListError, match=r"bad\.txt:2: expected 'name label'"):
+    with pytest.raises(InputError, match=r"bad\.txt:2: expected 'name label'"):
         read_labels(tmp_path / "bad.txt")
 
 
 def test_bad_folders_are_named(tmp_path):
     (tmp_path / "val" / "cats").mkdir(parents=True)
-    with pytest.raises(FileListError, match=r"val/cats: the folder name is not one of the 1000 ImageNet WordNet IDs"):
+    with pytest.raises(InputError, match=r"val/cats: the folder name is not one of the 1000 ImageNet WordNet IDs"):
         scan_folder(tmp_path / "val")
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "ILSVRC2012_val_00000001.JPEG").write_bytes(b"")
-    with pytest.raises(FileListError, match="holds image files beside class folders .* a flat folder needs labels"):
+    with pytest.raises(InputError, match="holds image files beside class folders .* a flat folder needs labels"):
         scan_folder(tmp_path / "flat")
-    with pytest.raises(FileListError, match="no such folder"):
+    with pytest.raises(InputError, match="no such folder"):
         scan_folder(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileListError, match="no images"):
+    with pytest.raises(InputError, match="no images"):
         scan_folder(tmp_path / "empty")
 
 

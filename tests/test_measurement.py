@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from imagenet_classification import Breakdown, PipelineStats, Progress, get_pipeline
+from imagenet_classification import _Breakdown, _PipelineStats, _Progress, get_pipeline
 from tests.conftest import ROOT, TINY, read_json, run_cli
 
 FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1"]
@@ -18,10 +18,10 @@ FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1"]
 def test_breakdown_verdict_on_cpu_and_gpu():
     # The bound is the slower side alone on either device; on the CPU, where the two share the
     # cores, the rate of taking turns with no overlap is reported beside it: 1 / (1/600 + 1/40).
-    cpu = Breakdown.from_rates(600.0, 40.0, 36.0, torch.device("cpu"))
+    cpu = _Breakdown.from_rates(600.0, 40.0, 36.0, torch.device("cpu"))
     assert (cpu.bound_fps, cpu.bottleneck, cpu.efficiency) == (40.0, "model", 0.9)
     assert cpu.shared_fps == pytest.approx(37.5)
-    gpu = Breakdown.from_rates(5000.0, 20000.0, 4500.0, torch.device("cuda", 0))
+    gpu = _Breakdown.from_rates(5000.0, 20000.0, 4500.0, torch.device("cuda", 0))
     assert (gpu.bound_fps, gpu.bottleneck, gpu.efficiency, gpu.shared_fps) == (5000.0, "loader", 0.9, None)
 
 
@@ -93,7 +93,7 @@ class _Terminal(io.StringIO):
 
 def test_progress_line_on_a_terminal():
     stream = _Terminal()
-    progress = Progress(100, stream)
+    progress = _Progress(100, stream)
     progress.last -= 1  # as if the last line were a second old
     progress(40, torch.tensor(30))
     progress(41, torch.tensor(31))  # too soon after: not shown
@@ -144,7 +144,7 @@ def test_decode_paths_script_compares_every_variant(tmp_path):
 
 def _pipeline_occupancy(decode_s: float, consume_s: float) -> dict:
     """Run a real SPDL pipeline whose decode stage and consumer take the given times per batch."""
-    stats = PipelineStats()
+    stats = _PipelineStats()
 
     def decode(items):
         time.sleep(decode_s)
@@ -173,7 +173,7 @@ def test_sink_queue_tells_a_starved_model_from_a_slow_one():
 def test_sink_queue_window_leaves_out_the_warmup():
     # A warm-up where the model is slow (as while it compiles), then a model faster than the loader.
     def run(window: bool) -> dict:
-        stats = PipelineStats()
+        stats = _PipelineStats()
         pipeline = get_pipeline(iter(range(64)), 4, lambda items: (time.sleep(0.02), items)[1], 1, 4, 1, stats=stats)
         with pipeline.auto_stop():
             for i, _ in enumerate(pipeline):

@@ -4,7 +4,7 @@ import pytest
 import timm
 import torch
 
-from imagenet_classification import Classification, EvalTransform, ModelBundle, ModelError, Preprocessing, get_model
+from imagenet_classification import Classification, EvalTransform, ModelBundle, InputError, Preprocessing, get_model
 
 
 def test_classification_counts_equal_direct_topk():
@@ -77,36 +77,36 @@ def test_checkpoint_loads_and_mismatch_names_key(tmp_path):
     state["classifier.weight"] = torch.zeros(10, state["classifier.weight"].shape[1])
     bad = tmp_path / "bad.pth"
     torch.save(state, bad)
-    with pytest.raises(ModelError, match=r"'classifier.weight' has shape \(10, \d+\) in the checkpoint, the model"):
+    with pytest.raises(InputError, match=r"'classifier.weight' has shape \(10, \d+\) in the checkpoint, the model"):
         get_model("test_efficientnet", "cpu", checkpoint=bad, compile=False)
 
     other = tmp_path / "other.pth"
     torch.save(timm.create_model("test_resnet", pretrained=False).state_dict(), other)
-    with pytest.raises(ModelError, match="checkpoint lacks 'conv_stem.weight'"):
+    with pytest.raises(InputError, match="checkpoint lacks 'conv_stem.weight'"):
         get_model("test_efficientnet", "cpu", checkpoint=other, compile=False)
 
     (tmp_path / "junk.pth").write_bytes(b"not a checkpoint")
-    with pytest.raises(ModelError, match="junk.pth: cannot load checkpoint"):
+    with pytest.raises(InputError, match="junk.pth: cannot load checkpoint"):
         get_model("test_efficientnet", "cpu", checkpoint=tmp_path / "junk.pth", compile=False)
 
 
 def test_unknown_model_is_a_usage_error():
-    with pytest.raises(ModelError, match="'no_such_model' is not a timm model"):
+    with pytest.raises(InputError, match="'no_such_model' is not a timm model"):
         get_model("no_such_model", "cpu", pretrained=False, compile=False)
 
 
 def test_auto_precision_follows_the_hardware():
     # The decision, for hardware this machine does not have; and the real check on this CPU.
-    from imagenet_classification import auto_dtype, choose_dtype
+    from imagenet_classification import _auto_dtype, _choose_dtype
 
-    assert auto_dtype((9, 0), False)[0] == auto_dtype((8, 0), False)[0] == torch.bfloat16  # H100, A100
-    assert auto_dtype((7, 5), False)[0] == auto_dtype((7, 0), False)[0] == torch.float16  # T4, V100
-    assert auto_dtype(None, True)[0] == torch.bfloat16 and auto_dtype(None, False)[0] == torch.float32
-    assert "lacks native bfloat16" in auto_dtype(None, False)[1] and "8.0" in auto_dtype((7, 5), False)[1]
+    assert _auto_dtype((9, 0), False)[0] == _auto_dtype((8, 0), False)[0] == torch.bfloat16  # H100, A100
+    assert _auto_dtype((7, 5), False)[0] == _auto_dtype((7, 0), False)[0] == torch.float16  # T4, V100
+    assert _auto_dtype(None, True)[0] == torch.bfloat16 and _auto_dtype(None, False)[0] == torch.float32
+    assert "lacks native bfloat16" in _auto_dtype(None, False)[1] and "8.0" in _auto_dtype((7, 5), False)[1]
     native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    assert choose_dtype(torch.device("cpu"))[0] == (torch.bfloat16 if native else torch.float32)
-    assert choose_dtype(torch.device("cpu"), "float16") == (torch.float16, "asked for")
+    assert _choose_dtype(torch.device("cpu"))[0] == (torch.bfloat16 if native else torch.float32)
+    assert _choose_dtype(torch.device("cpu"), "float16") == (torch.float16, "asked for")
     assert (
         get_model("test_efficientnet", "cpu", pretrained=False, compile=False).dtype
-        == choose_dtype(torch.device("cpu"))[0]
+        == _choose_dtype(torch.device("cpu"))[0]
     )

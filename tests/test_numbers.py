@@ -32,27 +32,27 @@ from PIL import Image
 
 from imagenet_classification import (
     BadImagePolicy,
-    Breakdown,
     Classification,
     EvalTransform,
     ImageDecodeError,
     ModelBundle,
     Preprocessing,
-    RunReport,
     RunResult,
-    Shard,
-    TimingWindow,
+    _Breakdown,
+    _decode_items,
+    _measure_model,
+    _print_breakdown,
+    _print_summary,
+    _resize_region,
+    _RunReport,
+    _Shard,
+    _TimingWindow,
+    _write_results,
     benchmark,
-    decode_items,
     get_decode_func,
     main,
     measure_loader,
-    measure_model,
-    print_breakdown,
-    print_summary,
-    resize_region,
     source,
-    write_results,
 )
 from tests.conftest import CLASSES, ROOT, read_json, run_cli, write_jpeg
 
@@ -228,7 +228,7 @@ def test_bad_image_policy_bookkeeping_by_hand():
     # An error that is not the image's fault, in a decode function with a policy: raised, and named.
     fresh = BadImagePolicy(skip=True)
     with pytest.raises(ZeroDivisionError):
-        decode_items([("ok.JPEG", 0), ("bug.JPEG", 1)], lambda path: 1 / (path == "ok.JPEG"), fresh, [])
+        _decode_items([("ok.JPEG", 0), ("bug.JPEG", 1)], lambda path: 1 / (path == "ok.JPEG"), fresh, [])
     assert fresh.unexpected[0] == "bug.JPEG" and fresh.failed == 0
 
 
@@ -335,19 +335,19 @@ def test_each_rank_takes_every_nth_line_from_its_own(tmp_path):
 
 
 def test_shard_sizes_by_hand(monkeypatch):
-    assert [Shard(r, 2).size_of(19) for r in range(2)] == [10, 9]
-    assert [Shard(r, 7).size_of(30) for r in range(7)] == [5, 5, 4, 4, 4, 4, 4]
-    assert [Shard(0, 7).size_of(30, rank=r) for r in range(7)] == [5, 5, 4, 4, 4, 4, 4]
-    assert [Shard(r, 4).size_of(3) for r in range(4)] == [1, 1, 1, 0]
-    assert Shard().size_of(17) == 17
-    assert (Shard().rank, Shard().world_size, Shard().local_rank) == (0, 1, 0)
+    assert [_Shard(r, 2).size_of(19) for r in range(2)] == [10, 9]
+    assert [_Shard(r, 7).size_of(30) for r in range(7)] == [5, 5, 4, 4, 4, 4, 4]
+    assert [_Shard(0, 7).size_of(30, rank=r) for r in range(7)] == [5, 5, 4, 4, 4, 4, 4]
+    assert [_Shard(r, 4).size_of(3) for r in range(4)] == [1, 1, 1, 0]
+    assert _Shard().size_of(17) == 17
+    assert (_Shard().rank, _Shard().world_size, _Shard().local_rank) == (0, 1, 0)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
-    assert Shard.from_env() == Shard(0, 1, 0)
+    assert _Shard.from_env() == _Shard(0, 1, 0)
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert Shard.from_env() == Shard(5, 8, 1)
+    assert _Shard.from_env() == _Shard(5, 8, 1)
 
 
 # --- Top-1 and top-5, the timing window, the results, in the library -------------------------
@@ -443,7 +443,7 @@ def test_fps_of_a_window_the_loader_had_buffered_stays_within_its_stated_bound()
     assert result.fps > 1.5 * loader_rate  # the buffered batches inflate FPS ...
     assert result.fps <= loader_rate * (1 + result.fps_max_overstatement) * 1.01  # ... within the bound
     out = io.StringIO()
-    print_summary(result, out)
+    _print_summary(result, out)
     assert "the FPS window holds 6 batches and the loader may have had 3 ready" in out.getvalue()
     assert "FPS may be up to 100% high" in out.getvalue()
 
@@ -466,7 +466,7 @@ def test_fps_overstatement_bound_by_hand(timed, lead, included, known_fps, expec
     assert d["fps_max_overstatement"] == (pytest.approx(in_json) if in_json else in_json)
     assert d["fps_window_may_be_buffered"] == (expected == math.inf)  # a flag: the bound stays a number or null
     out = io.StringIO()
-    print_summary(result, out)
+    _print_summary(result, out)
     warned = "the FPS window holds" in out.getvalue()
     assert warned == (expected is not None and expected > 0.1)
     assert ("FPS may be the model's rate alone" in out.getvalue()) == (expected == math.inf)
@@ -478,7 +478,7 @@ def test_fps_overstatement_bound_by_hand(timed, lead, included, known_fps, expec
 def _piped_run(decode_s: float, model_s: float, batches: int, warmup: int) -> RunResult:
     """A real SPDL pipeline whose decode takes ``decode_s`` per batch (2 at once, sink buffer 2),
     consumed by a loop that takes ``model_s`` per batch; the measured lead and rate applied."""
-    from imagenet_classification import PipelineStats, _add_window_lead, get_pipeline
+    from imagenet_classification import _add_window_lead, _PipelineStats, get_pipeline
 
     def decode(items):
         time.sleep(decode_s)
@@ -489,7 +489,7 @@ def _piped_run(decode_s: float, model_s: float, batches: int, warmup: int) -> Ru
             time.sleep(model_s)
             yield batch
 
-    stats = PipelineStats()
+    stats = _PipelineStats()
     pipeline = get_pipeline([("x", 0)] * (2 * batches), 2, decode, 2, 2, 2, stats=stats)
     with pipeline.auto_stop():
         result = benchmark(slow(pipeline.get_iterator(timeout=30)), _bundle(), listed=2 * batches,
@@ -506,7 +506,7 @@ def test_the_lead_and_the_loaders_rate_measured_when_the_window_opens():
     assert fast.batches_timed == 4 and fast.loader_lead == 4  # never more than the window's batches
     assert fast.loader_min_fps > 5 * fast.fps and fast.fps_max_overstatement == 0.0
     out = io.StringIO()
-    print_summary(fast, out)
+    _print_summary(fast, out)
     assert "WARNING" not in out.getvalue()
     # A loader slower than the model (decode 0.2 s a batch, 2 at once: 10 batches/s at most, the
     # model 1 ms): it delivers at about its own rate, FPS is about that, and the bound is small.
@@ -558,7 +558,7 @@ def test_timeline_by_hand():
     assert (short["warmup_end_s"], short["images"]) == (0.0, [2])
     assert benchmark(iter([]), _bundle(), listed=0).timeline["images"] == [0]
     # Another interval: half-seconds, 4 images in the second of them, 6 in the fourth.
-    window = TimingWindow(torch.device("cpu"), warmup_batches=0)
+    window = _TimingWindow(torch.device("cpu"), warmup_batches=0)
     for seconds, frames in ((0.7, 4), (1.0, 6)):
         time.sleep(seconds)
         window.add(frames)
@@ -603,7 +603,7 @@ def test_loader_alone_and_model_alone_are_timed_after_their_warmup():
     # again. Counting a warm-up batch's image would make it more than 4, its time less than 2.67
     # (both: 6 images in 3 s or more, 2 images/s).
     model = RankedLogits(sleeps=[1.0, 1.0] + [0.25] * 4)
-    assert 4 / 1.5 < measure_model(_bundle(model), batch_size=1, num_batches=6, warmup_batches=2) <= 4 / 1.0
+    assert 4 / 1.5 < _measure_model(_bundle(model), batch_size=1, num_batches=6, warmup_batches=2) <= 4 / 1.0
     assert model.shapes == [(1, 3, 8, 8)] * 6  # 6 batches of the model's input size
 
 
@@ -655,7 +655,7 @@ def test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_fi
     assert (result.decoder_fallbacks, result.partial, result.top1_correct, result.top5_correct) == (3, True, 1, 2)
     assert [f["path"] for f in result.failures] == ["bad1.JPEG", "bad2.JPEG"]
     summary = io.StringIO()
-    print_summary(result, summary)
+    _print_summary(result, summary)
     lines = summary.getvalue().splitlines()
     assert "Images: listed=8 classified=3 failed=2 not_reached=3 (PARTIAL RUN)" in lines
     assert (
@@ -665,7 +665,7 @@ def test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_fi
     assert "Accuracy (top5)=66.67% (2/3, 2 failed to decode)" in lines
     assert "  failed: bad2.JPEG: truncated JPEG (no end-of-image marker)" in lines
     out = tmp_path / "r.json"
-    write_results(out, RunReport(result, {}, {}, [{"rank": 0}]))
+    _write_results(out, _RunReport(result, {}, {}, [{"rank": 0}]))
     written = read_json(out)
     assert (written["decoder_fallbacks"], written["failed"], written["not_reached"]) == (3, 2, 3)
     assert (written["top1"], written["top5"], written["world_size"]) == (1 / 3, 2 / 3, 1)
@@ -676,7 +676,7 @@ def test_summary_lists_ten_failures_then_counts_the_rest(failed, more):
     result = RunResult(listed=failed)
     result.record_failures([ImageDecodeError(f"{i}.JPEG", "empty file (0 bytes)") for i in range(failed)])
     summary = io.StringIO()
-    print_summary(result, summary)
+    _print_summary(result, summary)
     lines = summary.getvalue().splitlines()
     listed = [line for line in lines if line.startswith("  failed: ")]
     assert listed == [f"  failed: {i}.JPEG: empty file (0 bytes)" for i in range(10)]
@@ -696,13 +696,13 @@ MOSTLY_CPU = "; the figures are mostly the CPU's"
 def test_fallback_share_in_the_summary_by_hand(classified, fallbacks, line):
     # The share is of the classified images; over 5 % (not at it) the summary says so.
     out = io.StringIO()
-    print_summary(RunResult(listed=100, classified=classified, failed=7, decoder_fallbacks=fallbacks), out)
+    _print_summary(RunResult(listed=100, classified=classified, failed=7, decoder_fallbacks=fallbacks), out)
     assert line in out.getvalue().splitlines()
 
 
 def test_summary_of_a_run_without_failures_says_none():
     summary = io.StringIO()
-    print_summary(RunResult(listed=5, classified=5, top1_correct=2, top5_correct=4, frames_timed=4, elapsed_s=2.0,
+    _print_summary(RunResult(listed=5, classified=5, top1_correct=2, top5_correct=4, frames_timed=4, elapsed_s=2.0,
                             batches=3), summary)  # fmt: skip
     assert summary.getvalue().splitlines() == [
         "FPS=2.00 (4/2.00)",
@@ -714,32 +714,32 @@ def test_summary_of_a_run_without_failures_says_none():
 
 def test_breakdown_bound_and_efficiency_by_hand():
     # The bound is the slower side alone; on the CPU the rate of taking turns is 1 / (1/600 + 1/40).
-    cpu = Breakdown.from_rates(600.0, 40.0, 30.0, torch.device("cpu"))
+    cpu = _Breakdown.from_rates(600.0, 40.0, 30.0, torch.device("cpu"))
     assert (cpu.bound_fps, cpu.bottleneck, cpu.efficiency, cpu.shared_fps) == (40.0, "model", 0.75, 37.5)
-    cpu = Breakdown.from_rates(40.0, 600.0, 36.0, torch.device("cpu"))
+    cpu = _Breakdown.from_rates(40.0, 600.0, 36.0, torch.device("cpu"))
     assert (cpu.loader_fps, cpu.model_fps, cpu.e2e_fps) == (40.0, 600.0, 36.0)
     assert (cpu.bound_fps, cpu.bottleneck, cpu.efficiency, cpu.shared_fps) == (40.0, "loader", 0.9, 37.5)
-    slow = Breakdown.from_rates(0.5, 0.5, 0.2, torch.device("cpu"))  # under one image/s: still a rate
+    slow = _Breakdown.from_rates(0.5, 0.5, 0.2, torch.device("cpu"))  # under one image/s: still a rate
     assert (slow.shared_fps, slow.efficiency) == (0.25, 0.4)
     exact = io.StringIO()  # exactly the bound: no note
-    print_breakdown(Breakdown.from_rates(40.0, 600.0, 40.0, torch.device("cuda", 0)), exact)
+    _print_breakdown(_Breakdown.from_rates(40.0, 600.0, 40.0, torch.device("cuda", 0)), exact)
     assert exact.getvalue().splitlines()[1] == "Bound 40.0 images/s, set by the loader; end-to-end reaches 100% of it"
-    gpu = Breakdown.from_rates(3000.0, 1200.0, 900.0, torch.device("cuda", 0))
+    gpu = _Breakdown.from_rates(3000.0, 1200.0, 900.0, torch.device("cuda", 0))
     assert (gpu.bound_fps, gpu.bottleneck, gpu.efficiency) == (1200.0, "model", 0.75)
-    gpu = Breakdown.from_rates(1200.0, 3000.0, 900.0, torch.device("cuda", 0))
+    gpu = _Breakdown.from_rates(1200.0, 3000.0, 900.0, torch.device("cuda", 0))
     assert (gpu.bound_fps, gpu.bottleneck, gpu.efficiency) == (1200.0, "loader", 0.75)
     for loader_fps, model_fps in ((0.0, 40.0), (40.0, 0.0)):  # a side that timed nothing: no bound
-        none = Breakdown.from_rates(loader_fps, model_fps, 30.0, torch.device("cpu"))
+        none = _Breakdown.from_rates(loader_fps, model_fps, 30.0, torch.device("cpu"))
         assert (none.bound_fps, none.efficiency, none.shared_fps) == (0.0, 0.0, 0.0)
     printed = io.StringIO()
-    print_breakdown(cpu, printed)
+    _print_breakdown(cpu, printed)
     assert printed.getvalue().splitlines() == [
         "Breakdown (images/s): loader alone 40.0 | model alone 600.0 | end-to-end 36.0",
         "Bound 40.0 images/s, set by the loader; end-to-end reaches 90% of it",
         "On the CPU the two share the cores: taking turns, with no overlap, they would reach 37.5 images/s",
     ]
     over = io.StringIO()  # a figure above 100 % says what it is
-    print_breakdown(Breakdown.from_rates(40.0, 600.0, 41.0, torch.device("cuda", 0)), over)
+    _print_breakdown(_Breakdown.from_rates(40.0, 600.0, 41.0, torch.device("cuda", 0)), over)
     assert over.getvalue().splitlines()[1] == (
         "Bound 40.0 images/s, set by the loader; end-to-end reaches 102% of it "
         "(above 100 %: measurement noise, or a window too short for the loader's buffer)"
@@ -835,7 +835,7 @@ def test_resize_region_stays_in_the_frame_and_samples_where_the_whole_frame_woul
             for height in range(size // 2, 1100, 41):
                 new_w, new_h, left, top = _timm_geometry_fast(size, crop_pct, width, height)
                 for length, resized, offset in ((width, new_w, left), (height, new_h, top)):
-                    start, src_len, out, pad = resize_region(length, resized, offset, size)
+                    start, src_len, out, pad = _resize_region(length, resized, offset, size)
                     if (start, src_len, out, pad) == (0, length, resized, offset):
                         continue  # the whole side
                     regions += 1

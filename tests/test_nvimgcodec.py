@@ -68,7 +68,7 @@ def test_the_grouped_resize_gives_the_per_image_resize_pixel_for_pixel(demo_phot
     assert len(resizes) == len(set(SIZES)) == 5
     for image, crop in zip(images, grouped, strict=True):
         assert crop.shape == (3, transform.size, transform.size) and crop.dtype == torch.uint8
-        assert torch.equal(crop, ic.resize_crop_on_device(image, transform))
+        assert torch.equal(crop, ic._resize_crop_on_device(image, transform))
 
 
 def test_the_nvimgcodec_path_agrees_with_ffmpeg_on_real_photos(demo_photos):
@@ -136,7 +136,7 @@ def test_exif_orientation_is_not_applied_as_pil_and_timm_do_not(demo_photos, tmp
     ours, _ = get_decode_func("cpu", transform, "nvjpeg")(items)
     reference, _ = get_decode_func("cpu", transform)(items)
     assert _mad(ours, reference).item() < 2
-    stored = torch.from_numpy(ic.decode_pil(items[0][0], transform).copy()).permute(2, 0, 1)[None]
+    stored = torch.from_numpy(ic._decode_pil(items[0][0], transform).copy()).permute(2, 0, 1)[None]
     rotated = Image.open(items[0][0]).transpose(Image.Transpose.ROTATE_270).convert("RGB")
     rotated.save(tmp_path / "rotated.JPEG", quality=95)
     turned, _ = get_decode_func("cpu", transform)([(str(tmp_path / "rotated.JPEG"), 0)])
@@ -153,7 +153,7 @@ def test_the_results_say_which_backend_decoded_how_many(demo_photos, tmp_path):
     assert (result.classified, result.failed, result.decoder_fallbacks) == (10, 1, 1)  # no-scan; CMYK
     assert result.decoder_backends == {"cpu": 9} and result.to_dict()["decoder_backends"] == {"cpu": 9}
     out = io.StringIO()
-    ic.print_summary(result, out)
+    ic._print_summary(result, out)
     assert "decoded on the GPU, per backend: cpu 9" in out.getvalue()
 
 
@@ -167,7 +167,7 @@ def test_a_gpu_without_nvjpeg_says_what_to_install():
         "import torch, imagenet_classification as ic\n"
         "assert ic._nvimgcodec_decoders(torch.device('cuda', 0)) == []\n"
         "try:\n    ic._nvimgcodec_check(torch.device('cuda', 0))\n"
-        "except ic.DecoderError as e:\n    print(e)\n"
+        "except ic.InputError as e:\n    print(e)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip

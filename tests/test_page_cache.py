@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from imagenet_classification import (
-    Breakdown,
-    PageCache,
+    _Breakdown,
     _examine_page_cache,
     _page_cache_lines,
-    print_breakdown,
+    _PageCache,
+    _print_breakdown,
 )
 from tests.conftest import CLASSES, ROOT, TINY, label_colour, read_json, run_cli, write_jpeg
 
@@ -131,46 +131,46 @@ def test_eviction_on_tmpfs_has_no_effect_and_the_summary_says_so():
 
 
 def test_summary_lines_by_hand():
-    warm = PageCache(False, files=3, bytes=2_000_000, resident_bytes=500_000)
+    warm = _PageCache(False, files=3, bytes=2_000_000, resident_bytes=500_000)
     assert _page_cache_lines(warm) == [
         "Page cache: warm run (no --cold-cache); before it, 25.0% of the listed 2.0 MB was in memory"
     ]
-    partly = PageCache(True, files=3, bytes=3_000_000_000, resident_bytes=3_000_000_000, resident_after_bytes=160e6)
+    partly = _PageCache(True, files=3, bytes=3_000_000_000, resident_bytes=3_000_000_000, resident_after_bytes=160e6)
     assert _page_cache_lines(partly)[0].endswith("100.0% of the listed 3.00 GB was in memory, 5.3% after eviction")
     assert _page_cache_lines(partly)[1].startswith("  WARNING: eviction left 5.3% of the bytes in memory")
-    at_limit = PageCache(True, files=3, bytes=1000, resident_bytes=1000, resident_after_bytes=50)  # 5 %: no warning
+    at_limit = _PageCache(True, files=3, bytes=1000, resident_bytes=1000, resident_after_bytes=50)  # 5 %: no warning
     assert len(_page_cache_lines(at_limit)) == 1
-    unknown = PageCache(True, files=3, bytes=1000, resident_bytes=None, resident_after_bytes=None)
+    unknown = _PageCache(True, files=3, bytes=1000, resident_bytes=None, resident_after_bytes=None)
     assert _page_cache_lines(unknown) == [
         "Page cache: cold run (--cold-cache); how much of the listed 0.0 MB was in memory is unknown (mincore could "
         "not tell)"
     ]
-    total = PageCache.total([PageCache(True, 2, 1, 300, 200, 0), PageCache(True, 3, 0, 700, 700, 10)])
-    assert total == PageCache(True, 5, 1, 1000, 900, 10) and total.resident_after == 0.01
-    assert PageCache.total([PageCache(False, 1, 0, 5, None), PageCache(False, 1, 0, 5, 5)]).resident is None
+    total = _PageCache.total([_PageCache(True, 2, 1, 300, 200, 0), _PageCache(True, 3, 0, 700, 700, 10)])
+    assert total == _PageCache(True, 5, 1, 1000, 900, 10) and total.resident_after == 0.01
+    assert _PageCache.total([_PageCache(False, 1, 0, 5, None), _PageCache(False, 1, 0, 5, 5)]).resident is None
 
 
 def test_the_disk_in_the_verdict_by_hand():
     cpu = torch.device("cpu")
     # Reading alone far faster than the loader: the loader's own work bounds it.
-    fast = Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (1000.0, 50.0, 0.0, True))
+    fast = _Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (1000.0, 50.0, 0.0, True))
     assert (fast.bound_fps, fast.bottleneck, fast.read_fps, fast.read_mb_s) == (40.0, "loader", 1000.0, 50.0)
     # The loader at 10 % below reading alone from the disk (not more): the reads set its pace.
-    near = Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (44.0, 5.0, 0.0, True))
+    near = _Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (44.0, 5.0, 0.0, True))
     assert (near.bound_fps, near.bottleneck, near.efficiency, near.read_cold) == (40.0, "disk", 0.9, True)
-    assert Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (44.1, 5.0, 0.0, True)).bottleneck == "loader"
+    assert _Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (44.1, 5.0, 0.0, True)).bottleneck == "loader"
     # Reading alone slower than the loader that reads the same files: still the disk.
-    assert Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (30.0, 3.0, 0.5, False)).bottleneck == "disk"
+    assert _Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (30.0, 3.0, 0.5, False)).bottleneck == "disk"
     # Residency unknown counts as the disk; files that were (nearly) all in memory do not.
-    assert Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (42.0, 5.0, None, True)).bottleneck == "disk"
-    assert Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (42.0, 5.0, 0.949, False)).bottleneck == "disk"
-    assert Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (42.0, 5.0, 0.95, False)).bottleneck == "loader"
+    assert _Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (42.0, 5.0, None, True)).bottleneck == "disk"
+    assert _Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (42.0, 5.0, 0.949, False)).bottleneck == "disk"
+    assert _Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (42.0, 5.0, 0.95, False)).bottleneck == "loader"
     # The model the slower side: the model, whatever the reads.
-    assert Breakdown.from_rates(600.0, 40.0, 36.0, cpu, (41.0, 5.0, 0.0, True)).bottleneck == "model"
+    assert _Breakdown.from_rates(600.0, 40.0, 36.0, cpu, (41.0, 5.0, 0.0, True)).bottleneck == "model"
     # A read pass that read nothing (every file refused) says nothing about the disk.
-    assert Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (0.0, 0.0, 0.0, True)).bottleneck == "loader"
+    assert _Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (0.0, 0.0, 0.0, True)).bottleneck == "loader"
     printed = io.StringIO()
-    print_breakdown(near, printed)
+    _print_breakdown(near, printed)
     assert printed.getvalue().splitlines() == [
         "Breakdown (images/s): loader alone 40.0 | model alone 600.0 | end-to-end 36.0",
         "Reading alone (the loader's reads, as many batches at once, no decode; cold: 0.0% of the bytes in memory): "
@@ -181,7 +181,7 @@ def test_the_disk_in_the_verdict_by_hand():
         "On the CPU the two share the cores: taking turns, with no overlap, they would reach 37.5 images/s",
     ]
     slower = io.StringIO()
-    print_breakdown(Breakdown.from_rates(40.0, 600.0, 36.0, torch.device("cuda", 0), (30.0, 3.0, None, True)), slower)
+    _print_breakdown(_Breakdown.from_rates(40.0, 600.0, 36.0, torch.device("cuda", 0), (30.0, 3.0, None, True)), slower)
     assert slower.getvalue().splitlines()[1:] == [
         "Reading alone (the loader's reads, as many batches at once, no decode; cold: unknown of the bytes in "
         "memory): 30.0 images/s, 3.0 MB/s",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from imagenet_classification import parse_sweep
+from imagenet_classification import _parse_sweep
 from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli
 
 
@@ -116,9 +116,9 @@ def test_decode_processes_are_for_ffmpeg_only(jpeg_set):
 
 def test_the_sweep_learns_processes(jpeg_set, tmp_path):
     defaults = {"num-threads": 2, "batch-size": 32, "queue-size": 16, "decode-processes": 0}
-    assert parse_sweep(["decode-processes=4,1,2,0"], defaults, 2)["decode-processes"] == [0, 1, 2, 4]
+    assert _parse_sweep(["decode-processes=4,1,2,0"], defaults, 2)["decode-processes"] == [0, 1, 2, 4]
     with pytest.raises(ValueError, match="at least 0"):
-        parse_sweep(["decode-processes=-1"], defaults, 2)
+        _parse_sweep(["decode-processes=-1"], defaults, 2)
     out = tmp_path / "sweep.json"
     proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile", "--dtype",
                    "float32", "--batch-size", "4", "--sweep", "num-threads=1", "decode-processes=0,2",

@@ -35,34 +35,34 @@ from PIL import Image
 
 from imagenet_classification import (
     BadImagePolicy,
-    Batch,
-    Breakdown,
     Classification,
     EvalTransform,
     ModelBundle,
-    ModelError,
-    Parity,
-    PILDataset,
+    InputError,
     Preprocessing,
-    RunReport,
     RunResult,
-    Sweep,
-    SweepPoint,
+    _Batch,
+    _Breakdown,
     _csv_text,
+    _decode_pil,
+    _get_torch_loader,
+    _measure_parity,
+    _Parity,
+    _PILDataset,
+    _print_sweep,
+    _resize_crop_on_device,
+    _RunReport,
+    _Sweep,
+    _SweepPoint,
+    _torch_loader_batches,
+    _write_predictions,
+    _write_results,
     benchmark,
-    decode_pil,
     get_decode_func,
-    get_torch_loader,
     main,
-    measure_parity,
-    print_sweep,
     read_file_list,
     read_labels,
-    resize_crop_on_device,
     scan_folder,
-    torch_loader_batches,
-    write_predictions,
-    write_results,
 )
 from tests.conftest import CLASSES, label_colour, read_json, write_jpeg
 
@@ -143,8 +143,8 @@ def mixed_items(tmp_path_factory) -> list[tuple[str, int]]:
 
 def _batches(loader: str, items: list[tuple[str, int]], transform: EvalTransform, policy: BadImagePolicy):
     if loader == "torch":
-        dataset = PILDataset(read_file_list_of(items), transform)
-        return torch_loader_batches(get_torch_loader(dataset, 4, 0, torch.device("cpu"), 0), torch.device("cpu"),
+        dataset = _PILDataset(read_file_list_of(items), transform)
+        return _torch_loader_batches(_get_torch_loader(dataset, 4, 0, torch.device("cpu"), 0), torch.device("cpu"),
                                     policy)  # fmt: skip
     decode = get_decode_func("cpu", transform, loader, policy)
     return (decode(items[i : i + 4]) for i in range(0, len(items), 4))
@@ -163,7 +163,7 @@ def test_predictions_after_bad_images_name_their_own_files(mixed_items, loader):
     # nvjpeg: torchvision's CPU decoder stands in for the GPU; the PNG is its fallback.
     transform = EvalTransform(size=SIZE, crop_pct=1.0)
     policy = BadImagePolicy(skip=True)
-    delivered: list[Batch] = []
+    delivered: list[_Batch] = []
 
     def keep(batches):
         for batch in batches:
@@ -199,21 +199,21 @@ def test_prediction_files_hold_the_rows_as_written(tmp_path):
             {"path": "y.JPEG", "label": 7, "label_name": "cock", "top5": [0, 7, 2, 3, 4],
              "top5_names": ["tench", "cock", "great white shark", "tiger shark", "hammerhead"],
              "probs": [0.9, 0.05, 0.02, 0.01, 0.005], "correct1": False, "correct5": True}]  # fmt: skip
-    write_predictions(tmp_path / "p.csv", rows)
+    _write_predictions(tmp_path / "p.csv", rows)
     with open(tmp_path / "p.csv", newline="") as f:
         read = list(csv.DictReader(f))
     assert read == [{"path": r["path"], "label": str(r["label"]), "label_name": r["label_name"],
                      "top5": " ".join(map(str, r["top5"])), "top5_names": " | ".join(r["top5_names"]),
                      "probs": " ".join(map(str, r["probs"])), "correct1": str(int(r["correct1"])),
                      "correct5": str(int(r["correct5"]))} for r in rows]  # fmt: skip
-    write_predictions(tmp_path / "p.jsonl", rows)
+    _write_predictions(tmp_path / "p.jsonl", rows)
     assert [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()] == rows
 
 
 def test_csv_files_without_rows_still_carry_their_header(tmp_path):
     # A run stopped before its first batch writes no prediction; a sweep stopped before its first
     # setting measures none: each CSV is still its header, not a write that fails.
-    write_predictions(tmp_path / "p.csv", [])
+    _write_predictions(tmp_path / "p.csv", [])
     assert (tmp_path / "p.csv").read_text() == "path,label,label_name,top5,top5_names,probs,correct1,correct5\n"
     assert _csv_text([], ["num_threads", "bound_fps"]) == "num_threads,bound_fps\n"
 
@@ -237,9 +237,9 @@ def test_parity_of_a_loader_known_to_differ(tmp_path):
     def inverting(batch_items):
         batch = ffmpeg(batch_items)
         images = torch.stack([255 - im if "inverted" in p else im for im, p in zip(batch[0], batch.paths, strict=True)])
-        return Batch(images, batch[1], batch.paths, batch.failures)
+        return _Batch(images, batch[1], batch.paths, batch.failures)
 
-    parity = measure_parity(items, inverting, _bundle(BrightnessModel(), transform), batch_size=2)
+    parity = _measure_parity(items, inverting, _bundle(BrightnessModel(), transform), batch_size=2)
     assert (parity.images, parity.top1_agree, parity.top5_agree) == (4, 0.5, 0.5)
     assert (parity.top1_loader, parity.top1_reference) == (0.5, 1.0)
     # Pixels: against timm's own transform of each file, computed here.
@@ -257,7 +257,7 @@ def test_parity_of_a_loader_known_to_differ(tmp_path):
     assert parity.mad_max == pytest.approx(max(mads.values()), abs=1e-4) and parity.mad_max > 100
     assert parity.worst == max(mads, key=mads.get) and "inverted" in parity.worst
     # The same loader, unchanged, agrees: the figures above come from the inversion alone.
-    same = measure_parity(items, ffmpeg, _bundle(BrightnessModel(), transform), batch_size=2)
+    same = _measure_parity(items, ffmpeg, _bundle(BrightnessModel(), transform), batch_size=2)
     assert (same.images, same.top1_agree, same.top5_agree, same.top1_loader) == (4, 1.0, 1.0, 1.0)
     assert same.mad_max < 2
 
@@ -295,7 +295,7 @@ def test_pil_decoder_equals_timms_transform(photo, interpolation, crop_mode, cro
     # resize, so the same pixels exactly, at sizes whose centre crop is odd (and padded, over 1).
     for size in (64, 50):
         t = EvalTransform(size=size, crop_pct=crop_pct, interpolation=interpolation, crop_mode=crop_mode)
-        ours = decode_pil(str(photo), t).astype(np.int16)
+        ours = _decode_pil(str(photo), t).astype(np.int16)
         theirs = _timm_crop(photo, size, crop_pct, crop_mode, interpolation)
         differ = ours.shape != theirs.shape or int(np.abs(ours - theirs).max())
         assert not differ, (size, t)
@@ -322,12 +322,12 @@ def test_device_resize_follows_timms_transform(photo, crop_mode, crop_pct):
         pixels = torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1)
     for mode in ("bicubic", "bilinear"):
         t = EvalTransform(size=64, crop_pct=crop_pct, interpolation=mode, crop_mode=crop_mode)
-        ours = resize_crop_on_device(pixels, t).permute(1, 2, 0).numpy().astype(np.int16)
+        ours = _resize_crop_on_device(pixels, t).permute(1, 2, 0).numpy().astype(np.int16)
         assert np.abs(ours - _timm_crop(photo, 64, crop_pct, crop_mode, mode)).mean() < 1.0, (mode, t)
 
 
 def test_a_crop_mode_that_cannot_be_reproduced_is_refused_by_name():
-    with pytest.raises(ModelError, match="its crop mode 'border' is neither center nor squash"):
+    with pytest.raises(InputError, match="its crop mode 'border' is neither center nor squash"):
         EvalTransform.from_model_name("deepseek_vit_412m.deepseek_v4_flash_vision_exp")
     volo = EvalTransform.from_model_name("volo_d4_448.sail_in1k")
     assert (volo.size, volo.crop_pct, volo.crop_mode) == (448, 1.15, "center")
@@ -386,8 +386,8 @@ def test_folders_are_listed_in_imagefolders_order_with_its_labels(tmp_path):
 # --- The sweep's choice, on hand-made figures -------------------------------------------------
 
 
-def _point(threads: int, batch: int, loader: float, model: float, e2e: float | None = None) -> SweepPoint:
-    return SweepPoint(threads, batch, 4, loader, model, e2e)
+def _point(threads: int, batch: int, loader: float, model: float, e2e: float | None = None) -> _SweepPoint:
+    return _SweepPoint(threads, batch, 4, loader, model, e2e)
 
 
 def test_sweep_recommends_the_smallest_setting_within_5_percent_of_the_best():
@@ -396,18 +396,18 @@ def test_sweep_recommends_the_smallest_setting_within_5_percent_of_the_best():
     # 16, then 2, 4 and 8 threads at batch 8.
     points = [_point(1, 8, 100, 300), _point(2, 8, 190, 300), _point(4, 8, 196, 300), _point(8, 8, 200, 300),
               _point(1, 16, 400, 195), _point(2, 16, 400, 150)]  # fmt: skip
-    sweep = Sweep(points, 64)
+    sweep = _Sweep(points, 64)
     assert [(p.num_threads, p.batch_size) for p in sweep.candidates] == [(1, 16), (2, 8), (4, 8), (8, 8)]
     assert sweep.recommended is points[4]  # nothing run end to end: the smallest candidate
     # End to end: 8 threads 180, then 4 threads 172 (within 5 %: 171 and up), 2 threads 170 and
     # 1 thread at batch 16 160 (not): 4 threads.
     points[3].e2e_fps, points[2].e2e_fps, points[1].e2e_fps, points[4].e2e_fps = 180.0, 172.0, 170.0, 160.0
     assert sweep.recommended is points[2]
-    assert Sweep(points, 64).to_dict()["recommended"] == dataclasses.asdict(points[2])
+    assert _Sweep(points, 64).to_dict()["recommended"] == dataclasses.asdict(points[2])
     out = io.StringIO()
     command = ["imagenet_classification.py", "--input-flist", "l", "--sweep", "num-threads=1,2", "auto",
                "--batch-size=8", "--queue-size", "4", "--skip-bad"]  # fmt: skip
-    print_sweep(sweep, command, out)
+    _print_sweep(sweep, command, out)
     assert out.getvalue().splitlines() == [
         "Sweep (64 images per setting; images/s):",
         " threads  batch  queue    loader     model  end-to-end",
@@ -428,11 +428,11 @@ def test_sweep_recommends_the_smallest_setting_within_5_percent_of_the_best():
 def test_results_file_holds_every_reported_figure(tmp_path):
     result = RunResult(listed=10, classified=7, failed=2, top1_correct=3, top5_correct=5, frames_timed=6,
                        elapsed_s=1.5, batches=4, decoder_fallbacks=1, batches_timed=3, loader_lead=1)  # fmt: skip
-    breakdown = Breakdown.from_rates(40.0, 600.0, 36.0, torch.device("cpu"))
-    parity = Parity(4, 1.5, 3.0, "w.JPEG", 0.75, 0.5, 1.0, 0.75)
+    breakdown = _Breakdown.from_rates(40.0, 600.0, 36.0, torch.device("cpu"))
+    parity = _Parity(4, 1.5, 3.0, "w.JPEG", 0.75, 0.5, 1.0, 0.75)
     ranks = [{"rank": 0, "classified": 7, "fps": 4.0, "elapsed_s": 1.5, "device": "cpu"}]
-    report = RunReport(result, {"model": "m"}, {"torch": "x"}, ranks, breakdown=breakdown, parity=parity)
-    write_results(tmp_path / "r.json", report)
+    report = _RunReport(result, {"model": "m"}, {"torch": "x"}, ranks, breakdown=breakdown, parity=parity)
+    _write_results(tmp_path / "r.json", report)
     r = read_json(tmp_path / "r.json")
     assert (r["listed"], r["classified"], r["failed"], r["not_reached"], r["decoder_fallbacks"]) == (10, 7, 2, 1, 1)
     assert (r["fps"], r["top1"], r["top5"], r["fps_max_overstatement"]) == (4.0, 3 / 7, 5 / 7, 0.5)

@@ -9,7 +9,7 @@ import sys
 import pytest
 from PIL import Image
 
-from imagenet_classification import parse_sweep
+from imagenet_classification import _parse_sweep
 from tests.conftest import ROOT, TINY, read_json, run_cli
 
 FAST = [*TINY, "--no-compile", "--dtype", "float32"]
@@ -17,13 +17,13 @@ FAST = [*TINY, "--no-compile", "--dtype", "float32"]
 
 def test_sweep_specs():
     defaults = {"num-threads": 16, "batch-size": 32, "queue-size": 16}
-    assert parse_sweep(["auto"], defaults, 12)["num-threads"] == [1, 2, 4, 8, 12]
-    assert parse_sweep(["auto"], defaults, 16)["num-threads"] == [1, 2, 4, 8, 16]
-    grid = parse_sweep(["num-threads=4,1,2", "batch-size=64"], defaults, 2)
+    assert _parse_sweep(["auto"], defaults, 12)["num-threads"] == [1, 2, 4, 8, 12]
+    assert _parse_sweep(["auto"], defaults, 16)["num-threads"] == [1, 2, 4, 8, 16]
+    grid = _parse_sweep(["num-threads=4,1,2", "batch-size=64"], defaults, 2)
     assert grid == {"num-threads": [1, 2, 4], "batch-size": [64], "queue-size": [16]}
     for bad in ("threads=1", "num-threads=", "num-threads=0,1", "batch-size=x", "auto=1"):
         with pytest.raises(ValueError):
-            parse_sweep([bad], defaults, 2)
+            _parse_sweep([bad], defaults, 2)
 
 
 def test_sweep_on_real_photos_writes_table_json_and_plot(demo_photos, tmp_path):
@@ -111,11 +111,11 @@ def test_timeline_bins_cover_the_run_like_the_queues_and_the_plot_draws(tmp_path
 
     import torch
 
-    from imagenet_classification import TimingWindow, _bin_count, plot_timeline
+    from imagenet_classification import _bin_count, _plot_timeline, _TimingWindow
 
     # The last batch just before 1 s, the run ending after it: two bins, as the sink queue's
     # occupancy over the same span has (one bin fewer made plot_timeline raise).
-    window = TimingWindow(torch.device("cpu"), warmup_batches=1)
+    window = _TimingWindow(torch.device("cpu"), warmup_batches=1)
     for seconds in (0.3, 0.6):
         time.sleep(seconds)
         window.add(4)
@@ -124,20 +124,20 @@ def test_timeline_bins_cover_the_run_like_the_queues_and_the_plot_draws(tmp_path
     t = window.timeline()
     assert len(t["images"]) == _bin_count(t["end_s"], 1.0) == 2 and sum(t["images"]) == 8
     t["sink_occupancy"] = [1.0, 0.5]
-    assert plot_timeline(t, tmp_path / "t.png", "a title") and (tmp_path / "t.png").stat().st_size > 0
+    assert _plot_timeline(t, tmp_path / "t.png", "a title") and (tmp_path / "t.png").stat().st_size > 0
     assert (_bin_count(0.0, 1.0), _bin_count(2.0, 1.0), _bin_count(2.01, 0.5)) == (1, 2, 5)
 
 
 def test_sweep_plot_reads_in_plain_numbers(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    from imagenet_classification import Sweep, SweepPoint, plot_sweep
+    from imagenet_classification import _plot_sweep, _Sweep, _SweepPoint
 
-    points = [SweepPoint(t, 128, 16, 190.0 * t, 47000.0) for t in (1, 2, 4, 8, 16)]
+    points = [_SweepPoint(t, 128, 16, 190.0 * t, 47000.0) for t in (1, 2, 4, 8, 16)]
     points[-1].e2e_fps = 2950.0
     kept = []
     monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to read it
-    assert plot_sweep(Sweep(points, 4000), tmp_path / "s.png")
+    assert _plot_sweep(_Sweep(points, 4000), tmp_path / "s.png")
     ax = kept[0].axes[0]
     assert [label.get_text() for label in ax.get_xticklabels()] == ["1", "2", "4", "8", "16"]
     assert ax.get_yscale() == "log" and all("^" not in label.get_text() for label in ax.get_yticklabels())
