@@ -3186,9 +3186,10 @@ class RunResult:
         fields = {k: v for k, v in asdict(self).items() if k != "predictions"}
         fields["page_cache"] = self.page_cache.to_dict() if self.page_cache is not None else None  # with its shares
         over = self.fps_max_overstatement
-        fields.update(not_reached=self.not_reached, fps=self.fps, top1=self.top1, top5=self.top5)
+        fields["not_reached"], fields["fps"] = self.not_reached, self.fps
         fields["fps_max_overstatement"] = None if over == math.inf else over  # a number or null: valid JSON
         fields["fps_window_may_be_buffered"] = over == math.inf
+        fields["top1"], fields["top5"] = self.top1, self.top5
         return fields
 
 
@@ -3581,20 +3582,22 @@ class _Breakdown:
         read: tuple[float, float, float | None, bool] | None = None,
     ) -> _Breakdown:
         """``read``: ``(read_fps, read_mb_s, read_resident, read_cold)``. The bottleneck is the
-        ``disk`` when the loader is the slower side and reading alone, from the disk (less than
-        IN_MEMORY resident, or unknown), is at most READ_BOUND_SLACK faster than the loader. A
-        read pass that read nothing (every file refused) says nothing about the disk."""
+        ``disk`` when the loader is the slower side and :py:func:`_disk_bound`."""
         bound = min(loader_fps, model_fps)
         shared = 1 / (1 / loader_fps + 1 / model_fps) if loader_fps > 0 and model_fps > 0 else 0.0
         bottleneck = "loader" if loader_fps < model_fps else "model"
-        if read is not None and bottleneck == "loader":
-            read_fps, _, resident, _ = read
-            from_disk = resident is None or resident < IN_MEMORY
-            if from_disk and 0 < read_fps <= loader_fps * (1 + READ_BOUND_SLACK):
-                bottleneck = "disk"
+        if read is not None and bottleneck == "loader" and _disk_bound(loader_fps, read[0], read[2]):
+            bottleneck = "disk"
         efficiency = e2e_fps / bound if bound else 0.0
         shared_fps = shared if device.type == "cpu" else None
         return cls(loader_fps, model_fps, e2e_fps, bound, bottleneck, efficiency, shared_fps, *(read or ()))
+
+
+def _disk_bound(loader_fps: float, read_fps: float, read_resident: float | None) -> bool:
+    """Reading alone, from the disk (not from memory; unknown counts as the disk), is at most
+    READ_BOUND_SLACK faster than the whole loader. A pass that read nothing says nothing."""
+    from_disk = read_resident is None or read_resident < IN_MEMORY
+    return from_disk and 0 < read_fps <= loader_fps * (1 + READ_BOUND_SLACK)
 
 
 def _timed_rate(steps: Iterable[int], warmup_batches: int, device: torch.device) -> float:
@@ -3800,9 +3803,11 @@ def _agree_on_job(config: _RunConfig) -> None:
         )
     differ = [k for k in settings if len({json.dumps(other[k]) for _, _, other in seen}) > 1]
     if differ:
-        per_key = [", ".join(f"rank {r}: {other[k]}" for r, (_, _, other) in enumerate(seen)) for k in differ]
-        given = "; ".join(f"{k}: {ranks}" for k, ranks in zip(differ, per_key, strict=True))
-        raise InputError(f"the ranks were given different settings ({given}): start them with the same flags")
+        given = []
+        for k in differ:
+            given.append(f"{k}: " + ", ".join(f"rank {r}: {other[k]}" for r, (_, _, other) in enumerate(seen)))
+        message = f"the ranks were given different settings ({'; '.join(given)}): start them with the same flags"
+        raise InputError(message)
 
 
 _STOPPED_KEY = "imagenet_classification/stopped/"  # + rank: a stopped rank's share, in the job's store
