@@ -2930,6 +2930,8 @@ def _unreadable(path: Path, error: Exception) -> str:
                     "save the model's weights with torch.save(model.state_dict(), PATH)"
                 )
         return "not a PyTorch checkpoint (neither torch.save's archive nor a pickle of tensors)"
+    if isinstance(error, AttributeError):  # timm's clean_state_dict found no dict: a list, a tensor, ...
+        return f"not a state dict ({error})"
     first = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines()[0] if str(error) else ""
     detail = f"{type(error).__name__}: {first}" if len(first) > 8 else "neither torch.save's archive nor a pickle"
     return f"not a PyTorch checkpoint ({detail})"
