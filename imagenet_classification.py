@@ -3196,10 +3196,9 @@ class RunResult:
 
 
 class _TimingWindow:
-    """The FPS window, from the end of the warm-up to the last batch (every batch if there are no
-    more than the warm-up), and a timeline of the run. Each clock reading first waits for the
-    device; ``sync`` runs before each clock start (a barrier across ranks). A batch's end is
-    marked without waiting (a CUDA event on a GPU)."""
+    """The FPS window, from the end of the warm-up (or the start, if no later) to the last batch,
+    read after the device's queue drains; ``sync`` runs before each clock start (a barrier across
+    ranks). Each batch's end is marked without waiting (a CUDA event on a GPU), for the timeline."""
 
     def __init__(self, device: torch.device, warmup_batches: int, sync: Callable[[], None] | None = None) -> None:
         self.device, self.warmup_batches, self.sync = device, warmup_batches, sync or (lambda: None)
@@ -3774,14 +3773,8 @@ def _reduce_results(result: RunResult, shard: _Shard, device: torch.device) -> t
 
 
 def _agree_on_job(config: _RunConfig) -> None:
-    """Check that every rank read the same list (its length and a hash of its paths and labels)
-    and was given the same settings: a list still being written while the ranks read it would
-    give each its own. Every rank gets the same answer, so all stop or none.
-
-    Raises:
-        InputError: the ranks' lists or settings differ (the same line on every rank).
-        RunStopped: (``peer``) a rank stopped before it could compare.
-    """
+    """InputError on every rank unless all read the same list (a list still being written would
+    give each its own) and were given the same settings; RunStopped (``peer``) if a rank stopped."""
     import hashlib
 
     import torch.distributed as dist
