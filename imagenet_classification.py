@@ -2810,7 +2810,7 @@ def _as_batched(batch: tuple) -> tuple:
 
 
 class Preprocessing(torch.nn.Module):
-    """Turn uint8 images (0-255) into normalised float32; mean and std broadcast over N, H, W."""
+    """uint8 ``N x 3 x H x W`` (0-255) -> normalised float32 of the same shape."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
         super().__init__()
@@ -2818,19 +2818,14 @@ class Preprocessing(torch.nn.Module):
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
 
     def forward(self, x: Tensor) -> Tensor:
-        """x: uint8 ``N x 3 x H x W``. Returns float32 of the same shape."""
         return (x.float() / 255.0 - self.mean) / self.std
 
 
 class Classification(torch.nn.Module):
-    """Count top-1 and top-5 hits of logits against labels."""
+    """Top-1 and top-5 hits of logits ``N x C`` against int64 labels ``N x 1`` (-1 never matches):
+    two 0-d int64 tensors on the logits' device."""
 
     def forward(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        """logits: ``N x C``; labels: int64 ``N x 1`` (a label of -1 never matches).
-
-        Returns:
-            Two 0-d int64 tensors on the logits' device: top-1 and top-5 correct counts.
-        """
         top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
         hits = top == labels
         return hits[:, :1].sum(), hits.sum()
@@ -2840,10 +2835,10 @@ class ModelBundle(torch.nn.Module):
     """Preprocessing, the timm model and Classification in one module.
 
     Attributes:
-        transform: The evaluation transform the model expects (from its pretrained config).
+        transform: The evaluation transform the model expects.
         dtype: The model's precision.
-        batch_size: If set (when compiled), smaller batches are padded to it so that the
-            compiled graph is reused; the padded rows' outputs are dropped.
+        batch_size: If set (when compiled), smaller batches are padded to it so that the compiled
+            graph is reused; the padded rows' outputs are dropped.
     """
 
     def __init__(
@@ -2860,14 +2855,10 @@ class ModelBundle(torch.nn.Module):
         self.dtype, self.transform, self.batch_size = dtype, transform, batch_size
 
     def logits(self, images: Tensor) -> Tensor:
-        """images: uint8 ``N x 3 x H x W``. Returns float32 logits ``N x C``.
-
-        Every batch reaches the model channels-last and contiguous, padded ones too, so that a
-        compiled model sees one kind of input and never recompiles for another.
-        """
+        """uint8 images ``N x 3 x H x W`` -> float32 logits ``N x C``."""
         n = images.shape[0]
-        # Made outside inference mode, as the loader's batches are: an inference tensor has other
-        # dispatch keys, which a compiled model would recompile for too.
+        # Padded and laid out channels-last outside inference mode, as the loader's batches are:
+        # a compiled model would recompile for another layout or for an inference tensor.
         with torch.inference_mode(False):
             if self.batch_size is not None and 0 < n < self.batch_size:
                 images = torch.cat([images, images.new_zeros((self.batch_size - n, *images.shape[1:]))])
@@ -2875,19 +2866,13 @@ class ModelBundle(torch.nn.Module):
         return self.model(self.preprocessing(images).to(self.dtype))[:n].float()
 
     def forward(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        """images: uint8 ``N x 3 x H x W``; labels: int64 ``N x 1``. Returns top-1, top-5 counts."""
+        """uint8 images ``N x 3 x H x W``, int64 labels ``N x 1`` -> top-1, top-5 counts."""
         return self.classification(self.logits(images), labels)
 
 
 def _resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """Turn a device name into a checked device.
-
-    ``auto`` is ``cuda:LOCAL_RANK`` if CUDA is available, else ``cpu``; ``cuda`` without an
-    index is ``cuda:LOCAL_RANK`` (``local_rank`` is 0 outside torchrun).
-
-    Raises:
-        InputError: not a device, or not one this machine has.
-    """
+    """``auto`` is ``cuda:LOCAL_RANK`` if CUDA is available, else ``cpu``; ``cuda`` alone is
+    ``cuda:LOCAL_RANK``. InputError for what is not a device this machine has."""
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -2909,9 +2894,8 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 
 def _auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tuple[torch.dtype, str]:
-    """The precision that suits the hardware, and why: bfloat16 where it is native, float16 on
-    CUDA GPUs without it, float32 on CPUs without it (where bfloat16 is emulated, many times
-    slower)."""
+    """The precision that suits the hardware, and why. On a CPU without native bfloat16 it is
+    emulated, many times slower."""
     if cuda_capability is not None:
         major, minor = cuda_capability
         if cuda_capability >= (8, 0):
@@ -2923,8 +2907,7 @@ def _auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tupl
 
 
 def _choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.dtype, str]:
-    """The model's precision on ``device``: ``requested`` (``bfloat16``, ``float16``,
-    ``float32``), or for ``auto`` the one that suits the hardware; with the reason, in words."""
+    """The model's precision on ``device`` (a name of :py:data:`_DTYPES`, or ``auto``), and why."""
     if requested != "auto":
         return _DTYPES[requested], "asked for"
     if device.type == "cuda":
@@ -2932,13 +2915,35 @@ def _choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.
     return _auto_dtype(None, torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-# What torch.load raises for a file that is no checkpoint (text, empty, a cut zip, a refused pickle).
-_CHECKPOINT_ERRORS = (OSError, RuntimeError, ValueError, EOFError, KeyError, IndexError, AttributeError,
-                      UnicodeDecodeError, pickle.UnpicklingError, zipfile.BadZipFile)  # fmt: skip
+# What reading a file that is no checkpoint raises (text, empty, a cut zip, a refused pickle).
+_CHECKPOINT_ERRORS = (OSError, RuntimeError, ValueError, EOFError, LookupError, AttributeError, zipfile.BadZipFile)
 
 
-def _load_state_dict(path: Path) -> dict[str, Tensor]:
-    """A checkpoint's state dict, loaded safely (weights only). InputError if it is none."""
+def _unreadable(path: Path, error: Exception) -> str:
+    """Why a file is no checkpoint, in one line (timm's message for a refused pickle advises
+    weights_only=False, which would run its code: not shown)."""
+    if isinstance(error.__cause__, pickle.UnpicklingError):
+        with contextlib.suppress(*_CHECKPOINT_ERRORS):
+            if unsafe := torch.serialization.get_unsafe_globals_in_checkpoint(path):
+                return (
+                    f"it holds Python objects ({', '.join(unsafe)}), not only tensors, and is not loaded; "
+                    "save the model's weights with torch.save(model.state_dict(), PATH)"
+                )
+        return "not a PyTorch checkpoint (neither torch.save's archive nor a pickle of tensors)"
+    if isinstance(error, AttributeError):  # timm's clean_state_dict found no dict: a list, a tensor, ...
+        return f"not a state dict ({error})"
+    first = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines()[0] if str(error) else ""
+    detail = f"{type(error).__name__}: {first}" if len(first) > 8 else "neither torch.save's archive nor a pickle"
+    return f"not a PyTorch checkpoint ({detail})"
+
+
+def _read_checkpoint(path: Path) -> dict[str, Tensor]:
+    """The state dict in a checkpoint, found by timm's ``load_state_dict``: a plain state dict,
+    timm's training checkpoint (its ``state_dict``, as timm's validate.py takes it), torchvision's
+    ``{'model': ...}`` or a ``.safetensors`` file. Pickles load weights only (timm allows the
+    training arguments' argparse.Namespace). InputError for anything else."""
+    import timm.models
+    from safetensors import SafetensorError
 
     def fail(reason: str) -> InputError:
         return InputError(f"{path}: cannot load checkpoint ({reason})", "--checkpoint")
@@ -2948,20 +2953,9 @@ def _load_state_dict(path: Path) -> dict[str, Tensor]:
     if path.stat().st_size == 0:
         raise fail("empty file")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:  # torch refused it: it holds more than tensors
-        found = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", str(e))
-        what = f" ({found.group(1)})" if found else ""
-        raise fail(f"it holds Python objects{what}, not only tensors, and is not loaded; save the model's "
-                   "weights with torch.save(model.state_dict(), PATH)") from None  # fmt: skip
-    except _CHECKPOINT_ERRORS as e:
-        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines()[0] if str(e) else ""
-        detail = f"{type(e).__name__}: {first}" if len(first) > 8 else "neither torch.save's archive nor a pickle"
-        raise fail(f"not a PyTorch checkpoint ({detail})") from None
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict):
-        raise fail(f"not a state dict, found {type(state).__name__}")
+        state = timm.models.load_state_dict(str(path), use_ema=False, weights_only=True)
+    except (*_CHECKPOINT_ERRORS, SafetensorError) as e:
+        raise fail(_unreadable(path, e)) from None
     for key, value in state.items():
         if not isinstance(value, Tensor) or value.layout != torch.strided:
             kind = f"a {value.layout} tensor" if isinstance(value, Tensor) else f"a {type(value).__name__}"
@@ -2970,35 +2964,36 @@ def _load_state_dict(path: Path) -> dict[str, Tensor]:
 
 
 def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
-    """Load a local state dict into ``model``, naming the first key that does not fit."""
-    state = _load_state_dict(path)
+    """Load a local checkpoint into ``model``, naming the first key that does not fit."""
+    state = _read_checkpoint(path)
     expected = model.state_dict()
     for key, value in expected.items():
         if key not in state:
             raise InputError(f"{path}: checkpoint lacks {key!r}, which {type(model).__name__} needs", "--checkpoint")
-        if tuple(state[key].shape) != tuple(value.shape):
+        if state[key].shape != value.shape:
             raise InputError(
                 f"{path}: {key!r} has shape {tuple(state[key].shape)} in the checkpoint, "
                 f"the model expects {tuple(value.shape)}",
-                "checkpoint",
+                "--checkpoint",
             )
     if extra := [k for k in state if k not in expected]:
-        raise InputError(
-            f"{path}: checkpoint has {len(extra)} key(s) the model lacks, first {extra[0]!r}", "checkpoint"
-        )
+        message = f"{path}: checkpoint has {len(extra)} key(s) the model lacks, first {extra[0]!r}"
+        raise InputError(message, "--checkpoint")
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        raise InputError(f"{path}: cannot load checkpoint ({str(e).splitlines()[-1].strip()})", "--checkpoint") from None
+        raise InputError(
+            f"{path}: cannot load checkpoint ({str(e).splitlines()[-1].strip()})", "--checkpoint"
+        ) from None
 
 
 HUB_CHECK_S = 3.0  # seconds to wait for the model hub's server before calling it out of reach
 
 
 def _hub_unreachable(config: dict) -> str | None:
-    """Why the Hugging Face hub, where timm fetches these weights, cannot be reached (one
-    connection attempt of at most :py:data:`HUB_CHECK_S`), or None: it answers, the weights come
-    from elsewhere, the user set ``HF_HUB_OFFLINE`` (the cache alone), or a proxy stands between."""
+    """Why the Hugging Face hub, where timm fetches these weights, cannot be reached in one
+    connection attempt, or None: it answers, the weights come from elsewhere, the user set
+    ``HF_HUB_OFFLINE`` (the cache alone), or a proxy stands between."""
     import socket
     import urllib.parse
 
@@ -3017,8 +3012,8 @@ def _hub_unreachable(config: dict) -> str | None:
 
 @contextlib.contextmanager
 def _hub_offline() -> Iterator[None]:
-    """huggingface_hub's offline mode (what ``HF_HUB_OFFLINE=1`` sets) for the block: weights from
-    its cache, without the minute of retries it spends on a hub out of reach."""
+    """What ``HF_HUB_OFFLINE=1`` sets, for the block: the cache alone, without the minute of
+    retries huggingface_hub spends on a hub out of reach."""
     from huggingface_hub import constants
 
     before, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True
@@ -3033,18 +3028,20 @@ def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
 
     config = _pretrained_config(model_name)
     _check_imagenet_head(model_name, config.get("num_classes"))
-    logging.getLogger("huggingface_hub").propagate = not logging.getLogger("huggingface_hub").handlers  # once
+    hub_log = logging.getLogger("huggingface_hub")
+    hub_log.propagate = not hub_log.handlers
     unreachable = _hub_unreachable(config) if pretrained else None
     try:
         with _hub_offline() if unreachable else contextlib.nullcontext():
             model = timm.create_model(model_name, pretrained=pretrained)
-    except OSError as e:  # the hub is out of reach and the weights are not in its cache
-        where = f"the model hub is out of reach ({unreachable})" if unreachable else type(e).__name__
-        raise InputError(f"{model_name}: cannot get its pretrained weights ({where}, and they are not in "
-                         "its cache)", "--model", _WEIGHTS_ADVICE) from None  # fmt: skip
+    except OSError:  # the hub is out of reach and the weights are not in its cache
+        where = f"the model hub is out of reach ({unreachable})" if unreachable else "OSError"
+        message = f"{model_name}: cannot get its pretrained weights ({where}, and they are not in its cache)"
+        raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
     except Exception as e:  # e.g. no pretrained weights, or a corrupt cached file (SafetensorError)
-        raise InputError(f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''})", "--model", _WEIGHTS_ADVICE) from None  # fmt: skip
+        first = str(e).splitlines()[0] if str(e) else ""
+        message = f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: {first})"
+        raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
     _check_imagenet_head(model_name, getattr(model, "num_classes", None))
     return model
 
@@ -3059,7 +3056,7 @@ def get_model(
     dtype: torch.dtype | str = "auto",
     use_bf16: bool | None = None,
     batch_size: int | None = None,
-    transform: dict | None = None,
+    transform: EvalTransform | dict | None = None,
 ) -> ModelBundle:
     """Build the model bundle: normalisation, a timm model in eval mode, top-k counting.
 
@@ -3067,14 +3064,14 @@ def get_model(
         model_name: Any name ``timm.create_model`` accepts.
         device: Where the model runs.
         pretrained: Load timm's pretrained weights (from the model hub or its cache).
-        checkpoint: A local state dict to load instead; no hub access.
+        checkpoint: A local checkpoint to load instead (see :py:func:`_read_checkpoint`); no hub access.
         compile: ``torch.compile`` the model and the normalisation: True for mode
             :py:data:`COMPILE_MODE`, or one of :py:data:`COMPILE_MODES`.
-        dtype: The model's precision: a torch dtype, its name, or ``auto`` (see :py:func:`choose_dtype`).
+        dtype: The model's precision: a torch dtype, its name, or ``auto`` (what suits the hardware).
         use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
         batch_size: With ``compile``, pad smaller batches to this size (see ModelBundle).
-        transform: Overrides of the model's evaluation transform, as timm's ``resolve_data_config``
-            takes them: ``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``.
+        transform: The evaluation transform, or overrides of the model's own as timm's
+            ``resolve_data_config`` takes them (``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``).
 
     Raises:
         InputError: an unknown model, weights out of reach, or a checkpoint that does not fit.
@@ -3087,7 +3084,8 @@ def get_model(
     model = _create_timm_model(model_name, pretrained and checkpoint is None)
     if checkpoint is not None:
         _load_checkpoint(model, Path(checkpoint))
-    transform = EvalTransform.from_model(model, transform)
+    if not isinstance(transform, EvalTransform):
+        transform = EvalTransform.from_model(model, transform)
     model = model.eval().to(device=device, dtype=dtype)
     preprocessing = Preprocessing(transform.mean, transform.std).to(device)
     if compile:
@@ -3096,9 +3094,8 @@ def get_model(
             raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
         model = torch.compile(model, mode=mode)
         preprocessing = torch.compile(preprocessing, mode=mode)
-    return ModelBundle(
-        preprocessing, model, Classification(), dtype, transform, batch_size=batch_size if compile else None
-    )
+    batch_size = batch_size if compile else None
+    return ModelBundle(preprocessing, model, Classification(), dtype, transform, batch_size)
 
 
 ################################################################################
@@ -3111,30 +3108,21 @@ class RunResult:
     """What a run measured. ``classified + failed + not_reached == listed`` always holds.
 
     Attributes:
-        listed: Images in the list (after ``--max-samples``); None when the loop was given an
-            iterator of unknown length.
-        classified: Images that went through the model.
-        failed: Images that could not be decoded (see ``failures``).
+        listed: Images in the list (after ``--max-samples``); None for an iterator of unknown length.
+        classified, failed: Images that went through the model, and that could not be decoded.
         top1_correct, top5_correct: Hits among ``classified``.
-        frames_timed, elapsed_s: Images and seconds in the FPS window (after the warm-up).
+        frames_timed, elapsed_s, batches_timed: Images, seconds and batches in the FPS window
+            (after the warm-up); ``warmup_included`` when the run had no more batches than the warm-up.
         batches: Batches that went through the model.
         decoder_fallbacks: Images a GPU decoder could not take, decoded on the CPU instead.
-        decoder_backends: Images each backend of a GPU decoder decoded, warm-up included (see
-            :py:attr:`BadImagePolicy.decoded_by`); empty for FFmpeg.
-        warmup_included: The run had no more batches than the warm-up, so the FPS window
-            covers them all.
-        batches_timed: Batches in the FPS window.
-        loader_lead: Batches the loader can have decoded or in progress ahead of the model
-            (its buffer and its concurrent decodes), when known: see ``fps_max_overstatement``.
-            After an SPDL run, what it had when the window opened (never more than the window's batches).
-        loader_min_fps: Images/s the loader is known to have reached in the window, from when it
-            delivered its batches (SPDL's sink queue), when known: see ``fps_max_overstatement``.
-        partial: The run stopped before every listed image was classified or failed.
-        stop_reason: Why it stopped early, or None.
+        decoder_backends: Images each backend of a GPU decoder decoded, warm-up included; empty for FFmpeg.
+        loader_lead: Batches the loader can hold decoded or in progress ahead of the model, when
+            known; after an SPDL run, what it held when the window opened.
+        loader_min_fps: Images/s the loader is known to have reached in the window (from its sink queue).
+        partial, stop_reason: The run stopped before every listed image was classified or failed, and why.
         failures: Path and reason of each image that failed.
-        timeline: Per-second images and the FPS window (see :py:func:`benchmark`).
-        page_cache: How much of the listed files' data was in the page cache before the run,
-            and whether ``--cold-cache`` evicted it first; None when not examined.
+        timeline: Per-second images and the FPS window (see :py:meth:`_TimingWindow.timeline`).
+        page_cache: The listed files' share in the page cache before the run; None when not examined.
         predictions: One row per classified image when asked for (not in :py:meth:`to_dict`).
     """
 
@@ -3175,13 +3163,10 @@ class RunResult:
     def fps_max_overstatement(self) -> float | None:
         """How much FPS can overstate a loader-bound rate, as a share (0.1: up to 10 %).
 
-        When the FPS window opens, the loader may already hold ``loader_lead`` batches ready or
-        in progress (never more than the window's T batches); the window then needs only
-        T - lead batches from the loader, so FPS is at most T / (T - lead) times the loader's
-        rate (inf: the window may be all buffered, and FPS is then the model's rate). A loader
-        known to reach ``loader_min_fps`` overstates FPS by at most FPS / loader_min_fps - 1 (0
-        when it kept up). None when the lead is unknown or the window includes the start (when
-        nothing is buffered yet).
+        A window of T batches that opens with ``lead`` already buffered needs only T - lead from
+        the loader: FPS is at most T / (T - lead) times the loader's rate (inf: all buffered). A
+        loader known to reach ``loader_min_fps`` bounds it by FPS / loader_min_fps - 1. None when
+        the lead is unknown or the window includes the start (nothing buffered yet).
         """
         if self.loader_lead is None or self.warmup_included or not self.batches_timed:
             return None
@@ -3203,33 +3188,20 @@ class RunResult:
         fields = {k: v for k, v in asdict(self).items() if k != "predictions"}
         fields["page_cache"] = self.page_cache.to_dict() if self.page_cache is not None else None  # with its shares
         over = self.fps_max_overstatement
-        return {**fields, "not_reached": self.not_reached, "fps": self.fps,
-                "fps_max_overstatement": None if over == math.inf else over,  # a number or null: valid JSON
-                "fps_window_may_be_buffered": over == math.inf, "top1": self.top1, "top5": self.top5}  # fmt: skip
-
-
-class _Clock:
-    """Wall clock that first waits for the device to finish its queued work."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def __call__(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        fields["not_reached"], fields["fps"] = self.not_reached, self.fps
+        fields["fps_max_overstatement"] = None if over == math.inf else over  # a number or null: valid JSON
+        fields["fps_window_may_be_buffered"] = over == math.inf
+        fields["top1"], fields["top5"] = self.top1, self.top5
+        return fields
 
 
 class _TimingWindow:
-    """The FPS window: from the end of the warm-up to the last batch, and a timeline of the run.
-
-    If the run has no more batches than the warm-up, the window covers every batch. ``sync``
-    runs before each clock start (a barrier across ranks). Each batch's end is marked without
-    waiting for the device (a CUDA event on a GPU), for the timeline.
-    """
+    """The FPS window, from the end of the warm-up (or the start, if no later) to the last batch,
+    read after the device's queue drains; ``sync`` runs before each clock start (a barrier across
+    ranks). Each batch's end is marked without waiting (a CUDA event on a GPU), for the timeline."""
 
     def __init__(self, device: torch.device, warmup_batches: int, sync: Callable[[], None] | None = None) -> None:
-        self.clock, self.warmup_batches, self.sync = _Clock(device), warmup_batches, sync or (lambda: None)
+        self.device, self.warmup_batches, self.sync = device, warmup_batches, sync or (lambda: None)
         self.cuda = device.type == "cuda"
         self.batches = self.frames = self.frames_all = 0
         self.marks: list[tuple[Any, int]] = []  # (CUDA event or time.monotonic(), images) per batch
@@ -3237,6 +3209,11 @@ class _TimingWindow:
         self.t_start = self.t_warm = self.clock()
         self.started_at = time.monotonic()
         self._start_mark = self._mark()
+
+    def clock(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _mark(self) -> Any:
         if not self.cuda:
@@ -3264,8 +3241,8 @@ class _TimingWindow:
         return self.frames_all, self.t_end - self.t_start, True
 
     def timeline(self, interval: float = 1.0) -> dict:
-        """Images finished in each ``interval`` of the run since its start, and where the FPS
-        window lies (seconds from the start); call after :py:meth:`close`."""
+        """Images finished in each ``interval`` since the start, and where the FPS window lies
+        (seconds from the start); after :py:meth:`close`."""
         if self.cuda:
             times = [self._start_mark.elapsed_time(event) / 1e3 for event, _ in self.marks]
         else:
@@ -3300,18 +3277,14 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
-    text = str(error)
-    return (
-        isinstance(error, torch.OutOfMemoryError | MemoryError)
-        or "can't allocate memory" in text
-        or ("out of memory" in text.lower())
-    )
+    if isinstance(error, torch.OutOfMemoryError | MemoryError):
+        return True
+    return "can't allocate memory" in str(error) or "out of memory" in str(error).lower()
 
 
 @contextlib.contextmanager
 def _out_of_memory_stops(device: torch.device, batch_size: int) -> Iterator[None]:
-    """Memory running out in the block (a synthetic batch, the model, the loader's batches)
-    stops with out_of_memory and its advice, as it does in the run."""
+    """Memory running out in the block stops with out_of_memory and its advice, as in the run."""
     try:
         yield
     except (RuntimeError, MemoryError) as e:
@@ -3321,16 +3294,17 @@ def _out_of_memory_stops(device: torch.device, batch_size: int) -> Iterator[None
 
 
 def _logits(model: ModelBundle, images: Tensor) -> Tensor:
-    """The bundle's logits for one batch; RunStopped (out_of_memory, model) for what can go wrong there."""
+    """The bundle's logits for one batch; RunStopped (out_of_memory, loader, model) if that fails."""
     try:
         return model.logits(images)
     except (RuntimeError, MemoryError) as e:
         if _is_out_of_memory(e):
             raise _out_of_memory(images.device, images.shape[0]) from None
+        first = str(e).splitlines()[0] if str(e) else ""
         if _DATALOADER_DIED in str(e):  # torch raises it from its SIGCHLD handler, wherever the loop is
-            raise RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader") from None
-        raise RunStopped(f"the model failed on a batch of {images.shape[0]} images: {str(e).splitlines()[0]}",
-                         "model", "--debug shows where; --no-compile if torch.compile failed") from e
+            raise RunStopped(f"the DataLoader failed: {first.strip()}", "loader") from None
+        message = f"the model failed on a batch of {images.shape[0]} images: {first}"
+        raise RunStopped(message, "model", "--debug shows where; --no-compile if torch.compile failed") from e
 
 
 class _Predictions:
@@ -3346,13 +3320,21 @@ class _Predictions:
     def rows(self) -> list[dict]:
         rows = []
         for classes, probs, labels, paths in self.batches:
-            classes_l, probs_l, labels_l = classes.tolist(), probs.tolist(), labels.tolist()
-            names = paths if len(paths) == len(labels_l) else [None] * len(labels_l)
-            for path, label, top, p in zip(names, labels_l, classes_l, probs_l, strict=True):
-                rows.append({"path": path, "label": label, "label_name": _class_name(label) if label >= 0 else None,
-                             "top5": top, "top5_names": [_class_name(c) for c in top],
-                             "probs": [round(x, 6) for x in p], "correct1": top[0] == label,
-                             "correct5": label in top})  # fmt: skip
+            labels = labels.tolist()
+            names = paths if len(paths) == len(labels) else [None] * len(labels)
+            for path, label, top, p in zip(names, labels, classes.tolist(), probs.tolist(), strict=True):
+                rows.append(
+                    {
+                        "path": path,
+                        "label": label,
+                        "label_name": _class_name(label) if label >= 0 else None,
+                        "top5": top,
+                        "top5_names": [_class_name(c) for c in top],
+                        "probs": [round(x, 6) for x in p],
+                        "correct1": top[0] == label,
+                        "correct5": label in top,
+                    }
+                )
         return rows
 
 
@@ -3446,16 +3428,22 @@ class _Loop:
     """The timed loop's state: hit counts kept on the device (reading them each batch would
     stall the GPU's queue), the timing window, and the predictions when asked for."""
 
-    def __init__(self, model: ModelBundle, result: RunResult, warmup_batches: int,
-                 sync_clocks: Callable[[], None] | None, predictions: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: ModelBundle,
+        result: RunResult,
+        warmup_batches: int,
+        sync_clocks: Callable[[], None] | None,
+        predictions: bool,
+    ) -> None:
         device = _model_device(model)
         self.model, self.result = model, result
-        self.top1, self.top5 = (torch.zeros((), dtype=torch.int64, device=device) for _ in range(2))
+        self.top1 = torch.zeros((), dtype=torch.int64, device=device)
+        self.top5 = torch.zeros((), dtype=torch.int64, device=device)
         self.window = _TimingWindow(device, warmup_batches, sync_clocks)
         self.kept = _Predictions() if predictions else None
 
     def classify(self, batch: tuple[Tensor, Tensor]) -> None:
-        """Run the model on one batch and count it."""
         images, labels = batch
         n = int(images.shape[0])
         if n:
@@ -3489,8 +3477,8 @@ class _Loop:
 
 
 def _stalled(stuck_on: tuple[str, float] | None) -> RunStopped:
-    """No batch within the loader's time-out; ``stuck_on`` is ``(path, seconds)`` of the image a
-    decode thread has been on the longest, or None if none was (the source was not delivering)."""
+    """No batch within the loader's time-out; ``stuck_on``: ``(path, seconds)`` of the image a
+    decode thread has been on the longest, or None (the source was not delivering)."""
     if stuck_on is None:
         where = "the decode stage is idle, waiting for the list source"
     else:
@@ -3499,8 +3487,8 @@ def _stalled(stuck_on: tuple[str, float] | None) -> RunStopped:
 
 
 def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
-    return RunStopped(f"out of memory on {device} with a batch of {batch_size} images; "
-                      f"try --batch-size {max(1, batch_size // 2)}", "out_of_memory")  # fmt: skip
+    advice = f"try --batch-size {max(1, batch_size // 2)}"
+    return RunStopped(f"out of memory on {device} with a batch of {batch_size} images; {advice}", "out_of_memory")
 
 
 def _loader_failed(error: BaseException, policy: BadImagePolicy) -> RunStopped:
@@ -3519,20 +3507,21 @@ def _check_delivered(delivered: int, listed: int | None) -> None:
     if listed is None or delivered == listed:
         return
     if delivered < listed:
-        raise RunStopped(f"the loader ended before delivering every listed image ({delivered} of {listed})",
-                         "incomplete")
+        message = f"the loader ended before delivering every listed image ({delivered} of {listed})"
+        raise RunStopped(message, "incomplete")
     raise RunStopped(f"the loader delivered {delivered} images, more than the {listed} listed", "loader")
 
 
 class _Progress:
     """Images done, images/s and running top-1: a live line on a terminal, a log line otherwise.
-
-    Reading the running top-1 waits for the device, so it is read only when a line is shown.
-    """
+    The running top-1 waits for the device, so it is read only when a line is shown."""
 
     def __init__(self, total: int | None, stream: TextIO | None = None) -> None:
         self.total, self.stream = total, stream or sys.stderr
-        self.live = _isatty(self.stream)
+        try:
+            self.live = self.stream.isatty()
+        except (OSError, ValueError):
+            self.live = False
         self.interval = 0.5 if self.live else 30.0
         self.started = self.last = time.perf_counter()
 
@@ -3544,11 +3533,11 @@ class _Progress:
         rate = done / (now - self.started)
         top1 = int(top1_correct) / done if done else 0.0
         text = f"{done}/{self.total or '?'} images, {rate:.0f} images/s, top-1 so far {top1:.2%}"
-        if self.live:
-            with contextlib.suppress(OSError, ValueError):  # a closed terminal does not stop the run
-                print(f"\r{text}", end="", file=self.stream, flush=True)
-        else:
+        if not self.live:
             _LG.info(text)
+            return
+        with contextlib.suppress(OSError, ValueError):  # a closed terminal does not stop the run
+            print(f"\r{text}", end="", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self.live:
@@ -3556,28 +3545,20 @@ class _Progress:
                 print(file=self.stream, flush=True)
 
 
-def _isatty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (OSError, ValueError):
-        return False
+READ_BOUND_SLACK = 0.1  # a loader within 10 % of reading alone spends its time waiting for reads
+IN_MEMORY = 0.95  # a read pass that began with this share of the bytes in the page cache read from memory
 
 
 @dataclass
 class _Breakdown:
     """Throughput of the loader alone, the model alone and both together, in images/s.
 
-    The bound is ``min(loader, model)``: neither side runs faster beside the other than alone.
-    On the CPU the two share the cores, so ``shared_fps``, ``1 / (1/loader + 1/model)``, is what
-    they would reach taking turns with no overlap; end-to-end between the two means partial
-    overlap. ``efficiency`` is end-to-end over the bound; above 1 only by measurement noise.
-
-    ``read_fps`` and ``read_mb_s`` (MB: 10^6 bytes) are the read ceiling: the listed files read
-    alone, with the loader's reads and as many threads, no decode, which the loader cannot
+    The bound is ``min(loader, model)``; ``efficiency`` is end-to-end over it (above 1 only by
+    noise). On the CPU, where the two share the cores, ``shared_fps`` = ``1 / (1/loader + 1/model)``
+    is their rate taking turns with no overlap. ``read_fps`` and ``read_mb_s`` (10^6 bytes) are the
+    listed files read alone as the loader reads them, without decoding: a ceiling the loader cannot
     outrun; ``read_resident`` is the share of their bytes in the page cache as that pass began
-    (after eviction when ``read_cold``). The bottleneck is the ``disk`` when the loader is the
-    slower side and reading alone, from the disk, is at most ``READ_BOUND_SLACK`` faster than the
-    loader: the reads set its pace. The bound stays the slower side's rate.
+    (after eviction when ``read_cold``).
     """
 
     loader_fps: float
@@ -3593,26 +3574,29 @@ class _Breakdown:
     read_cold: bool = False
 
     @classmethod
-    def from_rates(cls, loader_fps: float, model_fps: float, e2e_fps: float, device: torch.device,
-                   read: tuple[float, float, float | None, bool] | None = None) -> _Breakdown:  # fmt: skip
-        """The breakdown of these rates; ``read``: ``(read_fps, read_mb_s, read_resident, read_cold)``."""
+    def from_rates(
+        cls,
+        loader_fps: float,
+        model_fps: float,
+        e2e_fps: float,
+        device: torch.device,
+        read: tuple[float, float, float | None, bool] | None = None,
+    ) -> _Breakdown:
+        """``read``: ``(read_fps, read_mb_s, read_resident, read_cold)``. The bottleneck is the
+        ``disk`` when the loader is the slower side and :py:func:`_disk_bound`."""
         bound = min(loader_fps, model_fps)
         shared = 1 / (1 / loader_fps + 1 / model_fps) if loader_fps > 0 and model_fps > 0 else 0.0
         bottleneck = "loader" if loader_fps < model_fps else "model"
         if read is not None and bottleneck == "loader" and _disk_bound(loader_fps, read[0], read[2]):
             bottleneck = "disk"
-        return cls(loader_fps, model_fps, e2e_fps, bound, bottleneck, e2e_fps / bound if bound else 0.0,
-                   shared if device.type == "cpu" else None, *(read or ()))  # fmt: skip
-
-
-READ_BOUND_SLACK = 0.1  # a loader within 10 % of reading alone spends its time waiting for reads
-IN_MEMORY = 0.95  # a read pass that began with this share of the bytes in the page cache read from memory
+        efficiency = e2e_fps / bound if bound else 0.0
+        shared_fps = shared if device.type == "cpu" else None
+        return cls(loader_fps, model_fps, e2e_fps, bound, bottleneck, efficiency, shared_fps, *(read or ()))
 
 
 def _disk_bound(loader_fps: float, read_fps: float, read_resident: float | None) -> bool:
-    """Whether the disk sets the loader's pace: reading alone is no more than READ_BOUND_SLACK
-    faster than the whole loader, and read from the disk (not from memory; unknown counts as the
-    disk). A pass that read nothing (every file refused) says nothing about the disk."""
+    """Reading alone, from the disk (not from memory; unknown counts as the disk), is at most
+    READ_BOUND_SLACK faster than the whole loader. A pass that read nothing says nothing."""
     from_disk = read_resident is None or read_resident < IN_MEMORY
     return from_disk and 0 < read_fps <= loader_fps * (1 + READ_BOUND_SLACK)
 
@@ -3631,38 +3615,24 @@ def measure_loader(batches: Iterable[tuple[Tensor, Tensor]], device: torch.devic
     return _timed_rate((images.shape[0] for images, _ in batches), warmup_batches, device)
 
 
-def _read_batch_func(max_bytes: int) -> Callable[[Sequence[tuple[str, int]]], tuple[int, int]]:
-    """A function that reads a batch's files as the loader does (:py:func:`read_image_bytes`) and
-    decodes nothing: ``(images read, bytes read)``. A file it refuses counts as neither: the run
-    already counted it as failed."""
+def _read_batches(
+    images: Iterable[tuple[str, int]], batch_size: int, threads: int, max_bytes: int, timeout: float
+) -> Iterator[tuple[int, int]]:
+    """Each batch's ``(images read, bytes read)``, in order, reading its files as the loader does
+    and decoding nothing, ``threads`` batches at once in a thread pool (SPDL's hand-off of each
+    batch would cost more than reads from memory). A file refused counts as neither: the run
+    counted it as failed. RunStopped (``loader``) for no batch within ``timeout`` seconds."""
+    import collections
+    import concurrent.futures
 
     def read_batch(items: Sequence[tuple[str, int]]) -> tuple[int, int]:
         images = size = 0
         for path, _ in items:
-            try:
+            with contextlib.suppress(ImageDecodeError):
                 size += len(_read_image_bytes(path, max_bytes))
-            except ImageDecodeError:
-                continue
-            images += 1
+                images += 1
         return images, size
 
-    return read_batch
-
-
-def _read_batches(
-    images: Iterable[tuple[str, int]], batch_size: int, threads: int, max_bytes: int, timeout: float
-) -> Iterator[tuple[int, int]]:
-    """Each batch's ``(images read, bytes read)``, in order, ``threads`` batches read at once in
-    a thread pool: the reads alone, without SPDL's hand-off of each batch, which on files in
-    memory costs more than reading them.
-
-    Raises:
-        RunStopped: (``loader``) no batch within ``timeout`` seconds (a hung read).
-    """
-    import collections
-    import concurrent.futures
-
-    read_batch = _read_batch_func(max_bytes)
     pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="read_alone")
     pending: collections.deque[concurrent.futures.Future] = collections.deque()
     try:
@@ -3714,15 +3684,11 @@ def _measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup
 
 def _init_distributed(device: torch.device, timeout_s: float) -> None:
     """Join the torchrun job: NCCL on CUDA, Gloo on the CPU; collectives give up after ``timeout_s``.
-
-    Raises:
-        RunStopped: (``peer``) the other ranks did not join within ``timeout_s``.
-    """
+    RunStopped (``peer``) if the other ranks do not join within it."""
     import datetime
 
     import torch.distributed as dist
 
-    backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {}
     if device.type == "cuda":
         if device.index is None:  # NCCL's device_id needs an index
@@ -3731,66 +3697,64 @@ def _init_distributed(device: torch.device, timeout_s: float) -> None:
         # does not set: without this, every rank would use cuda:0.
         torch.cuda.set_device(device)
         kwargs["device_id"] = device
+    backend = "nccl" if device.type == "cuda" else "gloo"
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     except RuntimeError as e:  # DistStoreError: the other ranks did not all come (or the store is gone)
-        raise RunStopped(f"the job's other ranks did not join within {timeout_s:g} s "
-                         f"({str(e).splitlines()[0]})", "peer") from None  # fmt: skip
+        message = f"the job's other ranks did not join within {timeout_s:g} s ({str(e).splitlines()[0]})"
+        raise RunStopped(message, "peer") from None
 
 
 def _warmup_for_all_ranks(shard: _Shard, listed: int, batch_size: int, warmup_batches: int) -> int:
-    """A warm-up every rank can reach, so the barrier at its end never waits on a finished rank.
-
-    If the shortest shard has no more batches than the warm-up, return a count no rank reaches:
-    every rank then times all of its batches, as a single process would.
-    """
+    """A warm-up every rank can reach, so the barrier at its end never waits on a finished rank:
+    if the shortest shard has no more batches than the warm-up, a count no rank reaches (every
+    rank then times all of its batches, as a single process would)."""
     fewest = math.ceil(shard.size_of(listed, shard.world_size - 1) / batch_size)
     most = math.ceil(shard.size_of(listed, 0) / batch_size)
     return warmup_batches if fewest > warmup_batches else most + 1
 
 
 def _peer_gone(error: RuntimeError) -> str:
-    """Why this rank stops when a collective fails: a peer stopped or died."""
+    """Why this rank stops when a collective fails (DistBackendError, a time-out): a peer stopped or died."""
     return f"another rank stopped ({str(error).splitlines()[0]})"
 
 
 def _barrier() -> None:
-    """Wait for every rank; a peer that stopped or died ends this rank's run with a clear reason."""
     import torch.distributed as dist
 
     try:
         dist.barrier()
-    except RuntimeError as e:  # DistBackendError / timeout: a peer is gone
+    except RuntimeError as e:
         raise RunStopped(_peer_gone(e), "peer") from None
 
 
 def _rank_entry(result: RunResult, shard: _Shard, device: torch.device) -> dict:
     """One rank's share of the job, as the results file lists it."""
-    return {"rank": shard.rank, "classified": result.classified, "fps": result.fps,
-            "elapsed_s": result.elapsed_s, "device": str(device)}  # fmt: skip
+    return {
+        "rank": shard.rank,
+        "classified": result.classified,
+        "fps": result.fps,
+        "elapsed_s": result.elapsed_s,
+        "device": str(device),
+    }
 
 
 def _reduce_results(result: RunResult, shard: _Shard, device: torch.device) -> tuple[RunResult, list[dict]]:
-    """Sum the counts of every rank exactly; the FPS window is the longest rank's.
-
-    Returns:
-        The job's totals (on every rank) and one dict per rank: rank, classified, fps,
-        elapsed_s, device.
-    """
+    """The job's totals on every rank, each count summed exactly, the FPS window the longest
+    rank's; and one :py:func:`_rank_entry` per rank."""
     import torch.distributed as dist
 
     on = device if device.type == "cuda" else torch.device("cpu")
-    fields = ("listed", "classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches",
-              "batches_timed", "decoder_fallbacks")  # fmt: skip
+    fields = ("listed", "classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches")
+    fields += ("batches_timed", "decoder_fallbacks")
     counts = torch.tensor([getattr(result, f) for f in fields], dtype=torch.int64, device=on)
     dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-    flags = torch.tensor(
-        [result.elapsed_s, float(result.partial), float(result.warmup_included)], dtype=torch.float64, device=on
-    )
+    flags = [result.elapsed_s, float(result.partial), float(result.warmup_included)]
+    flags = torch.tensor(flags, dtype=torch.float64, device=on)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     gathered: list[dict | None] = [None] * shard.world_size
-    mine = {**_rank_entry(result, shard, device), "failures": result.failures, "predictions": result.predictions,
-            "decoder_backends": result.decoder_backends, "page_cache": result.page_cache}  # fmt: skip
+    shared = {"failures": result.failures, "predictions": result.predictions, "page_cache": result.page_cache}
+    mine = {**_rank_entry(result, shard, device), **shared, "decoder_backends": result.decoder_backends}
     dist.all_gather_object(gathered, mine)
     total = RunResult(**dict(zip(fields, counts.tolist(), strict=True)))
     total.elapsed_s, total.partial, total.warmup_included = flags[0].item(), bool(flags[1]), bool(flags[2])
@@ -3799,25 +3763,18 @@ def _reduce_results(result: RunResult, shard: _Shard, device: torch.device) -> t
         for backend, count in backends.items():
             total.decoder_backends[backend] = total.decoder_backends.get(backend, 0) + count
     rows = [rank.pop("predictions") for rank in gathered]
-    total.predictions = None if any(r is None for r in rows) else [row for r in rows for row in r]
+    total.predictions = None if None in rows else [row for r in rows for row in r]
     total.timeline = result.timeline  # rank 0's
     caches = [rank.pop("page_cache") for rank in gathered]  # each rank examined its own shard
-    total.page_cache = None if any(c is None for c in caches) else _PageCache.total(caches)
+    total.page_cache = None if None in caches else _PageCache.total(caches)
     if result.loader_lead is not None:  # every rank's loader holds as many batches ahead
         total.loader_lead = result.loader_lead * shard.world_size
     return total, gathered
 
 
 def _agree_on_job(config: _RunConfig) -> None:
-    """Check that every rank read the same list (its length and a hash of its paths and labels)
-    and was given the same settings: a list still being written while the ranks read it would
-    give each its own, and images that no rank classifies. Every rank gets the same answer, so
-    all stop or none.
-
-    Raises:
-        InputError: the ranks' lists or settings differ (the same line on every rank).
-        RunStopped: (``peer``) a rank stopped before it could compare.
-    """
+    """InputError on every rank unless all read the same list (a list still being written would
+    give each its own) and were given the same settings; RunStopped (``peer``) if a rank stopped."""
     import hashlib
 
     import torch.distributed as dist
@@ -3835,12 +3792,17 @@ def _agree_on_job(config: _RunConfig) -> None:
         raise RunStopped(_peer_gone(e), "peer") from None
     if len({(n, h) for n, h, _ in seen}) > 1:
         counts = ", ".join(f"rank {rank}: {n}" for rank, (n, _, _) in enumerate(seen))
-        raise InputError(f"{images.origin}: the ranks read different lists (images {counts}): was it still "
-                            "being written? Write the list first, then start torchrun")  # fmt: skip
-    if differ := [k for k in settings if len({json.dumps(other[k]) for _, _, other in seen}) > 1]:
-        given = "; ".join(f"{k}: " + ", ".join(f"rank {r}: {other[k]}" for r, (_, _, other) in enumerate(seen))
-                          for k in differ)  # fmt: skip
-        raise InputError(f"the ranks were given different settings ({given}): start them with the same flags")
+        raise InputError(
+            f"{images.origin}: the ranks read different lists (images {counts}): was it still "
+            "being written? Write the list first, then start torchrun"
+        )
+    differ = [k for k in settings if len({json.dumps(other[k]) for _, _, other in seen}) > 1]
+    if differ:
+        given = []
+        for k in differ:
+            given.append(f"{k}: " + ", ".join(f"rank {r}: {other[k]}" for r, (_, _, other) in enumerate(seen)))
+        message = f"the ranks were given different settings ({'; '.join(given)}): start them with the same flags"
+        raise InputError(message)
 
 
 _STOPPED_KEY = "imagenet_classification/stopped/"  # + rank: a stopped rank's share, in the job's store
@@ -3849,14 +3811,14 @@ _STOPPED_KEY = "imagenet_classification/stopped/"  # + rank: a stopped rank's sh
 def _publish_stop(entry: dict, rank: int) -> None:
     """Leave a stopped rank's share (counts, failures, why) in torchrun's store, where rank 0 can
     read it after this rank is gone; nothing if the store is gone too."""
-    import torch.distributed.distributed_c10d as c10d
+    import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
 
     with contextlib.suppress(RuntimeError, ValueError):
         c10d._get_default_store().set(f"{_STOPPED_KEY}{rank}", json.dumps(entry))
 
 
 def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
-    """The shares other ranks left when they stopped (see ``_publish_stop``), waiting up to
+    """The shares other ranks left when they stopped (:py:func:`_publish_stop`), waiting up to
     ``wait_s`` for those not there yet; a rank still running, or killed, leaves none."""
     import torch.distributed.distributed_c10d as c10d
 
@@ -3873,8 +3835,6 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
                 break
             time.sleep(0.05)
     return [found[rank] for rank in sorted(found)]
-
-
 ################################################################################
 # Parity: does the loader change what the model sees and predicts?
 ################################################################################

@@ -1,10 +1,13 @@
 """The model bundle: normalisation, top-k counting, padding, checkpoints."""
 
+import argparse
+import os
+
 import pytest
 import timm
 import torch
 
-from imagenet_classification import Classification, EvalTransform, ModelBundle, InputError, Preprocessing, get_model
+from imagenet_classification import Classification, EvalTransform, InputError, ModelBundle, Preprocessing, get_model
 
 
 def test_classification_counts_equal_direct_topk():
@@ -88,6 +91,40 @@ def test_checkpoint_loads_and_mismatch_names_key(tmp_path):
     (tmp_path / "junk.pth").write_bytes(b"not a checkpoint")
     with pytest.raises(InputError, match="junk.pth: cannot load checkpoint"):
         get_model("test_efficientnet", "cpu", checkpoint=tmp_path / "junk.pth", compile=False)
+
+
+def test_training_torchvision_and_safetensors_checkpoints_load(tmp_path):
+    from safetensors.torch import save_file
+
+    model = timm.create_model("test_efficientnet", pretrained=False)
+    state = model.state_dict()
+    ema = {k: v + 1 if v.is_floating_point() else v for k, v in state.items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1).state_dict()
+    args = argparse.Namespace(model="test_efficientnet", lr=0.1)  # timm's train.py and torchvision's save theirs
+    training = {"epoch": 3, "state_dict": state, "optimizer": optimizer, "args": args, "state_dict_ema": ema}
+    checkpoints = {"checkpoint-3.pth.tar": training, "model_3.pth": {"model": state, "args": args, "epoch": 3}}
+    for name, saved in checkpoints.items():
+        torch.save(saved, tmp_path / name)
+    save_file(state, tmp_path / "model.safetensors")
+    for name in (*checkpoints, "model.safetensors"):
+        bundle = get_model("test_efficientnet", "cpu", checkpoint=tmp_path / name, compile=False, dtype="float32")
+        loaded = bundle.model.state_dict()
+        assert all(torch.equal(loaded[k], v) for k, v in state.items()), name  # the weights, not the EMA's
+
+
+def test_a_checkpoint_holding_code_is_refused_without_running_it(tmp_path):
+    class Runs:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'ran'}",))
+
+    path = tmp_path / "code.pth"
+    torch.save({"state_dict": timm.create_model("test_efficientnet", pretrained=False).state_dict(), "x": Runs()}, path)
+    with pytest.raises(InputError, match=r"code.pth: cannot load checkpoint \(it holds Python objects \(\w+\.system\)"):
+        get_model("test_efficientnet", "cpu", checkpoint=path, compile=False)
+    with pytest.raises(InputError) as refused:
+        get_model("test_efficientnet", "cpu", checkpoint=path, compile=False)
+    assert refused.value.flag == "--checkpoint" and "\n" not in str(refused.value)
+    assert "weights_only=False" not in str(refused.value) and not (tmp_path / "ran").exists()
 
 
 def test_unknown_model_is_a_usage_error():
