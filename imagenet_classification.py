@@ -1884,14 +1884,10 @@ def _first_jpeg_image(data: bytes) -> bytes:
 
 @functools.cache
 def _nvimgcodec() -> tuple[Any | None, str]:
-    """nvImageCodec's module (None if not installed), and why not or what its import printed.
-
-    The import prints a line to stderr per library it cannot load (nvJPEG2000 and nvTIFF, which
-    JPEGs do not need; nvJPEG, which a GPU does): taken here once, out of the run's output, and
-    kept as the reason a GPU has no decoder. Its log stays silent unless ``PYNVIMGCODEC_VERBOSITY``
-    says otherwise: what it cannot decode is counted instead.
-    """
-    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+    """nvImageCodec's module (None if not installed), and why not or what its import printed: a
+    line on stderr per library it cannot load (nvJPEG2000, nvTIFF; nvJPEG, which a GPU needs),
+    kept out of the run's output and kept as the reason a GPU has no decoder."""
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")  # what it cannot decode is counted instead
     sys.stderr.flush()
     saved = os.dup(2)
     error = ""
@@ -1913,17 +1909,15 @@ def _nvimgcodec() -> tuple[Any | None, str]:
 
 
 def _nvimgcodec_decoder(backend: str, device_id: int) -> Any:
-    """An nvImageCodec decoder of one backend: ``hardware`` (the GPU's JPEG engines), ``cuda``
-    (CUDA kernels), ``hybrid`` (nvJPEG's CUDA decoder: Huffman on the GPU for baseline images over
-    a megapixel, else on the CPU) or ``cpu`` (libjpeg-turbo; ``device_id``
-    NVIMGCODEC_DEVICE_CPU_ONLY). Chroma upsampled "fancy", as libjpeg and FFmpeg do. RuntimeError
-    where it has none of that kind (no JPEG engine, no nvJPEG)."""
+    """An nvImageCodec decoder of one backend: ``hardware`` (JPEG engines), ``cuda``, ``hybrid``
+    (nvJPEG's CUDA decoder, Huffman on the CPU below a megapixel) or ``cpu`` (libjpeg-turbo), chroma
+    upsampled as libjpeg and FFmpeg do. RuntimeError where there is none of that kind."""
     nvimgcodec, _ = _nvimgcodec()
     kinds = {"hardware": nvimgcodec.HW_GPU_ONLY, "cuda": nvimgcodec.GPU_ONLY, "hybrid": nvimgcodec.HYBRID_CPU_GPU}
     backends = [nvimgcodec.Backend(nvimgcodec.CPU_ONLY if backend == "cpu" else kinds[backend])]
     options = ":fancy_upsampling=1"
-    return nvimgcodec.Decoder(device_id=device_id, max_num_cpu_threads=NVIMGCODEC_CPU_THREADS, backends=backends,
-                              options=options)  # fmt: skip
+    threads = NVIMGCODEC_CPU_THREADS
+    return nvimgcodec.Decoder(device_id=device_id, max_num_cpu_threads=threads, backends=backends, options=options)
 
 
 def _nvimgcodec_decoders(device: torch.device, errors: list[str] | None = None) -> list[tuple[str, Any]]:
@@ -2019,13 +2013,10 @@ def _decode_nvjpeg(
 
 def _decode_nvdec(data: bytes, transform: EvalTransform, config: spdl.io.CUDAConfig, bound: Any) -> Tensor | None:
     """One JPEG through NVDEC: uint8 ``3 x S x S``, or None if NVDEC cannot take it or fails on it.
-
-    SPDL keeps one NVDEC decoder per thread, with the CUDA config (stream, allocator) of its first
-    use for good (``NvDecDecoderCore::init_decoder`` renews it only for another device): for a
-    config other than ``bound.nvdec_config`` (a new decode function, the start-up probe) it is made
-    afresh, its NV12 buffers then allocated and copied on the stream that reads them. NVDEC returns
-    NV12 at the size made even (SPDL refuses odd sizes: a 1-pixel stretch); the resize has the
-    original size's geometry, antialiased (NVDEC's own scaler is not)."""
+    SPDL's cached per-thread decoder keeps the CUDA config (stream, allocator) of its first use
+    (``NvDecDecoderCore::init_decoder``), so it is made afresh for a config other than
+    ``bound.nvdec_config``. NV12 comes at the size made even (SPDL refuses odd sizes); the resize
+    has the original size's geometry, antialiased (NVDEC's own scaler is not)."""
     if not _nvdec_can_take(_parse_jpeg_header(data)):
         return None
     try:
@@ -2093,9 +2084,12 @@ def _gpu_decode_func(
 
 
 def _with_cpu_fallback(
-    decode_on_gpu: Callable, transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None,
+    decode_on_gpu: Callable,
+    transform: EvalTransform,
+    device: torch.device,
+    policy: BadImagePolicy | None,
     max_bytes: int,
-) -> Callable[[Sequence[tuple[str, int]], Any, Any], _Batch]:  # fmt: skip
+) -> Callable[..., _Batch]:
     """Read the files; ``decode_on_gpu(datas, stream, config)`` decodes those it takes and counts
     each backend's; the CPU decodes the rest, each counted as a fallback; a bad image as the policy says."""
     graphs = _FilterGraphCache(transform)
@@ -2139,16 +2133,14 @@ def get_decode_func(
     both on ``device``; ``.paths`` names each row's image.
 
     Args:
-        device: Where the batch is delivered (FFmpeg's copied there by SPDL's CUDA transfer into
-            memory from torch's caching allocator).
+        device: Where the batch is delivered.
         transform: Resize and crop (default: 224 crop of 256, bicubic).
-        decoder: ``ffmpeg`` (CPU), ``nvjpeg`` or ``nvdec`` (GPU; :py:func:`_check_gpu_decoder`
-            says why one cannot run). A GPU decoder leaves what it cannot take to the CPU.
-            ``nvjpeg`` is nvImageCodec where installed, else torchvision; on the CPU (for tests),
-            their CPU decoders.
+        decoder: ``ffmpeg`` (CPU), ``nvjpeg`` (nvImageCodec, else torchvision) or ``nvdec``; a GPU
+            decoder leaves what it cannot take to the CPU. On the CPU ``nvjpeg`` runs their CPU
+            decoders (for tests).
         policy: Records bad images, left out (labels stay aligned), and counts GPU fallbacks and
-            each backend's images; give :py:func:`benchmark` the same one. Without one, the first
-            bad image raises ImageDecodeError.
+            backends; give :py:func:`benchmark` the same one. Without one, a bad image raises
+            ImageDecodeError.
         max_image_bytes: A larger image file is a bad image.
     """
     device, transform = torch.device(device), transform or EvalTransform()
@@ -2363,12 +2355,10 @@ class _TaskStats(TaskStatsHook):
 
 
 class _PipelineStats:
-    """SPDL's per-stage statistics through the builder's public hooks, for the run's summary (SPDL's
-    own logs, periodic with ``--stats-interval``, are kept). Read as SPDL's performance guide does:
-    a sink queue that almost always holds a batch means the loader runs ahead of the model; almost
-    always empty, the model is starved. Task times cover the pipeline's whole life; the sink queue's
-    figures start at the last :py:meth:`start_window` (give it as :py:func:`benchmark`'s
-    ``sync_clocks``), or a warm-up's minutes of compilation would read as a loader far ahead."""
+    """SPDL's per-stage statistics through the builder's public hooks (its own logs are kept). A
+    sink queue almost always holding a batch: the loader runs ahead of the model; almost always
+    empty: the model is starved. Task times cover the whole run; the sink queue's figures start at
+    the last :py:meth:`start_window` (``benchmark``'s ``sync_clocks``), leaving out the warm-up."""
 
     def __init__(self, interval: float = -1) -> None:
         self.interval = interval
@@ -2401,12 +2391,10 @@ class _PipelineStats:
             q.restart()
 
     def window_lead(self, concurrency: int) -> tuple[int, float | None] | None:
-        """What the loader had done when the FPS window opened, from when its decode tasks ended: the
-        batches decoded that the model had not taken, plus those it may have had under way (at most
-        ``concurrency``, never more than it went on to decode); and the rate it is known to reach,
-        in batches/s (a lower bound: a full queue or a slow start only slows a loader), the better of
-        all its batches over the time from its start, and of those decoded after the window opened
-        (less those that may have been under way) over the time since. None before the window."""
+        """At the FPS window's opening: the batches decoded and not yet taken, plus those that may
+        have been under way (at most ``concurrency``); and the loader's known rate in batches/s (a
+        lower bound): the better of all its batches since its start and of those decoded since the
+        opening, less those under way. None before the window."""
         if not self.queues or not self.stages or (opened := self.queues[-1].window_opened) is None:
             return None
         t0, taken0 = opened
@@ -2473,11 +2461,9 @@ def get_pipeline(
     stats: _PipelineStats | None = None,
     decode_processes: int = 0,
 ) -> Pipeline:
-    """The loading pipeline: source -> aggregate -> pipe(decode) -> sink. The source yields whole
-    batches (the last one partial), so that SPDL's event loop hands over one list per batch, not
-    each item through an ``aggregate`` stage (``bench/decode_paths.py`` measures both). An
-    exception out of ``decode_func`` stops the pipeline (``max_failures=0``), instead of SPDL's
-    default of dropping that batch; with a :py:class:`BadImagePolicy`, bad images do not raise.
+    """The loading pipeline: source -> aggregate -> pipe(decode) -> sink, the source yielding whole
+    batches (cheaper than an ``aggregate`` stage: ``bench/decode_paths.py``). An exception out of
+    ``decode_func`` stops the pipeline (``max_failures=0``) instead of dropping that batch.
 
     Args:
         src: ``(path, label)`` items, e.g. from :py:func:`source`.
@@ -2486,13 +2472,11 @@ def get_pipeline(
         concurrency: Batches decoded at once.
         buffer_size: Decoded batches held ready for the consumer.
         num_threads: Threads in the pipeline's pool.
-        report_stats_interval: Seconds between SPDL's stage statistics logs (-1: only when each
-            stage ends, at INFO); ``stats``'s own when given.
+        report_stats_interval: Seconds between SPDL's stage statistics logs (-1: at each stage's
+            end); ``stats``'s own when given.
         stats: Collects the stage statistics (:py:meth:`_PipelineStats.summary`).
-        decode_processes: Run the decode stage in this many worker processes instead, each
-            decoding ``concurrency`` batches at once in its threads (SPDL's ``PipelineBuilder.to``),
-            batches handed back through shared memory. ``decode_func`` must then be picklable
-            (:py:class:`_ProcessDecode`).
+        decode_processes: Decode in this many worker processes (SPDL's ``PipelineBuilder.to``),
+            ``concurrency`` batches at once each; ``decode_func`` must be picklable (:py:class:`_ProcessDecode`).
     """
     hooks = {}
     if stats is not None:
@@ -2651,10 +2635,10 @@ def _get_torch_loader(
     ``num_workers`` processes, pinned memory on CUDA. Its batches are whole already: no
     ``batch_size`` of its own, and its default for that (``default_convert``) leaves them as they are."""
     batches = _PILDataset(dataset.images, dataset.transform, dataset.max_bytes, batch_size)
+    pin_memory, timeout = device.type == "cuda", timeout if num_workers else 0
     return torch.utils.data.DataLoader(
-        batches, batch_size=None, num_workers=num_workers, pin_memory=device.type == "cuda",
-        timeout=timeout if num_workers else 0,
-    )  # fmt: skip
+        batches, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, timeout=timeout
+    )
 
 
 ################################################################################
