@@ -2050,7 +2050,8 @@ def _gpu_decode_func(
     installed, batched, every backend; else ``torchvision``, one decoder behind one lock)."""
     if decoder == "nvdec" and device.type != "cuda":
         raise ValueError(f"nvdec decodes on a CUDA GPU, not on {device}")
-    library = library or ("torchvision" if _nvimgcodec()[0] is None else "nvimgcodec")
+    if decoder == "nvjpeg" and library is None:
+        library = "torchvision" if _nvimgcodec()[0] is None else "nvimgcodec"
     # Per decode thread: its CUDA stream and SPDL config, its nvImageCodec decoders (not for
     # concurrent calls), the config its NVDEC decoder was made with.
     local = threading.local()
