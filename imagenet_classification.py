@@ -1773,116 +1773,75 @@ FPS_WINDOW_SLACK = 0.1  # the most FPS may overstate a loader-bound rate without
 CHECK_DECODER_IMAGES = 8  # images a GPU decoder is compared with FFmpeg on before a run (--check-decoder)
 DECODER_TOLERANCE = 3.0  # mean absolute difference (0-255) a GPU decoder may show against FFmpeg, per image
 
+_DecodeFunc = Callable[[Sequence[tuple[str, int]]], "_Batch"]  # see get_decode_func
+
 
 def _spdl_cuda_error() -> str | None:
-    """Why SPDL's CUDA extension cannot load here (e.g. a missing ``libnvcuvid.so``), or None.
-    SPDL's ``built_with_*`` functions say only False in that case."""
+    """Why SPDL's CUDA extension cannot load here (e.g. a missing ``libnvcuvid.so``), or None."""
     import spdl.io.lib
 
     try:
-        spdl.io.lib._import_libspdl_cuda()
+        spdl.io.lib._import_libspdl_cuda()  # private: the public built_with_* say only False, not why
     except (RuntimeError, ImportError, OSError) as e:
         # One "module: reason" per build SPDL tried (one per FFmpeg version): the distinct reasons.
         reasons = dict.fromkeys(re.findall(r'"[\w.]+: ([^"]+)"', str(e))) or [str(e)]
         text = "; ".join(reasons)
         if "libnvcuvid" in text:
-            text += (" (link libnvcuvid.so to the driver's libnvcuvid.so.1; in a container, "
-                     "NVIDIA_DRIVER_CAPABILITIES must include video)")  # fmt: skip
+            text += " (link libnvcuvid.so to the driver's libnvcuvid.so.1; in a container, "
+            text += "NVIDIA_DRIVER_CAPABILITIES must include video)"
         return text
     return None
 
 
 def _spdl_cuda_config(device: torch.device, stream: torch.cuda.Stream | None = None) -> spdl.io.CUDAConfig:
-    """SPDL's CUDA config: allocations through torch's caching allocator, work on ``stream``
-    (default: SPDL's per-thread default stream)."""
+    """Allocations through torch's caching allocator, work on ``stream`` (default: SPDL's own)."""
     kwargs = {} if stream is None else {"stream": stream.cuda_stream}
-    return spdl.io.cuda_config(
-        device_index=device.index or 0,
-        allocator=(torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete),
-        **kwargs,
-    )
-
-
-class _ThreadStreams:
-    """A CUDA stream and SPDL config per decode thread. SPDL's copies and allocations and torch's
-    work on a batch go in order on the thread's stream, and the thread waits for it once per
-    batch, before handing the batch to the model on another stream. On the CPU (where the
-    nvJPEG path runs torchvision's CPU decoder, for tests), nothing."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._local = threading.local()
-
-    def get(self) -> tuple[torch.cuda.Stream | None, spdl.io.CUDAConfig | None]:
-        if self.device.type != "cuda":
-            return None, None
-        if not hasattr(self._local, "stream"):
-            self._local.stream = torch.cuda.Stream(self.device)
-            self._local.config = _spdl_cuda_config(self.device, self._local.stream)
-        return self._local.stream, self._local.config
-
-    @contextlib.contextmanager
-    def on(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
-        """Run the block on ``stream`` (and its device); then wait for the stream's work."""
-        if stream is None:
-            yield
-            return
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            yield
-        stream.synchronize()
+    allocator = (torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete)
+    return spdl.io.cuda_config(device_index=device.index or 0, allocator=allocator, **kwargs)
 
 
 def _resize_crop_on_device(image: Tensor, transform: EvalTransform, size: tuple[int, int] | None = None) -> Tensor:
-    """Resize a ``3 x H x W`` image on its device and centre-crop it, as the CPU path does:
-    antialiased, with the geometry of an image of ``size`` (width, height; default: its own).
-    torch's antialiased bicubic is PIL's; torch has no lanczos, so bicubic stands in for it."""
+    """uint8 ``3 x H x W`` resized on its device and centre-cropped as on the CPU, with the
+    geometry of an image of ``size`` (width, height; default: its own)."""
     return _resize_crop(image[None], transform, size or (image.shape[-1], image.shape[-2]))[0]
 
 
 def _resize_crop(images: Tensor, transform: EvalTransform, size: tuple[int, int]) -> Tensor:
-    """:py:func:`resize_crop_on_device` for uint8 ``N x 3 x H x W`` images in one call: uint8 ``N x 3 x S x S``."""
+    """uint8 ``N x 3 x H x W`` to ``N x 3 x S x S``, antialiased: torch's bicubic is PIL's;
+    torch has no lanczos, so bicubic stands in for it."""
     new_w, new_h, left, top = transform.geometry(*size)
     mode = "bicubic" if transform.interpolation == "lanczos" else transform.interpolation
     resized = torch.nn.functional.interpolate(
         images.float(), size=(new_h, new_w), mode=mode, antialias=mode != "nearest"
     )
+    s = transform.size
     if left < 0 or top < 0:  # crop_pct > 1: the crop is padded with black, as on the CPU
-        s = transform.size
-        resized = torch.nn.functional.pad(resized, (-min(left, 0), max(left + s - new_w, 0), -min(top, 0),
-                                                    max(top + s - new_h, 0)))  # fmt: skip
+        padding = (-min(left, 0), max(left + s - new_w, 0), -min(top, 0), max(top + s - new_h, 0))
+        resized = torch.nn.functional.pad(resized, padding)
         left, top = max(left, 0), max(top, 0)
-    crop = resized[:, :, top : top + transform.size, left : left + transform.size]
+    crop = resized[:, :, top : top + s, left : left + s]
     return crop.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def _resize_crop_groups(images: Sequence[Tensor], transform: EvalTransform) -> list[Tensor]:
-    """Resize and crop ``3 x H x W`` uint8 images on their device as :py:func:`resize_crop_on_device`
-    does, with one call for all the images of one size: a batch's few sizes (ImageNet's 500 x 375
-    and 375 x 500 are most of it) make few kernels, not several per image.
-
-    Returns:
-        uint8 ``3 x S x S`` per image, in the order given (views into one tensor per size).
-    """
+def _resize_crop_groups(images: Sequence[Tensor | None], transform: EvalTransform) -> list[Tensor | None]:
+    """:py:func:`_resize_crop_on_device` for each image (None stays None), one call per size: a
+    batch's few sizes (ImageNet's 500 x 375 and 375 x 500 are most of it) make few kernels."""
     groups: dict[tuple[int, int], list[int]] = {}
     for i, image in enumerate(images):
-        groups.setdefault((int(image.shape[-1]), int(image.shape[-2])), []).append(i)
-    out: dict[int, Tensor] = {}
+        if image is not None:
+            groups.setdefault((int(image.shape[-1]), int(image.shape[-2])), []).append(i)
+    out: list[Tensor | None] = [None] * len(images)
     for size, members in groups.items():
-        out.update(zip(members, _resize_crop(torch.stack([images[i] for i in members]), transform, size), strict=True))
-    return [out[i] for i in range(len(images))]
+        crops = _resize_crop(torch.stack([images[i] for i in members]), transform, size)
+        for i, crop in zip(members, crops, strict=True):
+            out[i] = crop
+    return out
 
 
 def _nv12_to_rgb(nv12: Tensor) -> Tensor:
-    """Full-range BT.601 (JFIF) NV12 to RGB: a JPEG's colours, as libjpeg and FFmpeg give them.
-
-    Args:
-        nv12: uint8 ``1.5H x W`` (H and W even): the luma plane, then the chroma plane with U
-            and V interleaved, as NVDEC returns it.
-
-    Returns:
-        float32 ``3 x H x W`` on the same device, 0-255 (not rounded). Chroma is upsampled
-        bilinearly, sited between the luma samples as JPEG places it.
-    """
+    """NVDEC's uint8 ``1.5H x W`` NV12 (luma, then U and V interleaved) to float32 ``3 x H x W``,
+    0-255, not rounded: full-range BT.601 as libjpeg and FFmpeg decode JPEG, chroma upsampled
+    bilinearly, sited between the luma samples as JPEG places it."""
     height, width = nv12.shape[0] * 2 // 3, nv12.shape[1]
     y = nv12[:height].float()
     uv = nv12[height:].view(height // 2, width // 2, 2).permute(2, 0, 1).float() - 128.0
@@ -1902,14 +1861,12 @@ def _nvdec_can_take(header: _JpegHeader | None) -> bool:
 
 
 def _nvjpeg_can_take(header: _JpegHeader | None) -> bool:
-    """nvJPEG takes baseline, extended and progressive JPEGs of 1 or 3 components; CMYK decodes
-    to wrong colours without an error, so it goes to FFmpeg."""
+    """Baseline, extended or progressive, of 1 or 3 components: CMYK decodes to wrong colours."""
     return header is not None and header.frame_type in (0xC0, 0xC1, 0xC2) and header.components in (1, 3)
 
 
 def _nvjpeg_takes(data: bytes, transform: EvalTransform) -> bool:
-    """nvJPEG is given the JPEGs it takes (:py:func:`_nvjpeg_can_take`) within the size limits;
-    the CPU refuses the others, naming the limit (see :py:func:`_check_size`)."""
+    """What nvJPEG can take within the size limits (the CPU refuses the rest, naming the limit)."""
     header = _parse_jpeg_header(data)
     if not _nvjpeg_can_take(header) or min(header.width, header.height) <= 0:
         return False
@@ -1918,8 +1875,8 @@ def _nvjpeg_takes(data: bytes, transform: EvalTransform) -> bool:
 
 
 def _first_jpeg_image(data: bytes) -> bytes:
-    """JPEG data cut after its first image's end: NVDEC gets neither a second image (an MPO, a
-    gain map) nor a trailer, as FFmpeg decodes only the first."""
+    """The data up to its first image's end: NVDEC gets no second image (an MPO, a gain map) and
+    no trailer, as FFmpeg decodes only the first."""
     scan = next((offset for marker, offset in _jpeg_segments(data) if marker == _SOS), 2)
     end = data.find(b"\xff\xd9", scan)
     return data if end == -1 else data[: end + 2]
@@ -1927,58 +1884,46 @@ def _first_jpeg_image(data: bytes) -> bytes:
 
 @functools.cache
 def _nvimgcodec() -> tuple[Any | None, str]:
-    """nvImageCodec's module (None when it is not installed), and what its import printed (its
-    lines; why it is not installed).
-
-    The import prints a line to stderr for each library it cannot load (nvJPEG2000 and nvTIFF,
-    which JPEGs do not need; nvJPEG, which a GPU does): taken here, once, so that a run's output
-    does not carry them, and kept for the reason a GPU has no decoder. Its log is silent unless
-    ``PYNVIMGCODEC_VERBOSITY`` says otherwise: what it cannot decode is counted here instead.
-    While it imports, whatever another thread writes to stderr lands in the same place.
-    """
-    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+    """nvImageCodec's module (None if not installed), and why not or what its import printed: a
+    line on stderr per library it cannot load (nvJPEG2000, nvTIFF; nvJPEG, which a GPU needs),
+    kept out of the run's output and kept as the reason a GPU has no decoder."""
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")  # what it cannot decode is counted instead
     sys.stderr.flush()
     saved = os.dup(2)
+    error = ""
     with tempfile.TemporaryFile() as said:
-        os.dup2(said.fileno(), 2)
+        os.dup2(said.fileno(), 2)  # meanwhile, what another thread writes to stderr lands there too
         try:
             from nvidia import nvimgcodec
         except ImportError as e:
             nvimgcodec, error = None, f"nvImageCodec is not installed ({e})"
-        else:
-            error = ""
         finally:
             os.dup2(saved, 2)
             os.close(saved)
         said.seek(0)
-        text = "\n".join(line.strip() for line in said.read().decode(errors="replace").splitlines() if line.strip())
+        lines = said.read().decode(errors="replace").splitlines()
+    text = "\n".join(line.strip() for line in lines if line.strip())
     if text:
         _LG.debug("nvImageCodec's import printed: %s", text)
     return nvimgcodec, error or text
 
 
 def _nvimgcodec_decoder(backend: str, device_id: int) -> Any:
-    """An nvImageCodec decoder with one backend: ``hardware`` (the GPU's JPEG engines), ``cuda``
-    (CUDA kernels alone), ``hybrid`` (nvJPEG's CUDA decoder, which nvImageCodec files under
-    HYBRID_CPU_GPU: Huffman decoding on the GPU for baseline images over a megapixel, on the CPU
-    otherwise) or ``cpu`` (libjpeg-turbo; ``device_id`` NVIMGCODEC_DEVICE_CPU_ONLY). Chroma is
-    upsampled by interpolation ("fancy"), as libjpeg and FFmpeg upsample it.
-
-    Raises:
-        RuntimeError: nvImageCodec has no decoder of that kind here (no JPEG engine, no nvJPEG).
-    """
+    """An nvImageCodec decoder of one backend: ``hardware`` (JPEG engines), ``cuda``, ``hybrid``
+    (nvJPEG's CUDA decoder, Huffman on the CPU below a megapixel) or ``cpu`` (libjpeg-turbo), chroma
+    upsampled as libjpeg and FFmpeg do. RuntimeError where there is none of that kind."""
     nvimgcodec, _ = _nvimgcodec()
-    kinds = {"hardware": nvimgcodec.HW_GPU_ONLY, "cuda": nvimgcodec.GPU_ONLY, "hybrid": nvimgcodec.HYBRID_CPU_GPU,
-             "cpu": nvimgcodec.CPU_ONLY}  # fmt: skip
-    return nvimgcodec.Decoder(device_id=device_id, max_num_cpu_threads=NVIMGCODEC_CPU_THREADS,
-                              backends=[nvimgcodec.Backend(kinds[backend])], options=":fancy_upsampling=1")  # fmt: skip
+    kinds = {"hardware": nvimgcodec.HW_GPU_ONLY, "cuda": nvimgcodec.GPU_ONLY, "hybrid": nvimgcodec.HYBRID_CPU_GPU}
+    backends = [nvimgcodec.Backend(nvimgcodec.CPU_ONLY if backend == "cpu" else kinds[backend])]
+    options = ":fancy_upsampling=1"
+    threads = NVIMGCODEC_CPU_THREADS
+    return nvimgcodec.Decoder(device_id=device_id, max_num_cpu_threads=threads, backends=backends, options=options)
 
 
 def _nvimgcodec_decoders(device: torch.device, errors: list[str] | None = None) -> list[tuple[str, Any]]:
-    """``(backend, decoder)`` in the order a batch goes through them, each taking the images those
-    before it left: on a GPU, those of :py:data:`NVIMGCODEC_BACKENDS` that nvImageCodec has there
-    (``hardware`` only where the GPU has JPEG engines); on the CPU (for tests), libjpeg-turbo.
-    Why each missing one is missing goes to ``errors``."""
+    """``(backend, decoder)`` in the order a batch goes through them: on a GPU, those of
+    :py:data:`NVIMGCODEC_BACKENDS` it has (why one is missing goes to ``errors``); on the CPU
+    (for tests), libjpeg-turbo."""
     nvimgcodec, _ = _nvimgcodec()
     if device.type != "cuda":
         return [("cpu", _nvimgcodec_decoder("cpu", nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY))]
@@ -1997,14 +1942,15 @@ def _nvimgcodec_decoders(device: torch.device, errors: list[str] | None = None) 
 def _nvimgcodec_params() -> Any:
     """8-bit interleaved RGB, EXIF orientation not applied (PIL and timm's reference do not apply it)."""
     nvimgcodec, _ = _nvimgcodec()
-    return nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.SRGB, allow_any_depth=False,
-                                   sample_format=nvimgcodec.I_RGB)  # fmt: skip
+    return nvimgcodec.DecodeParams(
+        apply_exif_orientation=False, color_spec=nvimgcodec.SRGB, allow_any_depth=False, sample_format=nvimgcodec.I_RGB
+    )
 
 
 def _nvimgcodec_tensor(image: Any) -> Tensor:
-    """An nvImageCodec image as a ``3 x H x W`` uint8 tensor, without a copy: from the device
-    through DLPack (which orders the consumer's stream after the decode), from host memory
-    through numpy (nvImageCodec's DLPack export calls CUDA even for a host image)."""
+    """An nvImageCodec image as uint8 ``3 x H x W``, no copy: through DLPack from the device (which
+    orders the consumer's stream after the decode), through numpy from host memory (its DLPack
+    export calls CUDA even for a host image)."""
     if image.device_id is None:
         import numpy as np
 
@@ -2015,86 +1961,62 @@ def _nvimgcodec_tensor(image: Any) -> Tensor:
 def _decode_nvimgcodec(
     datas: list[bytes], transform: EvalTransform, decoders: list[tuple[str, Any]], stream: int
 ) -> tuple[list[Tensor | None], dict[str, int]]:
-    """Decode the JPEGs nvJPEG takes (:py:func:`_nvjpeg_takes`) with nvImageCodec, one batched
-    call per decoder (each takes what the one before it left), then resize and crop them by size
-    (:py:func:`_resize_crop_groups`).
-
-    EXIF orientation is not applied (:py:func:`_nvimgcodec_params`). The file bytes are read
-    where they are (a ``CodeStream`` keeps a reference to them, not a copy).
-
-    Args:
-        stream: The ``cudaStream_t`` the decoded images are ordered on (0 on the CPU).
-
-    Returns:
-        uint8 ``3 x S x S`` per image, None for each left to the CPU; and how many images each
-        backend decoded.
-    """
+    """Decode the JPEGs nvJPEG takes, one batched call per decoder (each given what those before it
+    left) on ``stream`` (a ``cudaStream_t``, 0 on the CPU), then resize and crop them by size.
+    Returns uint8 ``3 x S x S`` per image (None: left to the CPU) and each backend's image count."""
     nvimgcodec, _ = _nvimgcodec()
     code_streams = {}
     for i, data in enumerate(datas):
         if _nvjpeg_takes(data, transform):
             with contextlib.suppress(RuntimeError):  # "Failed to get image info": left to the CPU
-                code_streams[i] = nvimgcodec.CodeStream(data)
-    left, params = list(code_streams), _nvimgcodec_params()
-    decoded: dict[int, Tensor] = {}
+                code_streams[i] = nvimgcodec.CodeStream(data)  # a reference to the bytes, not a copy
+    decoded: list[Tensor | None] = [None] * len(datas)
     counts: dict[str, int] = {}
+    left = list(code_streams)
     for backend, decoder in decoders:
         if not left:
             break
-        images = decoder.decode([code_streams[i] for i in left], params=params, cuda_stream=stream)
-        done = {i: _nvimgcodec_tensor(image) for i, image in zip(left, images, strict=True) if image is not None}
-        counts[backend] = len(done)
-        decoded.update(done)
-        left = [i for i in left if i not in done]
-    crops = dict(zip(decoded, _resize_crop_groups(list(decoded.values()), transform), strict=True))
-    return [crops.get(i) for i in range(len(datas))], counts
+        images = decoder.decode([code_streams[i] for i in left], params=_nvimgcodec_params(), cuda_stream=stream)
+        for i, image in zip(left, images, strict=True):
+            if image is not None:
+                decoded[i] = _nvimgcodec_tensor(image)
+        counts[backend] = sum(image is not None for image in images)
+        left = [i for i in left if decoded[i] is None]
+    return _resize_crop_groups(decoded, transform), counts
 
 
 def _decode_nvjpeg(
     datas: list[bytes], transform: EvalTransform, device: torch.device
 ) -> tuple[list[Tensor | None], dict[str, int]]:
-    """Decode the JPEGs nvJPEG takes in one batched call to torchvision (which serialises calls
-    behind a lock), then resize and crop them by size; None for each image left to the CPU. A
-    batch that fails is retried image by image, so one bad image does not send the others to
-    the CPU. Used for ``nvjpeg`` where nvImageCodec is not installed."""
+    """:py:func:`_decode_nvimgcodec` with torchvision's decoder (one batched call, behind its lock)."""
     import torchvision.io
 
-    out: list[Tensor | None] = [None] * len(datas)
+    decoded: list[Tensor | None] = [None] * len(datas)
     takes = [i for i, data in enumerate(datas) if _nvjpeg_takes(data, transform)]
     if not takes:
-        return out, {}
+        return decoded, {}
     encoded = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in takes]
     mode = torchvision.io.ImageReadMode.RGB
     try:
-        decoded: list[Tensor | None] = list(torchvision.io.decode_jpeg(encoded, mode=mode, device=device))
-    except RuntimeError:
-        decoded = []
+        images: list[Tensor | None] = list(torchvision.io.decode_jpeg(encoded, mode=mode, device=device))
+    except RuntimeError:  # image by image, so that one bad image does not send the others to the CPU
+        images = []
         for tensor in encoded:
             try:
-                decoded.append(torchvision.io.decode_jpeg(tensor, mode=mode, device=device))
+                images.append(torchvision.io.decode_jpeg(tensor, mode=mode, device=device))
             except RuntimeError:
-                decoded.append(None)
-    kept = [(i, image) for i, image in zip(takes, decoded, strict=True) if image is not None]
-    for (i, _), crop in zip(kept, _resize_crop_groups([image for _, image in kept], transform), strict=True):
-        out[i] = crop
-    return out, {"torchvision": len(kept)}
+                images.append(None)
+    for i, image in zip(takes, images, strict=True):
+        decoded[i] = image
+    return _resize_crop_groups(decoded, transform), {"torchvision": sum(image is not None for image in images)}
 
 
-def _decode_nvdec_one(
-    data: bytes, transform: EvalTransform, config: spdl.io.CUDAConfig, bound: threading.local
-) -> Tensor | None:
-    """One JPEG through NVDEC, or None if NVDEC cannot take it or fails on it.
-
-    SPDL keeps one NVDEC decoder per thread and keeps the CUDA config (stream, allocator) of
-    its first use for good (``NvDecDecoderCore::init_decoder`` takes a new one only for another
-    device). ``bound.config`` is the config this thread's decoder was made with: for another
-    (a new decode function, the start-up probe before it), the decoder is made afresh, so that
-    its NV12 buffers are allocated and copied on the stream that then reads them.
-
-    NVDEC returns NV12 at the image's size made even (SPDL refuses odd sizes; a 1-pixel
-    stretch), converted here with JPEG's colour matrix, then resized and cropped with the
-    geometry of the original size, antialiased, as the CPU path does (NVDEC's own scaler has no
-    antialiasing)."""
+def _decode_nvdec(data: bytes, transform: EvalTransform, config: spdl.io.CUDAConfig, bound: Any) -> Tensor | None:
+    """One JPEG through NVDEC: uint8 ``3 x S x S``, or None if NVDEC cannot take it or fails on it.
+    SPDL's cached per-thread decoder keeps the CUDA config (stream, allocator) of its first use
+    (``NvDecDecoderCore::init_decoder``), so it is made afresh for a config other than
+    ``bound.nvdec_config``. NV12 comes at the size made even (SPDL refuses odd sizes); the resize
+    has the original size's geometry, antialiased (NVDEC's own scaler is not)."""
     if not _nvdec_can_take(_parse_jpeg_header(data)):
         return None
     try:
@@ -2102,10 +2024,13 @@ def _decode_nvdec_one(
         width, height = packets.width, packets.height
         even_w, even_h = width + width % 2, height + height % 2
         decoder = spdl.io.nvdec_decoder(
-            config, packets.codec, use_cache=getattr(bound, "config", None) is config,
-            scale_width=even_w if even_w != width else -1, scale_height=even_h if even_h != height else -1,
-        )  # fmt: skip
-        bound.config = config
+            config,
+            packets.codec,
+            use_cache=getattr(bound, "nvdec_config", None) is config,
+            scale_width=even_w if even_w != width else -1,
+            scale_height=even_h if even_h != height else -1,
+        )
+        bound.nvdec_config = config
         nv12 = spdl.io.to_torch(decoder.decode_packets(packets))
     except _DECODER_ERRORS as e:
         _LG.debug("NVDEC left an image to the CPU: %s", _spdl_reason(e))
@@ -2113,103 +2038,87 @@ def _decode_nvdec_one(
     return _resize_crop_on_device(_nv12_to_rgb(nv12[0]), transform, (width, height))
 
 
-def _fall_back(
-    path: str, data: bytes, graphs: _FilterGraphCache, device: torch.device, policy: BadImagePolicy | None,
-    failures: list[ImageDecodeError],
-) -> Tensor | None:  # fmt: skip
-    """An image a GPU decoder left, decoded on the CPU and counted; None if it is a bad image."""
-    decoded, _, _ = _decode_items([(path, 0)], lambda p: _decode_cpu_image(p, graphs, device, data), policy, failures)
-    if not decoded:
-        return None
-    if policy is not None:
-        policy.record_fallback()
-    return decoded[0]
-
-
 def _gpu_decode_func(
-    decode_on_gpu: Callable[..., tuple[list[Tensor | None], dict[str, int]]],
+    decoder: str,
     transform: EvalTransform,
     device: torch.device,
     policy: BadImagePolicy | None,
     max_bytes: int,
-) -> Callable[[Sequence[tuple[str, int]]], _Batch]:
-    """The batch function of a GPU decoder: read the files, let ``decode_on_gpu(datas, stream,
-    config)`` decode those it takes on the thread's stream (it says how many each of its backends
-    decoded), decode the rest on the CPU one by one (counted in the policy as fallbacks); a bad
-    image as the policy says."""
-    graphs = _FilterGraphCache(transform)
-    streams = _ThreadStreams(device)
-
-    def decode_batch_gpu(items: Sequence[tuple[str, int]]) -> _Batch:
-        stream, config = streams.get()
-        failures: list[ImageDecodeError] = []
-        with streams.on(stream):
-            datas, labels, paths = _decode_items(items, lambda path: _read_image_bytes(path, max_bytes), policy, failures)
-            with policy.working_on(paths[0]) if policy and paths else contextlib.nullcontext():
-                on_gpu, counts = decode_on_gpu(datas, stream, config)
-            if policy is not None:
-                policy.record_decoded(counts)
-            images, kept = [], []
-            for i, image in enumerate(on_gpu):
-                if image is None:
-                    image = _fall_back(paths[i], datas[i], graphs, device, policy, failures)
-                    if image is None:
-                        continue
-                images.append(image)
-                kept.append(i)
-            if not images:
-                return _empty_batch(transform, device, failures)
-            # One memory layout for every batch, as the FFmpeg path delivers: a compiled model
-            # would recompile for another.
-            batch = torch.stack(images).contiguous(memory_format=torch.channels_last)
-            batch_labels = _label_tensor([labels[i] for i in kept], device)
-        return _Batch(batch, batch_labels, [paths[i] for i in kept], failures)
-
-    return decode_batch_gpu
-
-
-def _nvjpeg_library() -> str:
-    """What decodes for ``nvjpeg``: ``nvimgcodec`` where it is installed (batched, every backend,
-    the hardware engines), else ``torchvision`` (one decoder behind one lock, CUDA only)."""
-    return "torchvision" if _nvimgcodec()[0] is None else "nvimgcodec"
-
-
-def _nvjpeg_decode_func(
-    transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int,
     library: str | None = None,
-) -> Callable[[Sequence[tuple[str, int]]], _Batch]:  # fmt: skip
-    """The ``nvjpeg`` batch function, with ``library`` (default :py:func:`_nvjpeg_library`)."""
-    if (library or _nvjpeg_library()) == "torchvision":
-        return _gpu_decode_func(
-            lambda datas, _stream, _config: _decode_nvjpeg(datas, transform, device), transform, device, policy,
-            max_bytes,
-        )  # fmt: skip
-    local = threading.local()  # nvImageCodec's decoders are not for concurrent calls: a set per thread
+) -> _DecodeFunc:
+    """The batch function of ``nvdec`` or ``nvjpeg`` (with ``library``: ``nvimgcodec`` where it is
+    installed, batched, every backend; else ``torchvision``, one decoder behind one lock)."""
+    if decoder == "nvdec" and device.type != "cuda":
+        raise ValueError(f"nvdec decodes on a CUDA GPU, not on {device}")
+    if decoder == "nvjpeg" and library is None:
+        library = "torchvision" if _nvimgcodec()[0] is None else "nvimgcodec"
+    # Per decode thread: its CUDA stream and SPDL config, its nvImageCodec decoders (not for
+    # concurrent calls), the config its NVDEC decoder was made with.
+    local = threading.local()
 
-    def decode_on_gpu(datas: list[bytes], stream: torch.cuda.Stream | None, _config: Any) -> tuple[list, dict]:
+    def decode_on_gpu(datas: list[bytes], stream: Any, config: Any) -> tuple[list[Tensor | None], dict[str, int]]:
+        if decoder == "nvdec":
+            images = [_decode_nvdec(data, transform, config, local) for data in datas]
+            return images, {"nvdec": sum(image is not None for image in images)}
+        if library == "torchvision":
+            return _decode_nvjpeg(datas, transform, device)
         if not hasattr(local, "decoders"):
             local.decoders = _nvimgcodec_decoders(device)
         return _decode_nvimgcodec(datas, transform, local.decoders, 0 if stream is None else stream.cuda_stream)
 
-    return _gpu_decode_func(decode_on_gpu, transform, device, policy, max_bytes)
+    decode_batch = _with_cpu_fallback(decode_on_gpu, transform, device, policy, max_bytes)
+
+    def decode_batch_gpu(items: Sequence[tuple[str, int]]) -> _Batch:
+        if device.type != "cuda":  # the nvJPEG path's CPU decoders, for tests
+            return decode_batch(items, None, None)
+        if not hasattr(local, "stream"):
+            local.stream = torch.cuda.Stream(device)
+            local.config = _spdl_cuda_config(device, local.stream)
+        # SPDL's copies and allocations and torch's work in order on the thread's stream, waited
+        # for once, before the model takes the batch on its own stream.
+        with torch.cuda.device(device), torch.cuda.stream(local.stream):
+            batch = decode_batch(items, local.stream, local.config)
+        local.stream.synchronize()
+        return batch
+
+    return decode_batch_gpu
 
 
-def _nvdec_decode_func(
-    transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int
-) -> Callable[[Sequence[tuple[str, int]]], _Batch]:
-    if device.type != "cuda":
-        raise ValueError(f"nvdec decodes on a CUDA GPU, not on {device}")
+def _with_cpu_fallback(
+    decode_on_gpu: Callable,
+    transform: EvalTransform,
+    device: torch.device,
+    policy: BadImagePolicy | None,
+    max_bytes: int,
+) -> Callable[..., _Batch]:
+    """Read the files; ``decode_on_gpu(datas, stream, config)`` decodes those it takes and counts
+    each backend's; the CPU decodes the rest, each counted as a fallback; a bad image as the policy says."""
+    graphs = _FilterGraphCache(transform)
 
-    bound = threading.local()  # the config each thread's NVDEC decoder was made with
+    def decode_batch(items: Sequence[tuple[str, int]], stream: Any, config: Any) -> _Batch:
+        failures: list[ImageDecodeError] = []
+        datas, labels, paths = _decode_items(items, lambda path: _read_image_bytes(path, max_bytes), policy, failures)
+        with policy.working_on(paths[0]) if policy and paths else contextlib.nullcontext():
+            images, counts = decode_on_gpu(datas, stream, config)
+        if policy is not None:
+            policy.record_decoded(counts)
+        data_of = dict(zip(paths, datas, strict=True))
+        left = [(paths[i], i) for i, image in enumerate(images) if image is None]
+        on_cpu, at, _ = _decode_items(
+            left, lambda path: _decode_cpu_image(path, graphs, device, data_of[path]), policy, failures
+        )
+        for i, image in zip(at, on_cpu, strict=True):
+            images[i] = image
+            if policy is not None:
+                policy.record_fallback()
+        kept = [i for i, image in enumerate(images) if image is not None]
+        if not kept:
+            return _empty_batch(transform, device, failures)
+        # The FFmpeg path's memory layout for every batch: a compiled model would recompile for another.
+        batch = torch.stack([images[i] for i in kept]).contiguous(memory_format=torch.channels_last)
+        return _Batch(batch, _label_tensor([labels[i] for i in kept], device), [paths[i] for i in kept], failures)
 
-    def decode_on_gpu(datas: list[bytes], _stream: Any, config: spdl.io.CUDAConfig | None) -> tuple[list, dict]:
-        images = [_decode_nvdec_one(data, transform, config, bound) for data in datas]
-        return images, {"nvdec": sum(image is not None for image in images)}
-
-    return _gpu_decode_func(decode_on_gpu, transform, device, policy, max_bytes)
-
-
-_DECODERS = {"ffmpeg": _ffmpeg_decode_func, "nvjpeg": _nvjpeg_decode_func, "nvdec": _nvdec_decode_func}
+    return decode_batch
 
 
 def get_decode_func(
@@ -2219,55 +2128,38 @@ def get_decode_func(
     policy: BadImagePolicy | None = None,
     *,
     max_image_bytes: int = MAX_IMAGE_MB << 20,
-) -> Callable[[Sequence[tuple[str, int]]], _Batch]:
-    """Return a function that decodes a batch of ``(path, label)`` items into a :py:class:`Batch`.
-
-    ``images, labels = decode(items)``: images uint8 ``N x 3 x size x size`` (RGB,
-    channels-last in memory), labels int64 ``N x 1``, both on ``device``; ``.paths`` names each
-    row's image. With FFmpeg on CUDA the decoded batch is copied through SPDL's CUDA transfer,
-    into memory from torch's caching allocator; on the CPU there is no copy.
+) -> _DecodeFunc:
+    """A function that decodes a batch of ``(path, label)`` items: ``images, labels = decode(items)``,
+    images uint8 ``N x 3 x size x size`` (RGB, channels-last in memory), labels int64 ``N x 1``,
+    both on ``device``; ``.paths`` names each row's image.
 
     Args:
         device: Where the batch is delivered.
-        transform: Resize and crop to apply (default: 224 crop of 256, bicubic).
-        decoder: ``ffmpeg`` (CPU), ``nvjpeg`` or ``nvdec`` (GPU; call
-            :py:func:`check_gpu_decoder` first for a clear message if unavailable). A GPU
-            decoder hands the images it cannot take to the CPU, one by one. ``nvjpeg`` decodes
-            with nvImageCodec where it is installed, else with torchvision; on the CPU it runs
-            the same path with their CPU decoders (libjpeg-turbo; for tests).
-        policy: Where bad images are recorded and left out of the batch (labels stay aligned),
-            and GPU fallbacks and each GPU backend's images counted; give the same one to
-            :py:func:`benchmark`. Without one,
-            the first bad image raises ImageDecodeError.
+        transform: Resize and crop (default: 224 crop of 256, bicubic).
+        decoder: ``ffmpeg`` (CPU), ``nvjpeg`` (nvImageCodec, else torchvision) or ``nvdec``; a GPU
+            decoder leaves what it cannot take to the CPU. On the CPU ``nvjpeg`` runs their CPU
+            decoders (for tests).
+        policy: Records bad images, left out (labels stay aligned), and counts GPU fallbacks and
+            backends; give :py:func:`benchmark` the same one. Without one, a bad image raises
+            ImageDecodeError.
         max_image_bytes: A larger image file is a bad image.
     """
-    device = torch.device(device)
-    if decoder not in _DECODERS:
-        raise ValueError(f"unknown decoder {decoder!r}; expected one of {sorted(_DECODERS)}")
-    return _DECODERS[decoder](transform or EvalTransform(), device, policy, max_image_bytes)
-
-
-def _probe_image() -> bytes:
-    """A 256 x 192 baseline 4:2:0 JPEG of one colour, well inside every GPU decoder's range."""
-    from PIL import Image
-
-    encoded = io.BytesIO()
-    Image.new("RGB", (256, 192), (200, 80, 40)).save(encoded, format="JPEG", subsampling=2, quality=95)
-    return encoded.getvalue()
+    device, transform = torch.device(device), transform or EvalTransform()
+    if decoder == "ffmpeg":
+        return _ffmpeg_decode_func(transform, device, policy, max_image_bytes)
+    if decoder in ("nvjpeg", "nvdec"):
+        return _gpu_decode_func(decoder, transform, device, policy, max_image_bytes)
+    raise ValueError(f"unknown decoder {decoder!r}; expected one of ['ffmpeg', 'nvdec', 'nvjpeg']")
 
 
 def _check_gpu_decoder(decoder: str, device: torch.device) -> str:
-    """Check that a decoder can run on ``device``: SPDL's CUDA extension loads, and a GPU decoder
-    decodes a small JPEG to the right colour. Returns the backend's name.
-
-    Raises:
-        InputError: with the reason (the real import error, the driver's message, …).
-    """
+    """Check that ``decoder`` runs on ``device``: SPDL's CUDA extension loads, and a GPU decoder
+    decodes a small JPEG to the right colour. Returns the backend's name; raises InputError why not."""
     cuda_error = _spdl_cuda_error() if device.type == "cuda" else None
     if decoder == "ffmpeg":
         if cuda_error is not None:
-            raise InputError(f"SPDL's CUDA extension, which copies batches to {device}, cannot load: {cuda_error}",
-                             "--device")
+            message = f"SPDL's CUDA extension, which copies batches to {device}, cannot load: {cuda_error}"
+            raise InputError(message, "--device")
         return "ffmpeg"
     flag = f"--use-{decoder}"
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -2276,55 +2168,49 @@ def _check_gpu_decoder(decoder: str, device: torch.device) -> str:
         raise InputError(f"SPDL's CUDA extension cannot load: {cuda_error}", flag, _FFMPEG_ADVICE)
     if decoder == "nvdec" and not spdl.io.utils.built_with_nvcodec():
         raise InputError(f"the installed SPDL ({_version('spdl')}) is built without NVDEC", flag, _FFMPEG_ADVICE)
-    backend = _nvimgcodec_check(device) if decoder == "nvjpeg" and _nvjpeg_library() == "nvimgcodec" else None
+    backend = "torchvision" if decoder == "nvjpeg" else "spdl"
+    if decoder == "nvjpeg" and _nvimgcodec()[0] is not None:
+        backend = _nvimgcodec_check(device)
+    from PIL import Image
+
+    probe = io.BytesIO()  # 256 x 192, baseline 4:2:0, one colour: inside every GPU decoder's range
+    Image.new("RGB", (256, 192), (200, 80, 40)).save(probe, format="JPEG", subsampling=2, quality=95)
     transform, policy = EvalTransform(size=128, crop_pct=1.0), BadImagePolicy(skip=True)
     try:
         with tempfile.NamedTemporaryFile(suffix=".JPEG") as f:
-            f.write(_probe_image())
+            f.write(probe.getvalue())
             f.flush()
             images, _ = get_decode_func(device, transform, decoder, policy)([(f.name, 0)])
     except _DECODER_ERRORS as e:
-        raise InputError(f"{flag} cannot decode a JPEG on {_device_name(device)}: {_spdl_reason(e)}", flag,
-                         _FFMPEG_ADVICE) from None
+        message = f"{flag} cannot decode a JPEG on {_device_name(device)}: {_spdl_reason(e)}"
+        raise InputError(message, flag, _FFMPEG_ADVICE) from None
     if policy.failed or policy.fallbacks or not len(images):
         raise InputError(f"{flag} cannot decode a plain JPEG on {_device_name(device)}", flag, _FFMPEG_ADVICE)
     colour = images.float().mean(dim=(0, 2, 3)).tolist()
     if max(abs(c - e) for c, e in zip(colour, (200, 80, 40), strict=True)) > 4:
-        raise InputError(f"{flag} decodes a JPEG of RGB (200, 80, 40) to {[round(c) for c in colour]}", flag,
-                         _FFMPEG_ADVICE)
-    return backend or ("torchvision" if decoder == "nvjpeg" else "spdl")
+        message = f"{flag} decodes a JPEG of RGB (200, 80, 40) to {[round(c) for c in colour]}"
+        raise InputError(message, flag, _FFMPEG_ADVICE)
+    return backend
 
 
 def _nvimgcodec_check(device: torch.device) -> str:
-    """``nvimgcodec (hardware, hybrid)``: the backends nvImageCodec has on ``device``.
-
-    Raises:
-        InputError: it has none (nvJPEG's library missing, a driver too old for CUDA 13).
-    """
+    """``nvimgcodec (hardware, hybrid)``: the backends nvImageCodec has on ``device``; InputError
+    if none (nvJPEG's library missing, a driver too old for CUDA 13)."""
     errors: list[str] = []
     backends = [backend for backend, _ in _nvimgcodec_decoders(device, errors)]
-    if not backends:
-        # What its import printed (when it was first imported here) about nvJPEG, not about the
-        # libraries JPEGs do not need.
-        said = [line for line in _nvimgcodec()[1].splitlines() if "nvjpeg library" in line.lower()]
-        hint = " (pip install nvidia-nvjpeg, CUDA 13's nvJPEG)" if said else ""
-        reasons = "; ".join([*said, *errors])
-        raise InputError(f"nvImageCodec has no JPEG decoder on {device}{hint}: {reasons}", "--use-nvjpeg",
-                         _FFMPEG_ADVICE)
-    return f"nvimgcodec ({', '.join(backends)})"
+    if backends:
+        return f"nvimgcodec ({', '.join(backends)})"
+    # What its first import here printed about nvJPEG, not about the libraries JPEGs do not need.
+    said = [line for line in _nvimgcodec()[1].splitlines() if "nvjpeg library" in line.lower()]
+    hint = " (pip install nvidia-nvjpeg, CUDA 13's nvJPEG)" if said else ""
+    message = f"nvImageCodec has no JPEG decoder on {device}{hint}: {'; '.join([*said, *errors])}"
+    raise InputError(message, "--use-nvjpeg", _FFMPEG_ADVICE)
 
 
 @dataclass
 class _DecoderCheck:
-    """A decoder against FFmpeg on the CPU, image by image (see :py:func:`check_decoder`).
-
-    Attributes:
-        decoder: The decoder checked.
-        images: Images compared (those both decoded).
-        mad_mean, mad_max: Mean and largest per-image mean absolute difference (0-255).
-        worst: The image with the largest difference.
-        tolerance: The largest per-image difference allowed.
-    """
+    """A decoder against FFmpeg on the CPU: the images both decoded, the mean and largest per-image
+    mean absolute difference (0-255), the worst image, the limit."""
 
     decoder: str
     images: int
@@ -2339,20 +2225,15 @@ class _DecoderCheck:
 
 
 def _check_decoder(
-    decode: Callable[[Sequence[tuple[str, int]]], _Batch],
+    decode: _DecodeFunc,
     items: Sequence[tuple[str, int]],
     transform: EvalTransform,
     decoder: str,
     tolerance: float = DECODER_TOLERANCE,
 ) -> _DecoderCheck:
-    """Decode ``items`` with ``decode`` and with FFmpeg on the CPU, and compare the pixels.
-
-    Images either decoder cannot decode are left out (the run's policy deals with them).
-
-    Raises:
-        InputError: an image differs by more than ``tolerance``: the decoder, on this
-            hardware and driver, does not deliver the images FFmpeg does.
-    """
+    """Compare ``decode``'s pixels with FFmpeg's on the CPU, image by image, leaving out those
+    either cannot decode (the run's policy deals with them). InputError if one differs by more
+    than ``tolerance``: on this hardware and driver, the decoder does not deliver FFmpeg's images."""
     reference = get_decode_func("cpu", transform)
     mads: dict[str, float] = {}
     for item in items:
@@ -2362,16 +2243,16 @@ def _check_decoder(
             continue
         if len(theirs) and len(ours):
             mads[item[0]] = (theirs[0].cpu().float() - ours[0].float()).abs().mean().item()
-    worst = max(mads, key=mads.__getitem__, default=None)
     values = list(mads.values())
-    check = _DecoderCheck(decoder, len(values), sum(values) / len(values) if values else 0.0,
-                         max(values, default=0.0), worst, tolerance)  # fmt: skip
+    worst = max(mads, key=mads.__getitem__, default=None)
+    mad_mean = sum(values) / len(values) if values else 0.0
+    check = _DecoderCheck(decoder, len(values), mad_mean, max(values, default=0.0), worst, tolerance)
     if not check.ok:
-        raise InputError(
+        message = (
             f"{decoder} decodes {worst} with a mean absolute difference of {check.mad_max:.1f} "
-            f"(0-255) from FFmpeg on the CPU, more than {tolerance:g}",
-            *(("--device",) if decoder == "ffmpeg" else (f"--use-{decoder}", _FFMPEG_ADVICE)),
+            f"(0-255) from FFmpeg on the CPU, more than {tolerance:g}"
         )
+        raise InputError(message, *(("--device",) if decoder == "ffmpeg" else (f"--use-{decoder}", _FFMPEG_ADVICE)))
     return check
 
 
@@ -2384,46 +2265,41 @@ _SPDL_STAGE_BUFFER = 2  # batches SPDL's queue between the decode stage and the 
 
 
 class _TimedQueue(StatsQueue):
-    """SPDL's ``StatsQueue`` (its logs unchanged) that also keeps, from its stage's start or the
-    last :py:meth:`restart` up to the last ``get`` from it, how long it was empty and how long
-    ``get`` waited: SPDL's own figures for a queue stop when its stage ends, which for the sink
-    queue is before the model has taken every batch."""
+    """SPDL's ``StatsQueue`` (its logs unchanged) that also keeps when a batch was waiting, and from
+    its stage's start or the last :py:meth:`restart` up to the last ``get``, how long ``get`` waited:
+    SPDL's own figures stop when its stage ends, before the model has taken every sink batch."""
 
     def __init__(self, info: StageInfo, *, buffer_size: int = 1, interval: float = -1) -> None:
         super().__init__(info, buffer_size=buffer_size, interval=interval)
-        self._lock = threading.Lock()  # restart() comes from the consumer's thread
-        self.started: float | None = None
-        self.empty_since: float | None = None
-        self.empty_s = 0.0
-        self.gets = 0
-        self.get_wait_s = 0.0
-        self.last_get: float | None = None
+        self._lock = threading.Lock()  # restart() and the readers are on the consumer's thread
         self.changes: list[tuple[float, bool]] = []  # (time, whether a batch is now waiting)
-        self.taken = 0  # batches taken over the queue's whole life, never restarted
+        self.started: float | None = None
+        self.last_get: float | None = None
+        self.get_wait_s = 0.0
+        self.taken = 0  # batches taken over the queue's whole life
         self.window_opened: tuple[float, int] | None = None  # (time, taken) at the last restart
 
+    @property
+    def gets(self) -> int:
+        """Batches taken since the start or the last restart."""
+        return self.taken - (self.window_opened[1] if self.window_opened else 0)
+
     def restart(self) -> None:
-        """Count afresh from now."""
         with self._lock:
             self.started = now = time.monotonic()
-            self.empty_s, self.gets, self.get_wait_s, self.last_get = 0.0, 0, 0.0, None
-            self.empty_since = now if self.qsize() == 0 else None
+            self.get_wait_s, self.last_get = 0.0, None
             self.window_opened = (now, self.taken)
 
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:
         with self._lock:
-            self.started = self.empty_since = time.monotonic()
+            self.started = time.monotonic()
         async with super().stage_hook():
             yield
 
     async def put(self, item: object) -> None:
         with self._lock:
-            now = time.monotonic()
-            if self.empty_since is not None:
-                self.empty_s += now - self.empty_since
-                self.empty_since = None
-            self.changes.append((now, True))
+            self.changes.append((time.monotonic(), True))
         await super().put(item)
 
     async def get(self) -> object:
@@ -2431,94 +2307,84 @@ class _TimedQueue(StatsQueue):
         item = await super().get()
         with self._lock:
             self.last_get = now = time.monotonic()
-            self.gets += 1
             self.taken += 1
             self.get_wait_s += now - max(t0, self.started or t0)  # a wait across a restart counts from it
             if self.qsize() == 0:
-                self.empty_since = now
                 self.changes.append((now, False))
         return item
 
-    def waiting_per_interval(
-        self, start: float, end: float, interval: float = 1.0, bins: int | None = None
-    ) -> list[float]:
-        """The share of each ``interval`` from ``start`` to ``end`` (``time.monotonic`` readings)
-        in which a batch was waiting in the queue; ``bins`` of them (default: as many as cover
-        the span), to match the timeline's images."""
-        bins = [0.0] * (bins or _bin_count(end - start, interval))
+    def waiting_s(self, start: float, end: float, interval: float, bins: int) -> list[float]:
+        """Seconds a batch was waiting in each of ``bins`` intervals from ``start`` (``time.monotonic``)."""
+        totals = [0.0] * bins
         with self._lock:
             changes = [*self.changes, (end, False)]
         waiting, since = False, start
         for t, now_waiting in changes:
             t = min(max(t, start), end)
             if waiting:
-                _add_span(bins, since - start, t - start, interval)
+                _add_span(totals, since - start, t - start, interval)
             waiting, since = now_waiting, t
-        return [round(b / interval, 4) for b in bins]
+        return totals
 
     def occupancy(self) -> float:
         """Fraction of the time from the start to the last ``get`` that a batch was waiting."""
         if self.started is None or self.last_get is None or self.last_get <= self.started:
             return 0.0
-        empty = self.empty_s + (self.last_get - self.empty_since if self.empty_since is not None else 0.0)
-        return max(0.0, 1.0 - empty / (self.last_get - self.started))
+        span = self.last_get - self.started
+        return self.waiting_s(self.started, self.last_get, span, 1)[0] / span
 
 
-class _TaskEnds(TaskHook):
-    """When each task of a stage ended (``time.monotonic``), and when the stage started."""
+class _TaskStats(TaskStatsHook):
+    """SPDL's task statistics, and when the stage started and each of its tasks ended (``time.monotonic``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, info: StageInfo, interval: float = -1) -> None:
+        super().__init__(info, interval=interval)
         self.started: float | None = None
         self.ends: list[float] = []
 
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:
         self.started = time.monotonic()
-        yield
+        async with super().stage_hook():
+            yield
 
     @contextlib.asynccontextmanager
     async def task_hook(self, input_item: Any = None) -> AsyncIterator[None]:
-        yield
+        async with super().task_hook(input_item):
+            yield
         self.ends.append(time.monotonic())  # a task that raised is no batch: not reached
 
 
 class _PipelineStats:
-    """Collect SPDL's per-stage statistics through the builder's public hooks, for a summary at
-    the end of the run (SPDL's own logs, periodic with ``--stats-interval``, are kept).
-
-    Read as SPDL's performance guide does: a sink queue that almost always holds a batch means the
-    loader runs ahead of the model; one that is almost always empty means the model is starved and
-    loading is the bottleneck. Each stage's average task time says which stage costs the most.
-    Task times cover the pipeline's whole life (a task costs what it costs). The sink queue's
-    figures do too, or start at the last :py:meth:`start_window`: pass that as
-    :py:func:`benchmark`'s ``sync_clocks`` and they cover the FPS window, leaving out a warm-up
-    whose minutes of compilation would otherwise read as a loader far ahead of the model.
-    """
+    """SPDL's per-stage statistics through the builder's public hooks (its own logs are kept). A
+    sink queue almost always holding a batch: the loader runs ahead of the model; almost always
+    empty: the model is starved. Task times cover the whole run; the sink queue's figures start at
+    the last :py:meth:`start_window` (``benchmark``'s ``sync_clocks``), leaving out the warm-up."""
 
     def __init__(self, interval: float = -1) -> None:
         self.interval = interval
-        self.hooks: list[TaskStatsHook] = []
-        self.task_ends: list[_TaskEnds] = []
+        self.stages: list[_TaskStats] = []
         self.queues: list[_TimedQueue] = []
 
     def task_hooks(self, info: StageInfo) -> list[TaskHook]:
         """``task_hook_factory`` for :py:meth:`PipelineBuilder.build`."""
-        hook, ends = TaskStatsHook(info, interval=self.interval), _TaskEnds()
-        self.hooks.append(hook)
-        self.task_ends.append(ends)
-        return [hook, ends]
+        self.stages.append(_TaskStats(info, interval=self.interval))
+        return [self.stages[-1]]
 
     def queue(self, info: StageInfo, *, buffer_size: int = 1) -> AsyncQueue:
         """``queue_class`` for :py:meth:`PipelineBuilder.build`; the last one made is the sink's."""
-        q = _TimedQueue(info, buffer_size=buffer_size, interval=self.interval)
-        self.queues.append(q)
-        return q
+        self.queues.append(_TimedQueue(info, buffer_size=buffer_size, interval=self.interval))
+        return self.queues[-1]
 
     def waiting_per_interval(
         self, start: float, end: float, interval: float = 1.0, bins: int | None = None
     ) -> list[float] | None:
-        """The sink queue's occupancy in each ``interval`` of the run (see the timeline)."""
-        return self.queues[-1].waiting_per_interval(start, end, interval, bins) if self.queues else None
+        """The share of each ``interval`` from ``start`` to ``end`` (``time.monotonic``) in which a batch
+        waited in the sink queue; ``bins`` of them (default: as cover the span), as the timeline's."""
+        if not self.queues:
+            return None
+        seconds = self.queues[-1].waiting_s(start, end, interval, bins or _bin_count(end - start, interval))
+        return [round(s / interval, 4) for s in seconds]
 
     def start_window(self) -> None:
         """Measure the sink queue from now on, leaving out what came before (e.g. the warm-up)."""
@@ -2526,18 +2392,14 @@ class _PipelineStats:
             q.restart()
 
     def window_lead(self, concurrency: int) -> tuple[int, float | None] | None:
-        """What the loader had done when the FPS window opened (the last :py:meth:`start_window`),
-        from when its last stage's tasks (the decode, one batch each) ended: the batches decoded
-        that the model had not taken, plus those it may have had under way (at most
-        ``concurrency``, never more than it went on to decode); and the rate, in batches/s, that
-        it is known to reach: the better of all its batches over the time from its start to the
-        last, and of those it decoded after the window opened (less those that may have been
-        under way) over the time to the last. Each rate is a lower bound: a full queue or a slow
-        start only slows a loader. None without a pipeline or before the window opened."""
-        if not self.queues or not self.task_ends or (opened := self.queues[-1].window_opened) is None:
+        """At the FPS window's opening: the batches decoded and not yet taken, plus those that may
+        have been under way (at most ``concurrency``); and the loader's known rate in batches/s (a
+        lower bound): the better of all its batches since its start and of those decoded since the
+        opening, less those under way. None before the window."""
+        if not self.queues or not self.stages or (opened := self.queues[-1].window_opened) is None:
             return None
         t0, taken0 = opened
-        stage = self.task_ends[-1]
+        stage = self.stages[-1]
         ends = sorted(stage.ends)
         done0 = sum(1 for t in ends if t <= t0)
         under_way = min(concurrency, len(ends) - done0)
@@ -2549,27 +2411,25 @@ class _PipelineStats:
         return max(0, done0 - taken0) + under_way, max(rates) or None
 
     def summary(self) -> dict | None:
-        """``stages`` (name, tasks, failures, average task seconds) and the ``sink_queue``'s
-        occupancy and average wait per ``get``; None if no pipeline was built with these hooks."""
+        """Each of ``stages`` (name, concurrency, tasks, failures, average task seconds), and the
+        ``sink_queue``'s batches, occupancy and average wait per ``get``; None without a pipeline."""
         if not self.queues:
             return None
         sink = self.queues[-1]
+        stages = [
+            {
+                "name": s.info.stage_name,
+                "concurrency": s.info.concurrency,
+                "tasks": s.num_tasks,
+                "failures": s.num_tasks - s.num_success,
+                "ave_task_s": s.ave_time,
+            }
+            for s in self.stages
+        ]
+        wait = sink.get_wait_s / sink.gets if sink.gets else 0.0
         return {
-            "stages": [
-                {
-                    "name": h.info.stage_name,
-                    "concurrency": h.info.concurrency,
-                    "tasks": h.num_tasks,
-                    "failures": h.num_tasks - h.num_success,
-                    "ave_task_s": h.ave_time,
-                }
-                for h in self.hooks
-            ],
-            "sink_queue": {
-                "items": sink.gets,
-                "occupancy": sink.occupancy(),
-                "ave_get_wait_s": sink.get_wait_s / sink.gets if sink.gets else 0.0,
-            },
+            "stages": stages,
+            "sink_queue": {"items": sink.gets, "occupancy": sink.occupancy(), "ave_get_wait_s": wait},
         }
 
 
@@ -2586,13 +2446,8 @@ def _add_span(bins: list[float], t0: float, t1: float, interval: float) -> None:
 
 def _batched(items: Iterable[tuple[str, int]], batch_size: int) -> Iterator[list[tuple[str, int]]]:
     """Lists of ``batch_size`` items in order, the last one shorter if need be."""
-    batch = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == batch_size:
-            yield batch
-            batch = []
-    if batch:
+    items = iter(items)
+    while batch := list(itertools.islice(items, batch_size)):
         yield batch
 
 
@@ -2607,14 +2462,9 @@ def get_pipeline(
     stats: _PipelineStats | None = None,
     decode_processes: int = 0,
 ) -> Pipeline:
-    """Build the loading pipeline: source -> aggregate -> pipe(decode) -> sink.
-
-    Items are aggregated into batches as the source yields them, so SPDL's event loop hands
-    over one list per batch rather than each item through an ``aggregate`` stage
-    (``bench/decode_paths.py`` measures both). The last, partial batch is kept. Any exception
-    escaping ``decode_func`` stops the pipeline (``max_failures=0``) instead of SPDL's default
-    of dropping that batch and going on; bad images do not raise when the decode function has a
-    :py:class:`BadImagePolicy`.
+    """The loading pipeline: source -> aggregate -> pipe(decode) -> sink, the source yielding whole
+    batches (cheaper than an ``aggregate`` stage: ``bench/decode_paths.py``). An exception out of
+    ``decode_func`` stops the pipeline (``max_failures=0``) instead of dropping that batch.
 
     Args:
         src: ``(path, label)`` items, e.g. from :py:func:`source`.
@@ -2623,13 +2473,11 @@ def get_pipeline(
         concurrency: Batches decoded at once.
         buffer_size: Decoded batches held ready for the consumer.
         num_threads: Threads in the pipeline's pool.
-        report_stats_interval: Seconds between SPDL's stage statistics logs (-1: none until
-            each stage ends, when SPDL always logs them at INFO); taken from ``stats`` when given.
-        stats: Collects the stage statistics for :py:meth:`PipelineStats.summary`.
-        decode_processes: Run the decode stage in this many worker processes instead, each
-            decoding ``concurrency`` batches at once in its own threads: SPDL's execution region
-            (``PipelineBuilder.to``), the batches handed back through shared memory (torch's
-            tensor pickling). ``decode_func`` must then be picklable (:py:class:`_ProcessDecode`).
+        report_stats_interval: Seconds between SPDL's stage statistics logs (-1: at each stage's
+            end); ``stats``'s own when given.
+        stats: Collects the stage statistics (:py:meth:`_PipelineStats.summary`).
+        decode_processes: Decode in this many worker processes (SPDL's ``PipelineBuilder.to``),
+            ``concurrency`` batches at once each; ``decode_func`` must be picklable (:py:class:`_ProcessDecode`).
     """
     hooks = {}
     if stats is not None:
@@ -2638,22 +2486,21 @@ def get_pipeline(
     builder = PipelineBuilder().add_source(_batched(src, batch_size))
     if decode_processes:
         # spawn, not fork: the main process has threads (torch's, SPDL's) by the time the pool starts.
-        pool = ProcessPoolExecutorConfig(max_workers=decode_processes, mp_context="spawn",
-                                         initializer=_decode_worker_init)  # fmt: skip
+        pool = ProcessPoolExecutorConfig(
+            max_workers=decode_processes, mp_context="spawn", initializer=_decode_worker_init
+        )
         builder = builder.to(pool).pipe(decode_func, concurrency=concurrency, name="decode").to(MAIN_PROCESS)
     else:
         builder = builder.pipe(decode_func, concurrency=concurrency, name="decode")
-    return builder.add_sink(buffer_size).build(num_threads=num_threads, max_failures=0,
-                                               report_stats_interval=report_stats_interval, **hooks)  # fmt: skip
+    builder = builder.add_sink(buffer_size)
+    return builder.build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval, **hooks)
 
 
 def _decode_worker_init() -> None:
-    """In each ``--decode-processes`` worker: a Ctrl-C (sent to the whole process group) is the
-    main process's to handle, which stops the workers (the worker would print a traceback); the
-    SIGTERM that ends a worker ends it quietly (SPDL's native library installs glog's handler,
-    which prints a stack trace: loaded now, so that the default is put back after it); and the
-    worker skips the interpreter's teardown, as the main process does (nanobind would list SPDL's
-    objects still alive)."""
+    """In each ``--decode-processes`` worker: Ctrl-C (sent to the process group) is the main
+    process's to handle; the SIGTERM that ends a worker ends it quietly (SPDL's native library,
+    loaded first, installs glog's handler, which prints a stack trace); no interpreter teardown,
+    as in the main process (nanobind would list SPDL's objects still alive)."""
     import atexit
 
     spdl.io.utils.get_ffmpeg_versions()
@@ -2708,12 +2555,9 @@ def _received(batches: Iterator[_Batch], policy: BadImagePolicy, device: torch.d
 
 
 class _PILDataset(torch.utils.data.IterableDataset):
-    """Batches of images decoded by PIL (:py:func:`decode_pil`) in DataLoader workers: the list
-    cut into batches of ``batch_size`` in order, as the SPDL loader cuts it, each worker taking
-    every n-th batch (the DataLoader hands them out in that order again).
-
-    Yields :py:func:`collate_pil`'s batches.
-    """
+    """Batches of :py:func:`_pil_batch` decoded in DataLoader workers: the list cut into batches of
+    ``batch_size`` in order, as the SPDL loader cuts it, each worker taking every n-th batch (the
+    DataLoader hands them out in that order again)."""
 
     def __init__(
         self, images: ImageList, transform: EvalTransform, max_bytes: int = MAX_IMAGE_MB << 20, batch_size: int = 1
@@ -2726,28 +2570,30 @@ class _PILDataset(torch.utils.data.IterableDataset):
         worker_id, workers = (worker.id, worker.num_workers) if worker else (0, 1)
         for i, items in enumerate(_batched(self.images, self.batch_size)):
             if i % workers == worker_id:
-                yield _collate_pil([self._sample(path, label) for path, label in items])
-
-    def _sample(self, path: str, label: int) -> tuple:
-        """``(image or None, label, path, failure reason or None)``."""
-        try:
-            return _decode_pil(path, self.transform, _read_image_bytes(path, self.max_bytes)), label, path, None
-        except ImageDecodeError as e:
-            return None, label, path, e.reason
+                yield _pil_batch(items, self.transform, self.max_bytes)
 
 
-def _collate_pil(samples: list[tuple]) -> tuple[Tensor, Tensor, list[str], list[tuple[str, str]]]:
-    """Batch decoded samples like the SPDL path (channels-last NCHW uint8, N x 1 labels):
-    ``(images, labels, paths, failures)``, each failure ``(path, reason)``."""
+def _pil_batch(
+    items: Sequence[tuple[str, int]], transform: EvalTransform, max_bytes: int
+) -> tuple[Tensor, Tensor, list[str], list[tuple[str, str]]]:
+    """Items decoded by PIL (:py:func:`_decode_pil`) into a batch like the SPDL path's
+    (channels-last NCHW uint8, N x 1 labels): ``(images, labels, paths, failures)``, each failure
+    ``(path, reason)``."""
     import numpy as np
 
-    good = [(image, label, path) for image, label, path, reason in samples if reason is None]
-    failures = [(path, reason) for _, _, path, reason in samples if reason is not None]
-    if not good:
+    images, labels, paths, failures = [], [], [], []
+    for path, label in items:
+        try:
+            images.append(_decode_pil(path, transform, _read_image_bytes(path, max_bytes)))
+        except ImageDecodeError as e:
+            failures.append((path, e.reason))
+            continue
+        labels.append([label])
+        paths.append(path)
+    if not images:
         return torch.empty((0, 3, 0, 0), dtype=torch.uint8), torch.empty((0, 1), dtype=torch.int64), [], failures
-    images = torch.from_numpy(np.stack([image for image, _, _ in good])).permute(0, 3, 1, 2)
-    labels = torch.tensor([[label] for _, label, _ in good], dtype=torch.int64)
-    return images, labels, [path for _, _, path in good], failures
+    batch = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)
+    return batch, torch.tensor(labels, dtype=torch.int64), paths, failures
 
 
 _DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a worker died
@@ -2756,14 +2602,9 @@ _DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a wo
 def _torch_loader_batches(
     loader: torch.utils.data.DataLoader | Iterator, device: torch.device, policy: BadImagePolicy | None
 ) -> Iterator[_Batch]:
-    """Move the DataLoader's batches (from the loader, or an iterator over it) to the device and
-    record its failures in ``policy``.
-
-    Raises:
-        TimeoutError: no batch within the DataLoader's ``timeout``.
-        RunStopped: (``loader``) a worker died (its message, or the connection it broke).
-        ImageDecodeError: a bad image, without a policy.
-    """
+    """The DataLoader's batches (from the loader, or an iterator over it) on the device, their
+    failures recorded in ``policy``. Raises TimeoutError (no batch within the DataLoader's
+    ``timeout``), RunStopped (``loader``: a worker died), ImageDecodeError (a bad image, without a policy)."""
     batches = iter(loader)
     while True:
         try:
@@ -2777,8 +2618,9 @@ def _torch_loader_batches(
                 raise RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader") from None
             raise
         except (ConnectionError, EOFError) as e:  # a worker died while its batch was handed over
-            raise RunStopped(f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})",
-                             "loader") from None
+            raise RunStopped(
+                f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})", "loader"
+            ) from None
         errors = [ImageDecodeError(path, reason) for path, reason in failures]
         for error in errors:
             if policy is None:
@@ -2790,18 +2632,14 @@ def _torch_loader_batches(
 def _get_torch_loader(
     dataset: _PILDataset, batch_size: int, num_workers: int, device: torch.device, timeout: float
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over ``dataset``'s images in batches of ``batch_size`` (the SPDL loader's
-    batches), in ``num_workers`` processes, pinned memory on CUDA."""
+    """A DataLoader over ``dataset``'s images in batches of ``batch_size`` (the SPDL loader's), in
+    ``num_workers`` processes, pinned memory on CUDA. Its batches are whole already: no
+    ``batch_size`` of its own, and its default for that (``default_convert``) leaves them as they are."""
     batches = _PILDataset(dataset.images, dataset.transform, dataset.max_bytes, batch_size)
+    pin_memory, timeout = device.type == "cuda", timeout if num_workers else 0
     return torch.utils.data.DataLoader(
-        batches, batch_size=None, num_workers=num_workers, collate_fn=_as_batched,
-        pin_memory=device.type == "cuda", timeout=timeout if num_workers else 0,
-    )  # fmt: skip
-
-
-def _as_batched(batch: tuple) -> tuple:
-    """The DataLoader's collate function for a dataset that yields whole batches: as they are."""
-    return batch
+        batches, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, timeout=timeout
+    )
 
 
 ################################################################################

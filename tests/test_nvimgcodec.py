@@ -113,7 +113,7 @@ def _awkward_batch(demo_photos: Path, root: Path) -> list[tuple[str, int]]:
 def test_images_nvjpeg_cannot_take_go_to_ffmpeg_counted_and_labels_stay_aligned(demo_photos, tmp_path, library):
     items = _awkward_batch(demo_photos, tmp_path)
     transform, policy = EvalTransform(), BadImagePolicy(skip=True)
-    batch = ic._nvjpeg_decode_func(transform, torch.device("cpu"), policy, 64 << 20, library=library)(items)
+    batch = ic._gpu_decode_func("nvjpeg", transform, torch.device("cpu"), policy, 64 << 20, library=library)(items)
     images, labels = batch
     assert labels[:, 0].tolist() == [0, 1, 2, 3, 4]
     assert [Path(p).name for p in batch.paths] == ["baseline.JPEG", "cmyk.JPEG", "png-data.JPEG", "progressive.JPEG",
@@ -183,7 +183,8 @@ def test_an_image_whose_resize_would_be_huge_is_refused_before_nvjpeg_decodes_it
     Image.new("RGB", (300, 200), (90, 120, 30)).save(tmp_path / "plain.JPEG", quality=90)
     items = [(str(tmp_path / "strip.JPEG"), 0), (str(tmp_path / "plain.JPEG"), 1)]
     policy = BadImagePolicy(skip=True)
-    batch = ic._nvjpeg_decode_func(EvalTransform(), torch.device("cpu"), policy, 64 << 20, library=library)(items)
+    decode = ic._gpu_decode_func("nvjpeg", EvalTransform(), torch.device("cpu"), policy, 64 << 20, library=library)
+    batch = decode(items)
     assert batch[1][:, 0].tolist() == [1] and policy.fallbacks == 0
     assert [f.reason for f in policy.failures()] == ["a 30000 x 8 image would be resized to 960000 x 256"]
     assert sum(policy.decoded_by.values()) == 1
