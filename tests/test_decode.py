@@ -15,9 +15,9 @@ from PIL import Image
 
 from imagenet_classification import (
     BadImagePolicy,
-    InputError,
     EvalTransform,
     ImageDecodeError,
+    InputError,
     _check_gpu_decoder,
     _decode_cpu_image,
     _decode_frames,

@@ -19,8 +19,8 @@ from PIL import Image
 
 from imagenet_classification import (
     BadImagePolicy,
-    InputError,
     EvalTransform,
+    InputError,
     _Batch,
     _check_decoder,
     _check_gpu_decoder,
