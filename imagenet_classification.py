@@ -4761,33 +4761,18 @@ def _in_list_order(rows: list[dict] | None, images: ImageList) -> list[dict] | N
 
 @dataclass(frozen=True)
 class _RunConfig:
-    """The run's settings, built once by :py:func:`_preflight`; each named as its flag is.
+    """The run's settings, built once by :py:func:`_preflight`; each named as its flag is."""
 
-    Attributes (those the flags do not explain):
-        images: The whole job's images (every rank's), read once; ``my_images`` is this rank's.
-        shard: This process's place in a torchrun job.
-        decoder, decoder_backend: ``ffmpeg``, ``nvjpeg`` or ``nvdec`` (``pil`` with the DataLoader),
-            and what implements it.
-        transform: The evaluation transform, built once: the loader's and the model's.
-        num_threads: SPDL's decode threads (in each worker process, with ``decode_processes``), or
-            the DataLoader's worker processes; at most one per image.
-        decode_concurrency: Batches SPDL decodes at once: ``num_threads``, fewer with NVDEC.
-        dtype_reason: Why the model runs in ``dtype``.
-        compile: torch.compile's mode, or None: not compiled.
-        stats_interval: Seconds between SPDL's own statistics logs; -1 for none.
-        sweep: The settings to sweep (``--sweep``), or None for one run.
-    """
-
-    images: ImageList
+    images: ImageList  # every rank's, read once (my_images: this rank's)
     shard: _Shard
     device: torch.device
     loader: str
-    decoder: str
-    decoder_backend: str
-    transform: EvalTransform
+    decoder: str  # ffmpeg, nvjpeg or nvdec; pil with --loader torch
+    decoder_backend: str  # what implements the decoder
+    transform: EvalTransform  # built once: the loader's and the model's
     batch_size: int
-    num_threads: int
-    decode_concurrency: int
+    num_threads: int  # decode threads (in each decode process), or DataLoader workers; at most one per image
+    decode_concurrency: int  # batches decoded at once: num_threads, at most NVDEC_CONCURRENCY with NVDEC
     decode_processes: int
     queue_size: int
     model: str
@@ -4795,7 +4780,7 @@ class _RunConfig:
     checkpoint: Path | None
     dtype: torch.dtype
     dtype_reason: str
-    compile: str | None
+    compile: str | None  # torch.compile's mode; None: not compiled
     warmup_batches: int
     skip_bad: bool
     max_bad: tuple[float, bool] | None
@@ -4804,13 +4789,13 @@ class _RunConfig:
     breakdown: bool
     parity: int
     check_decoder: int
-    stats_interval: float
+    stats_interval: float  # -1: none
     cold_cache: bool
     results_file: Path | None
     predictions_file: Path | None
     trace: Path | None
     plot: Path | None
-    sweep: dict[str, list[int]] | None
+    sweep: dict[str, list[int]] | None  # the settings --sweep asks for; None: one run
     command: tuple[str, ...]
     start_time: str
 
@@ -5029,14 +5014,12 @@ def _shard_from_env() -> _Shard:
 
 @dataclass
 class _Loader:
-    """A running loader: its batches, its SPDL stage statistics (None for ``--loader torch``),
-    whether to stop it at once (an interrupt: the process ends right after the report) and
-    whether it stopped cleanly (False when a worker thread was stuck, e.g. in a hung read)."""
+    """A running loader."""
 
     batches: Iterator[_Batch]
-    stats: _PipelineStats | None = None
-    stop_at_once: bool = False
-    stopped_cleanly: bool = True
+    stats: _PipelineStats | None = None  # SPDL's stage statistics; None for --loader torch
+    stop_at_once: bool = False  # an interrupt: the process ends right after the report
+    stopped_cleanly: bool = True  # False when a worker thread was stuck (a hung read)
 
 
 @contextlib.contextmanager
@@ -5126,13 +5109,20 @@ def _run_loop(config: _RunConfig, model: ModelBundle, outcome: _Outcome) -> None
     progress = _Progress(len(images)) if shard.rank == 0 else None
     warmup = _warmup_for_all_ranks(shard, len(config.images), config.batch_size, config.warmup_batches)
     loader = None
+
+    def at_clock_start() -> None:  # the FPS window opens on every rank at once, and in SPDL's statistics
+        if shard.world_size > 1:
+            _barrier()
+        if loader is not None and loader.stats is not None:
+            loader.stats.start_window()
+
     try:
         with _open_loader(config, images, policy) as loader:
             try:
                 with _tracing(config.trace if shard.rank == 0 else None, config.device) as outcome.profiler:
                     outcome.result = benchmark(
                         loader.batches, model, listed=len(images), warmup_batches=warmup, policy=policy,
-                        sync_clocks=_clock_start_hook(shard, loader.stats), progress=progress,
+                        sync_clocks=at_clock_start, progress=progress,
                         predictions=config.predictions_file is not None, loader_lead=config.loader_lead,
                     )  # fmt: skip
             except (RunStopped, RunInterrupted) as e:  # benchmark's partial result comes with it
@@ -5146,18 +5136,6 @@ def _run_loop(config: _RunConfig, model: ModelBundle, outcome: _Outcome) -> None
     if loader is not None:
         outcome.stopped_cleanly = outcome.stopped_cleanly and loader.stopped_cleanly
         _add_loader_stats(outcome, loader.stats, config.decode_concurrency if shard.world_size == 1 else None)
-
-
-def _clock_start_hook(shard: _Shard, stats: _PipelineStats | None) -> Callable[[], None]:
-    """What runs at each clock start: a barrier across ranks, and the stage statistics' window."""
-
-    def at_clock_start() -> None:
-        if shard.world_size > 1:
-            _barrier()
-        if stats is not None:
-            stats.start_window()
-
-    return at_clock_start
 
 
 def _add_loader_stats(outcome: _Outcome, stats: _PipelineStats | None, concurrency: int | None) -> None:
@@ -5475,12 +5453,8 @@ def _program() -> list[str]:
 
 def entrypoint(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point: :py:func:`main`, then the process ends at once with its status.
-
-    Everything is reported by then. The interpreter's shutdown is skipped: it would wait for
-    decode threads still busy (forever for one stuck in a read on a hung file system), abort
-    when Gloo's threads free their last tensors, and print nanobind's warnings about SPDL
-    buffers still alive.
-    """
+    (The interpreter's shutdown would wait for decode threads still busy, forever for one stuck in a
+    hung read, abort as Gloo's threads free their last tensors, and warn of SPDL buffers alive.)"""
     _escape_unprintable()
     try:
         status = main(argv)
