@@ -4938,12 +4938,16 @@ def _check_caches(device: torch.device, compile: bool) -> None:
 
 def _refuse_under_torchrun(args: argparse.Namespace, shard: _Shard) -> None:
     """What runs in a single process only (rank 0 alone would do it while the others wait)."""
-    if shard.world_size > 1 and str(args.input_flist) == "-":
+    if shard.world_size == 1:
+        return
+    if str(args.input_flist) == "-":
         raise InputError("--input-flist -: under torchrun every rank would read stdin; give the list as a file")
-    for flag, given, what in (("--breakdown", args.breakdown, "runs"), ("--parity", args.parity, "compares"),
-                              ("--sweep", args.sweep, "runs")):  # fmt: skip
-        if given and shard.world_size > 1:
-            raise InputError(f"{flag} {what} in a single process, not under torchrun")
+    if args.breakdown:
+        raise InputError("--breakdown runs in a single process, not under torchrun")
+    if args.parity:
+        raise InputError("--parity compares in a single process, not under torchrun")
+    if args.sweep:
+        raise InputError("--sweep runs in a single process, not under torchrun")
 
 
 def _preflight(
@@ -4969,9 +4973,9 @@ def _preflight(
     dtype, dtype_reason = _choose_dtype(device, args.dtype)
     compiled = args.compile if args.compile is not None else device.type == "cuda"
     _check_caches(device, compiled)
-    given = {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation,
-             "mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}  # fmt: skip
-    transform = EvalTransform.from_model_name(args.model, {k: v for k, v in given.items() if v is not None})
+    overrides = {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation,
+                 "mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}  # fmt: skip
+    transform = EvalTransform.from_model_name(args.model, {k: v for k, v in overrides.items() if v is not None})
     # A thread or worker with no image idles, and costs memory (a process each for the DataLoader).
     threads = min(args.num_threads, max(1, shard.size_of(len(images))))
     if threads < args.num_threads:
