@@ -44,6 +44,7 @@ import os
 import pickle
 import platform
 import re
+import shlex
 import signal
 import stat
 import struct
@@ -215,59 +216,35 @@ class RunInterrupted(KeyboardInterrupt):
 ################################################################################
 
 
-def _number(kind: type, low: float, what: str) -> Callable[[str], Any]:
-    """An argparse type: a finite ``kind`` (int or float) of at least ``low``."""
+def _number(kind: type, low: float, what: str, high: float = math.inf) -> Callable[[str], Any]:
+    """An argparse type: a finite ``kind`` (int or float) from ``low`` to ``high``."""
 
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not math.isfinite(value) or value < low:
+        if not math.isfinite(value) or not low <= value <= high:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return value
 
     return parse
 
 
-_count = _number(int, 1, "a whole number of at least 1")
-
-
 MAX_IMG_SIZE = 4096  # --img-size: larger crops are a typo, not a model's input
-
-
-def _img_size(text: str) -> int:
-    value = _count(text)
-    if value > MAX_IMG_SIZE:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_IMG_SIZE} pixels, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = _number(float, 1e-6, "a number in (0, 1]")(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
-
-
+_count = _number(int, 1, "a whole number of at least 1")
 _count0 = _number(int, 0, "a whole number of at least 0")
 _seconds = _number(float, 1e-3, "a number of seconds above 0")
-
-
-def _timeout(text: str) -> float:
-    value = _seconds(text)
-    if value > 1e6:  # longer waits overflow the DataLoader's and threading's clocks
-        raise argparse.ArgumentTypeError(f"expected at most 1e6 seconds, got {text!r}")
-    return value
+_timeout = _number(float, 1e-3, "at most 1e6 seconds, above 0", 1e6)  # longer overflow the DataLoader's clock
+_img_size = _number(int, 1, f"at most {MAX_IMG_SIZE} pixels, at least 1", MAX_IMG_SIZE)
+_fraction = _number(float, 1e-6, "a number in (0, 1]", 1)
 
 
 def _max_bad(text: str) -> tuple[float, bool]:
     """Parse ``N`` or ``P%`` into ``(value, is_percent)``."""
     is_percent = text.endswith("%")
-    value = _number(float if is_percent else int, 0, "N or P% (0-100)")(text[:-1] if is_percent else text)
-    if is_percent and value > 100:
-        raise argparse.ArgumentTypeError(f"expected N or P% (0-100), got {text!r}")
-    return value, is_percent
+    parse = _number(float, 0, "N or P% (0-100)", 100) if is_percent else _number(int, 0, "N or P% (0-100)")
+    return parse(text[:-1] if is_percent else text), is_percent
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -282,15 +259,11 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _data_flags(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     where = data.add_mutually_exclusive_group(required=True)
-    where.add_argument("data", nargs="?", type=Path, metavar="DATA_DIR",
-                       help="the same as --data-dir, as timm's scripts take it")  # fmt: skip
-    where.add_argument("--input-flist", type=Path,
-                       help="file list: one image path per line, optionally a label; - reads stdin")  # fmt: skip
-    where.add_argument("--data-dir", type=Path,
-                       help="a folder of class folders (nXXXXXXXX/...), or a flat folder with --labels")  # fmt: skip
+    where.add_argument("data", nargs="?", type=Path, metavar="DATA_DIR", help="--data-dir, as timm's scripts take it")
+    where.add_argument("--input-flist", type=Path, help="one image path a line, optionally a label; - reads stdin")
+    where.add_argument("--data-dir", type=Path, help="class folders (nXXXXXXXX/...), or a flat folder with --labels")
     data.add_argument("--prefix", default="", help="prepended to every path in the file list")
-    data.add_argument("--labels", type=Path,
-                      help="labels by file name: Kaggle's LOC_val_solution.csv, or 'name label' lines")  # fmt: skip
+    data.add_argument("--labels", type=Path, help="labels by file name: LOC_val_solution.csv, or 'name label' lines")
     data.add_argument("--max-samples", "--num-samples", type=_count, help="use only the first N images (default: all)")
     data.add_argument("--max-image-mb", type=_count, default=MAX_IMAGE_MB, help="a larger image file is a bad image")
 
@@ -298,58 +271,44 @@ def _data_flags(parser: argparse.ArgumentParser) -> None:
 def _loader_flags(parser: argparse.ArgumentParser) -> None:
     loader = parser.add_argument_group("loader")
     loader.add_argument("-b", "--batch-size", type=_count, default=32, help="images per batch")
-    loader.add_argument("-j", "--num-threads", "--workers", type=_count, default=16,
-                        help="decode threads (SPDL), or worker processes (--loader torch)")  # fmt: skip
+    loader.add_argument("-j", "--num-threads", "--workers", type=_count, default=16, help="decode threads (or workers)")
     loader.add_argument("--queue-size", type=_count, default=16, help="decoded batches held ready for the model")
     loader.add_argument("--decode-processes", type=_count0, default=0, metavar="N",
-                        help="decode in N worker processes of --num-threads threads each (FFmpeg; 0: in this "
-                             "process), for when one process's threads stop scaling")  # fmt: skip
-    loader.add_argument("--loader", choices=("spdl", "torch"), default="spdl",
-                        help="torch: the baseline, a PyTorch DataLoader decoding with PIL")  # fmt: skip
+                        help="decode in N processes of --num-threads threads each (FFmpeg; 0: in this one)")
+    loader.add_argument("--loader", choices=("spdl", "torch"), default="spdl", help="torch: a DataLoader with PIL")
     decoder = loader.add_mutually_exclusive_group()
     decoder.add_argument("--use-nvjpeg", action="store_true", help="decode on the GPU with nvJPEG")
     decoder.add_argument("--use-nvdec", action="store_true", help="decode on the GPU with NVDEC")
     loader.add_argument("--check-decoder", type=_count0, metavar="N",
-                        help=f"compare a GPU decoder with FFmpeg on the CPU on N images first, 0: off "
-                             f"(default: {CHECK_DECODER_IMAGES})")  # fmt: skip
+                        help=f"compare a GPU decoder with FFmpeg on N images, 0: off (default: {CHECK_DECODER_IMAGES})")
 
 
 def _model_flags(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("-m", "--model", default=DEFAULT_MODEL, help="any timm model name")
-    model.add_argument("--checkpoint", type=Path, help="local state dict to load (no model hub access)")
-    pretrained = model.add_mutually_exclusive_group()
-    pretrained.add_argument("--pretrained", action="store_true", default=True,
-                            help="timm's pretrained weights (the default)")  # fmt: skip
-    pretrained.add_argument("--no-pretrained", action="store_false", dest="pretrained", help="random weights")
+    model.add_argument("--checkpoint", type=Path, help="local checkpoint to load (no model hub access)")
+    weights = model.add_mutually_exclusive_group()
+    weights.add_argument("--pretrained", action="store_true", default=True, help="timm's pretrained weights (default)")
+    weights.add_argument("--no-pretrained", action="store_false", dest="pretrained", help="random weights")
     model.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     compile = model.add_mutually_exclusive_group()
-    compile.add_argument("--compile", action="store_const", const=True, default=None,
-                         help="torch.compile the model (default: on a GPU, not on the CPU)")  # fmt: skip
+    compile.add_argument("--compile", action="store_const", const=True, help="torch.compile (default: on a GPU)")
     compile.add_argument("--torchcompile", nargs="?", const="inductor", choices=("inductor",), metavar="inductor",
-                         help="timm's name for --compile (its one backend here: inductor)")  # fmt: skip
+                         help="timm's name for --compile")
     compile.add_argument("--no-compile", action="store_const", const=False, dest="compile", help="skip torch.compile")
     model.add_argument("--compile-mode", choices=COMPILE_MODES,
-                       help=f"torch.compile's mode, and compile on (default: {COMPILE_MODE}, which compiles in "
-                            "seconds; max-autotune tunes every kernel: minutes on a GPU, before the timed "
-                            "window)")  # fmt: skip
+                       help=f"torch.compile's mode, and compile (default: {COMPILE_MODE}; max-autotune: minutes)")
     model.add_argument("--dtype", "--amp-dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
-                       help="the model's precision; auto: bfloat16 where the hardware has it (README)")  # fmt: skip
-    model.add_argument("--amp", action="store_const", const="auto", dest="dtype",
-                       help="timm's flag for reduced precision: the same as --dtype auto, the default")  # fmt: skip
-    model.add_argument("--no-bf16", action="store_const", const="float32", dest="dtype", help="same as --dtype float32")
-    _transform_flags(parser)
-
-
-def _transform_flags(parser: argparse.ArgumentParser) -> None:
+                       help="the model's precision; auto: bfloat16 where the hardware has it")
+    model.add_argument("--amp", action="store_const", const="auto", dest="dtype", help="timm's flag: --dtype auto")
+    model.add_argument("--no-bf16", action="store_const", const="float32", dest="dtype", help="--dtype float32")
     transform = parser.add_argument_group("evaluation transform (default: the model's pretrained config)")
     transform.add_argument("--img-size", type=_img_size, metavar="N", help="side of the square crop fed to the model")
-    transform.add_argument("--crop-pct", type=_fraction, metavar="F",
-                           help="the shorter side is resized to img-size / F before the centre crop")  # fmt: skip
+    transform.add_argument("--crop-pct", type=_fraction, metavar="F", help="resize the shorter side to img-size / F")
     transform.add_argument("--interpolation", choices=sorted(_FFMPEG_SCALE_FLAGS), help="the resize's filter")
     for name in ("mean", "std"):
         transform.add_argument(f"--{name}", type=_number(float, 0, "a number"), nargs=3, metavar=("R", "G", "B"),
-                               help=f"per-channel {name} on the 0-1 scale")  # fmt: skip
+                               help=f"per-channel {name} on the 0-1 scale")
 
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
@@ -359,19 +318,15 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--max-bad", type=_max_bad, help="with --skip-bad: stop once more than N or P%% failed")
     run.add_argument("--timeout", type=_timeout, default=120.0, help="seconds without a batch before giving up")
     run.add_argument("--breakdown", action="store_true", help="also time the loader alone and the model alone")
-    run.add_argument("--cold-cache", action="store_true",
-                     help="evict the listed files from the page cache before the run (and before each --breakdown "
-                          "pass that reads them), to time reading them from the disk")  # fmt: skip
-    run.add_argument("--parity", type=_count0, default=0, metavar="N",
-                     help="compare the loader with timm's reference transform on the first N images")  # fmt: skip
+    run.add_argument("--cold-cache", action="store_true", help="evict the files from the page cache before each read")
+    run.add_argument("--parity", type=_count0, default=0, metavar="N", help="compare with timm's transform on N images")
     run.add_argument("--stats-interval", type=_seconds, help="also log SPDL's own stage statistics every S seconds")
     run.add_argument("--results-file", type=Path, help="write the result as JSON here")
     run.add_argument("--predictions-file", type=Path, help="write one row per image here (.csv or .jsonl)")
     run.add_argument("--trace", type=Path, help=f"write PATH.json and PATH.pftrace ({TRACE_BATCHES} batches)")
     run.add_argument("--plot", type=Path, help="draw the run's timeline (or the sweep) into this PNG")
     run.add_argument("--sweep", nargs="+", metavar="SPEC",
-                     help="instead of one run, time the loader at each setting: auto, or e.g. num-threads=1,2,4 "
-                          "batch-size=64,128 queue-size=8,16; then end to end the best few")  # fmt: skip
+                     help="time the loader at each setting: auto, or e.g. num-threads=1,2,4 batch-size=64,128")
     run.add_argument("--debug", action="store_true", help="debug logging")
 
 
@@ -384,31 +339,31 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for add_flags in (_data_flags, _loader_flags, _model_flags, _run_flags):
         add_flags(parser)
     args = parser.parse_args(argv)
-    if args.data is not None:
-        args.data_dir = args.data
-    if args.compile is False and (args.compile_mode or args.torchcompile):
-        parser.error(f"--{'compile-mode' if args.compile_mode else 'torchcompile'} compiles the model; "
-                     "--no-compile says not to: give one")  # fmt: skip
+    args.data_dir = args.data if args.data is not None else args.data_dir
+    torch_loader = args.loader == "torch"
+    sweep_takes_no = ""  # the first flag given that --sweep cannot take
+    if args.sweep:
+        given = {"--breakdown": args.breakdown, "--trace": args.trace, "--parity": args.parity}
+        given.update({"--predictions-file": args.predictions_file, "--max-bad": args.max_bad})
+        sweep_takes_no = next((flag for flag, value in given.items() if value), "")
+    refusals = [  # (refused, why): the first that holds ends the parse
+        (args.compile is False and args.compile_mode, "--compile-mode compiles the model; --no-compile says not to"),
+        (args.compile is False and args.torchcompile, "--torchcompile compiles the model; --no-compile says not to"),
+        (args.max_bad is not None and not args.skip_bad, "--max-bad only applies with --skip-bad"),
+        (torch_loader and args.use_nvjpeg, "--loader torch decodes with PIL on the CPU; it takes no --use-nvjpeg"),
+        (torch_loader and args.use_nvdec, "--loader torch decodes with PIL on the CPU; it takes no --use-nvdec"),
+        (torch_loader and args.check_decoder is not None, "--check-decoder checks a GPU decoder; not --loader torch"),
+        (torch_loader and args.stats_interval is not None, "--stats-interval logs SPDL's stages; --loader torch: none"),
+        (args.data_dir is not None and args.prefix, "--prefix applies to --input-flist, not to --data-dir"),
+        (args.trace is not None and args.breakdown, "--trace profiles the run, which --breakdown times unprofiled"),
+        (sweep_takes_no, f"--sweep times many settings, skipping bad images; it takes no {sweep_takes_no}"),
+        (args.sweep and args.cold_cache, "--sweep reads the same files, warm after one pass; it takes no --cold-cache"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            parser.error(why)
     if args.torchcompile or args.compile is None and args.compile_mode:
         args.compile = True  # asked for by timm's name, or by naming a mode
-    if args.max_bad is not None and not args.skip_bad:
-        parser.error("--max-bad only applies with --skip-bad")
-    if args.loader == "torch" and (args.use_nvjpeg or args.use_nvdec):
-        parser.error("--loader torch decodes with PIL on the CPU; it does not take --use-nvjpeg / --use-nvdec")
-    if args.loader == "torch" and args.check_decoder is not None:
-        parser.error("--check-decoder compares a GPU decoder with FFmpeg; --loader torch decodes with PIL on the CPU")
-    if args.loader == "torch" and args.stats_interval is not None:
-        parser.error("--stats-interval logs SPDL's stage statistics; --loader torch has no SPDL stages")
-    if args.data_dir is not None and args.prefix:
-        parser.error("--prefix applies to --input-flist, not to --data-dir")
-    if args.trace is not None and args.breakdown:
-        parser.error("--trace profiles the run, which --breakdown would compare with unprofiled ones; use one")
-    given = {"--breakdown": args.breakdown, "--trace": args.trace, "--parity": args.parity,
-             "--predictions-file": args.predictions_file, "--max-bad": args.max_bad}  # fmt: skip
-    if args.sweep and (clash := [flag for flag, value in given.items() if value]):
-        parser.error(f"--sweep runs the loader at many settings, skipping bad images; it takes no {clash[0]}")
-    if args.sweep and args.cold_cache:
-        parser.error("--sweep times many settings over the same files, warm after the first; it takes no --cold-cache")
     return args
 
 
@@ -2642,6 +2597,26 @@ def _get_torch_loader(
     )
 
 
+_ABANDONED: list = []  # DataLoader iterators not shut down after an interrupt: their workers end with the process
+
+
+@contextlib.contextmanager
+def _open_torch_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) -> Iterator[_Loader]:
+    """The DataLoader baseline over ``images``, as a running loader; its workers shut down on the way out."""
+    dataset = _PILDataset(images, config.transform, config.max_image_bytes)
+    workers = iter(_get_torch_loader(dataset, config.batch_size, config.num_threads, config.device, config.timeout))
+    loader = _Loader(_torch_loader_batches(workers, config.device, policy))
+    try:
+        yield loader
+    finally:
+        if loader.stop_at_once:  # the process ends right after the report: no joining busy workers
+            _ABANDONED.append(workers)
+        elif hasattr(workers, "_shutdown_workers"):  # torch's own, private: no public way to shut them down now
+            # Now, not once nothing refers to the iterator (a stopped run's traceback keeps this
+            # frame): until then torch's SIGCHLD handler raises, anywhere, for a dead worker.
+            workers._shutdown_workers()
+
+
 ################################################################################
 # Model: normalise -> timm model -> top-1 / top-5 counts
 ################################################################################
@@ -2908,8 +2883,8 @@ def get_model(
         dtype: The model's precision: a torch dtype, its name, or ``auto`` (what suits the hardware).
         use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
         batch_size: With ``compile``, pad smaller batches to this size (see ModelBundle).
-        transform: The evaluation transform, or overrides of the model's own as timm's
-            ``resolve_data_config`` takes them (``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``).
+        transform: The evaluation transform, or overrides of the model's as timm's
+            ``resolve_data_config`` takes them: ``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``.
 
     Raises:
         InputError: an unknown model, weights out of reach, or a checkpoint that does not fit.
@@ -3673,6 +3648,58 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
                 break
             time.sleep(0.05)
     return [found[rank] for rank in sorted(found)]
+
+
+_COUNTS = ("classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches", "batches_timed",
+           "decoder_fallbacks")  # fmt: skip
+PEER_WORD_S = 2.0  # how long rank 0, stopped by a peer or a signal, waits for the stopped ranks' shares
+
+
+def _combine_ranks(outcome: _Outcome, config: _RunConfig) -> list[dict]:
+    """The job's totals into ``outcome.result``; returns the per-rank list."""
+    mine = _rank_entry(outcome.result, config.shard, config.device)
+    if config.shard.world_size == 1:
+        return [mine]
+    if outcome.error is None:
+        try:
+            outcome.result, ranks = _reduce_results(outcome.result, config.shard, config.device)
+            return ranks
+        except RuntimeError as e:  # a peer stopped before the final reduction
+            outcome.error = RunStopped(_peer_gone(e), "peer")
+        except RunInterrupted as e:  # torchrun ends the other ranks once one has stopped
+            outcome.error = e
+        outcome.result.partial = True
+    return _job_after_stop(outcome, config, mine)
+
+
+def _job_after_stop(outcome: _Outcome, config: _RunConfig, mine: dict) -> list[dict]:
+    """A stopped job as this rank can know it: its own share, left for rank 0 in the job's store;
+    on rank 0, the job's totals over the whole list from the shares of every rank that stopped
+    (a rank with no word: its images not reached), and in ``outcome.job_stop_reason`` the failure
+    that stopped the job, rather than the signal or lost peer it reached rank 0 as."""
+    result, shard = outcome.result, config.shard
+    own = _explain(outcome.error, config)[0] if outcome.error is not None else "stopped"
+    share = {**mine, **{k: getattr(result, k) for k in _COUNTS}, "failures": result.failures, "stop_reason": own,
+             "stopped_by": getattr(outcome.error, "kind", "interrupted")}  # fmt: skip
+    _publish_stop(share, shard.rank)
+    if shard.rank != 0:
+        return [mine]
+    followed = isinstance(outcome.error, RunInterrupted) or getattr(outcome.error, "kind", None) == "peer"
+    shares = [share, *_stopped_peers(shard, PEER_WORD_S if followed else 0.0)]  # followed: the cause may be a peer's
+    job = RunResult(len(config.images), partial=True, elapsed_s=max(e["elapsed_s"] for e in shares),
+                    warmup_included=result.warmup_included, timeline=result.timeline, predictions=result.predictions,
+                    failures=[f for e in shares for f in e["failures"]])  # fmt: skip
+    for k in _COUNTS:
+        setattr(job, k, sum(e[k] for e in shares))
+    if result.loader_lead is not None:
+        job.loader_lead = result.loader_lead * shard.world_size
+    causes = [e for e in shares if e["stopped_by"] not in ("peer", "interrupted")]
+    cause = (causes or [e for e in shares if e["stopped_by"] == "interrupted"] or [share])[0]
+    outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {cause['stop_reason']}"
+    outcome.result = job
+    return [{k: e[k] for k in (*mine, "stop_reason")} for e in sorted(shares, key=lambda e: e["rank"])]
+
+
 ################################################################################
 # Parity: does the loader change what the model sees and predicts?
 ################################################################################
@@ -3765,11 +3792,29 @@ def _measure_parity(
                   agree5 / n if n else 0.0, hits_ours / n if n else 0.0, hits_ref / n if n else 0.0)  # fmt: skip
 
 
+def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
+    """``--parity``: the run's own decode (the SPDL loader's, or for ``--loader torch`` the
+    DataLoader's PIL decode, in this process), skipping bad images, against timm's."""
+    policy = BadImagePolicy(skip=True)
+
+    def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> _Batch:
+        images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
+        batches = _PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
+        return next(_torch_loader_batches(iter(batches), config.device, policy))
+
+    decode = decode_like_the_dataloader
+    if config.loader != "torch":
+        decode = get_decode_func(config.device, config.transform, config.decoder, policy,
+                                 max_image_bytes=config.max_image_bytes)  # fmt: skip
+    items = list(config.images.head(config.parity))
+    return _measure_parity(items, decode, model, min(config.batch_size, config.parity))
+
+
 ################################################################################
 # Tuning: the loader's settings swept, the end-to-end rate of the best ones
 ################################################################################
 
-SWEEP_FLAGS = {"num-threads": "decode_threads", "batch-size": "batch_size", "queue-size": "queue_size",
+SWEEP_FLAGS = {"num-threads": "num_threads", "batch-size": "batch_size", "queue-size": "queue_size",
                "decode-processes": "decode_processes"}  # fmt: skip
 SWEEP_TOLERANCE = 0.05  # the recommended setting is the smallest within this of the best
 
@@ -3867,8 +3912,8 @@ class _Sweep:
 
 def _sweep_settings(config: _RunConfig, threads: int, batch_size: int, queue_size: int, processes: int = 0) -> _RunConfig:
     concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
-    return replace(config, decode_threads=threads, decode_concurrency=concurrency, loader_workers=threads,
-                   batch_size=batch_size, queue_size=queue_size, decode_processes=processes)  # fmt: skip
+    return replace(config, num_threads=threads, decode_concurrency=concurrency, batch_size=batch_size,
+                   queue_size=queue_size, decode_processes=processes)  # fmt: skip
 
 
 def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]], e2e_runs: int = 3) -> _Sweep:
@@ -3919,6 +3964,61 @@ def _sweep_timed(settings: _RunConfig, images: ImageList, measure: Callable[[_Lo
         except RunInterrupted:
             loader.stop_at_once = True
             raise
+
+
+def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
+    """The settings ``--sweep`` asks for, batch sizes and thread counts capped at the ``listed``
+    images: a batch holds no more images than the list, and a thread without an image only costs
+    memory (the queue is a bound that allocates nothing: as given)."""
+    defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size,
+                "decode-processes": args.decode_processes}  # fmt: skip
+    try:
+        grid = _parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
+    except ValueError as e:
+        raise InputError(f"--sweep: {e}") from None
+    if args.loader == "torch" and len(grid["queue-size"]) > 1:
+        raise InputError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
+    capped = {**grid, **{name: sorted({min(v, listed) for v in grid[name]}) for name in ("num-threads", "batch-size")}}
+    if capped != grid:
+        asked = ", ".join(f"{name}={','.join(map(str, grid[name]))}" for name in grid if capped[name] != grid[name])
+        _LG.info("Sweep: %s capped at the %d images listed.", asked, listed)
+    return capped
+
+
+def _sweep_command(config: _RunConfig) -> int:
+    """The sweep instead of a run: the table, then the results file and the plot, with the
+    settings measured so far if the sweep stopped (marked partial). Returns the exit status."""
+    decoder_check = None
+    try:
+        decoder_check = _check_run_decoder(config)  # a GPU decoder is checked as for a run
+        sweep = _run_sweep(config, _build_model(config), config.sweep or {})
+    except (RunStopped, RunInterrupted) as e:  # before the first setting: an empty sweep, written all the same
+        sweep = _Sweep([], 0, error=e)
+    with _signals_held() as held:
+        status = 0
+        if sweep.error is not None:
+            sweep.stop_reason, status = _explain(sweep.error, config)
+            _say(f"error: {sweep.stop_reason}; the settings measured before it are below (PARTIAL SWEEP)")
+        payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": _environment(config.device)}
+        if decoder_check is not None:
+            payload["decoder_check"] = asdict(decoder_check)
+        _print_out(_print_sweep, sweep, config.command)
+        title = f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting"
+        not_written = _write_outputs([
+            (config.results_file, lambda path: _write_atomically(path, _sweep_file_text(path, sweep, payload))),
+            (config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
+        ])  # fmt: skip
+        if config.plot is None:
+            _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
+    return status or _held_status(held) or (EXIT_FAILED if not_written else 0)
+
+
+def _sweep_file_text(path: Path, sweep: _Sweep, payload: dict) -> str:
+    """The sweep's results file: its points as CSV for a ``.csv`` name, else ``payload`` as JSON."""
+    if not str(path).lower().endswith(".csv"):
+        return json.dumps(payload, indent=2) + "\n"
+    rows = [{**asdict(p), "bound_fps": p.bound_fps, "recommended": p is sweep.recommended} for p in sweep.points]
+    return _csv_text(rows, [*(f.name for f in dataclass_fields(_SweepPoint)), "bound_fps", "recommended"])
 
 
 ################################################################################
@@ -4089,7 +4189,7 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
     if (best := sweep.recommended) is None:  # stopped before any setting was measured
         return
     print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
-    print(f"  {_shell_join(_with_settings(command, best))}", file=file)
+    print(f"  {shlex.join(_with_settings(command, best))}", file=file)
 
 
 # The sweep's own flags, and the settings it sets, by every name the parser takes.
@@ -4433,6 +4533,26 @@ def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
         _write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _run_title(report: _RunReport) -> str:
+    """The run in its timeline's title: the model and its settings, and the FPS."""
+    c, r = report.config, report.result
+    compiled = f"compiled ({c['compile']})" if c["compile"] else "not compiled"
+    return (f"{c['model']} on {c['device']} ({c['dtype']}, {compiled}), batch {c['batch_size']}, {c['loader']} "
+            f"{c['decoder']} x {c['num_threads']} threads\nFPS {r.fps:,.1f}, top-1 {r.top1:.1%} of "
+            f"{r.classified}")  # fmt: skip
+
+
+def _in_list_order(rows: list[dict] | None, images: ImageList) -> list[dict] | None:
+    """Prediction rows in the list's order (batches arrive as their decodes finish, and ranks
+    each hold their shard): two runs of one list give the same rows in the same order."""
+    if rows is None:
+        return None
+    position: dict[str, int] = {}
+    for i, path in enumerate(images.paths):
+        position.setdefault(path, i)
+    return sorted(rows, key=lambda row: position.get(row["path"], len(position)))
+
+
 ################################################################################
 # Entry point: pre-flight checks, a frozen config, the run, the report, exit statuses
 ################################################################################
@@ -4440,77 +4560,59 @@ def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
 
 @dataclass(frozen=True)
 class _RunConfig:
-    """The run's settings, built once from the arguments after the pre-flight checks.
+    """The run's settings, built once by :py:func:`_preflight`; each named as its flag is."""
 
-    Attributes:
-        images: The whole job's images (every rank's), read once.
-        shard: This process's place in a torchrun job.
-        device: Where the batches go and the model runs.
-        loader: ``spdl``, or ``torch`` for the DataLoader baseline.
-        decoder, decoder_backend: ``ffmpeg``, ``nvjpeg`` or ``nvdec`` (``pil`` with the DataLoader),
-            and what implements it.
-        transform: Size, crop and normalisation, from the model's pretrained config.
-        decode_threads: Threads in SPDL's pool (in each worker process, with decode_processes).
-        decode_concurrency: Batches SPDL decodes at once (in each worker process).
-        decode_processes: Worker processes of the decode stage; 0 decodes in this process.
-        loader_workers: The DataLoader's worker processes.
-        dtype, dtype_reason: The model's precision, and why.
-        max_bad: ``(value, is_percent)`` from ``--max-bad``, or None.
-        stats_interval: Seconds between SPDL's own statistics logs; -1 for none.
-        cold_cache: Evict the images from the page cache before the run, and before each
-            breakdown pass that reads them (``--cold-cache``).
-    """
-
-    images: ImageList
+    images: ImageList  # every rank's, read once (my_images: this rank's)
     shard: _Shard
     device: torch.device
     loader: str
-    decoder: str
-    decoder_backend: str
-    transform: EvalTransform
+    decoder: str  # ffmpeg, nvjpeg or nvdec; pil with --loader torch
+    decoder_backend: str  # what implements the decoder
+    transform: EvalTransform  # built once: the loader's and the model's
     batch_size: int
-    decode_threads: int
-    decode_concurrency: int
-    loader_workers: int
+    num_threads: int  # decode threads (in each decode process), or DataLoader workers; at most one per image
+    decode_concurrency: int  # batches decoded at once: num_threads, at most NVDEC_CONCURRENCY with NVDEC
+    decode_processes: int
     queue_size: int
     model: str
-    weights: str
+    pretrained: bool
     checkpoint: Path | None
     dtype: torch.dtype
     dtype_reason: str
-    compile: bool | str
+    compile: str | None  # torch.compile's mode; None: not compiled
     warmup_batches: int
     skip_bad: bool
     max_bad: tuple[float, bool] | None
-    max_image_bytes: int
+    max_image_mb: int
     timeout: float
     breakdown: bool
     parity: int
     check_decoder: int
-    stats_interval: float
+    stats_interval: float  # -1: none
+    cold_cache: bool
     results_file: Path | None
     predictions_file: Path | None
     trace: Path | None
-    plot: Path | None = None
-    cold_cache: bool = False
-    sweep: dict[str, list[int]] | None = None
-    command: tuple[str, ...] = ()
-    transform_overrides: dict = field(default_factory=dict)
-    start_time: str = ""
-    decode_processes: int = 0
+    plot: Path | None
+    sweep: dict[str, list[int]] | None  # the settings --sweep asks for; None: one run
+    command: tuple[str, ...]
+    start_time: str
 
     @property
     def my_images(self) -> ImageList:
-        """This rank's shard of the images."""
         return self.images.shard(self.shard.rank, self.shard.world_size)
+
+    @property
+    def max_image_bytes(self) -> int:
+        return self.max_image_mb << 20
 
     @property
     def loader_lead(self) -> int:
         """Batches the loader can hold ahead of the model: SPDL's sink buffer, the one its sink
-        stage holds on the way there, its queue before the sink and the batches decoded at once;
-        the DataLoader's prefetch (2 per worker)."""
+        stage holds, its queue before the sink and the batches decoded at once; the DataLoader's
+        prefetch (2 per worker)."""
         if self.loader == "torch":
-            return 2 * self.loader_workers
+            return 2 * self.num_threads
         return self.queue_size + 1 + _SPDL_STAGE_BUFFER + self.decode_concurrency * max(1, self.decode_processes)
 
     def policy(self) -> BadImagePolicy:
@@ -4522,29 +4624,31 @@ class _RunConfig:
 
     def to_dict(self) -> dict:
         """The settings as the results file's ``config`` holds them."""
-        t = self.transform
+        t, max_bad = self.transform, self.max_bad
+        weights = str(self.checkpoint) if self.checkpoint else "pretrained" if self.pretrained else "random"
         return {
-            "model": self.model, "weights": self.weights, "loader": self.loader, "batch_size": self.batch_size,
-            "num_threads": self.decode_threads, "decode_concurrency": self.decode_concurrency,
-            "decode_processes": self.decode_processes,
-            "loader_workers": self.loader_workers, "queue_size": self.queue_size, "decoder": self.decoder,
-            "decoder_backend": self.decoder_backend, "device": str(self.device),
-            "dtype": str(self.dtype).removeprefix("torch."), "dtype_reason": self.dtype_reason,
-            "compile": self.compile, "input_size": [3, t.size, t.size], "crop_pct": t.crop_pct,
-            "crop_mode": t.crop_mode, "interpolation": t.interpolation, "mean": list(t.mean), "std": list(t.std),
-            "warmup_batches": self.warmup_batches, "skip_bad": self.skip_bad,
-            "max_bad": None if self.max_bad is None else f"{self.max_bad[0]:g}{'%' if self.max_bad[1] else ''}",
-            "max_image_mb": self.max_image_bytes >> 20, "images_from": self.images.origin,
-            "cold_cache": self.cold_cache,
-            "command": _shell_join(self.command), "start_time": self.start_time,
-        }  # fmt: skip
+            **{name: getattr(self, name) for name in _CONFIG_IN_RESULTS},
+            "weights": weights,
+            "loader_workers": self.num_threads,  # the DataLoader's name for it
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "compile": self.compile or False,
+            "input_size": [3, t.size, t.size],
+            **{name: getattr(t, name) for name in ("crop_pct", "crop_mode", "interpolation")},
+            "mean": list(t.mean),
+            "std": list(t.std),
+            "max_bad": None if max_bad is None else f"{max_bad[0]:g}{'%' if max_bad[1] else ''}",
+            "images_from": self.images.origin,
+            "command": shlex.join(self.command),
+        }
 
 
-def _shell_join(words: Sequence[str]) -> str:
-    """A command line to paste into a shell (each word quoted as it needs)."""
-    import shlex
-
-    return shlex.join(words)
+_CONFIG_IN_RESULTS = ("model", "loader", "batch_size", "num_threads", "decode_concurrency", "decode_processes",
+                      "queue_size", "decoder", "decoder_backend", "dtype_reason", "warmup_batches", "skip_bad",
+                      "max_image_mb", "cold_cache", "start_time")  # fmt: skip
+_CONFIG_AS_GIVEN = ("loader", "batch_size", "queue_size", "decode_processes", "model", "pretrained", "checkpoint",
+                    "warmup_batches", "skip_bad", "max_bad", "max_image_mb", "timeout", "breakdown", "parity",
+                    "cold_cache", "results_file", "predictions_file", "trace", "plot")  # fmt: skip
 
 
 def _read_images(args: argparse.Namespace) -> ImageList:
@@ -4563,12 +4667,15 @@ def _read_images(args: argparse.Namespace) -> ImageList:
     return images
 
 
-def _check_outputs(args: argparse.Namespace, images: ImageList) -> None:
-    """Every file the run will write: a file name in an existing, writable folder, no folder,
-    device or FIFO, and none of the run's inputs (the list, the labels, the checkpoint, an image)
-    nor another output: each would be overwritten."""
-    outputs = [("--results-file", args.results_file), ("--predictions-file", args.predictions_file),
-               ("--plot", args.plot)]  # fmt: skip
+def _check_files(args: argparse.Namespace, images: ImageList) -> None:
+    """The checkpoint, and every file the run will write: a file name in an existing, writable
+    folder, no folder, device or FIFO, and none of the run's inputs (the list, the labels, the
+    checkpoint, an image) nor another output: each would be overwritten."""
+    if args.checkpoint is not None and not args.checkpoint.is_file():
+        what = "no such file" if not args.checkpoint.exists() else "not a regular file"
+        raise InputError(f"--checkpoint {args.checkpoint}: {what}")
+    outputs = [("--results-file", args.results_file), ("--predictions-file", args.predictions_file)]
+    outputs.append(("--plot", args.plot))
     if args.trace is not None:
         _check_output_path("--trace", args.trace)  # a file name, PATH.json and PATH.pftrace beside it
         outputs += [("--trace", Path(f"{args.trace}{suffix}")) for suffix in (".json", ".pftrace")]
@@ -4580,21 +4687,17 @@ def _check_outputs(args: argparse.Namespace, images: ImageList) -> None:
         target = _check_output_path(flag, path)
         listed = {os.path.realpath(p) for p in images.paths if os.path.basename(p) == os.path.basename(target)}
         if target in inputs | listed | seen:
-            raise InputError(
-                f"{flag} {path}: that file is one of the run's inputs or outputs; writing would replace it"
-            )
+            why = "that file is one of the run's inputs or outputs; writing would replace it"
+            raise InputError(f"{flag} {path}: {why}")
         seen.add(target)
-    if args.predictions_file is not None and not str(args.predictions_file).lower().endswith(PREDICTION_SUFFIXES):
+    if args.predictions_file is not None and not str(args.predictions_file).lower().endswith((".csv", ".jsonl")):
         raise InputError(f"--predictions-file {args.predictions_file}: the name must end in .csv or .jsonl")
     if args.plot is not None and not str(args.plot).lower().endswith(".png"):
         raise InputError(f"--plot {args.plot}: the name must end in .png")
 
 
-PREDICTION_SUFFIXES = (".csv", ".jsonl")
-
-
 def _check_output_path(flag: str, path: Path) -> str:
-    """One file the run will write (see _check_outputs); returns its real path."""
+    """One file the run will write (see _check_files); returns its real path."""
     if str(path) == "-":  # stdout carries the summary; a file beside it is what was meant, or a mistake
         raise InputError(f"{flag} -: the summary goes to stdout; give a file name (- is none)")
     if path.name in ("", ".", "..") or str(path).endswith(os.sep):
@@ -4627,138 +4730,141 @@ def _check_caches(device: torch.device, compile: bool) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=folder).close()
         except OSError as e:
-            raise InputError(f"torch cannot write its cache in {folder} ({e.strerror or e}); "
-                             f"set {variable} to a writable folder") from None  # fmt: skip
+            reason = e.strerror or e
+            message = f"torch cannot write its cache in {folder} ({reason}); set {variable} to a writable folder"
+            raise InputError(message) from None
 
 
-def _preflight(args: argparse.Namespace, shard: _Shard, command: Sequence[str] = ()) -> _RunConfig:
-    """Check everything that can be checked before the model is built; build the run's config."""
-    if shard.world_size > 1 and str(args.input_flist) == "-":
+def _refuse_under_torchrun(args: argparse.Namespace, shard: _Shard) -> None:
+    """What runs in a single process only (rank 0 alone would do it while the others wait)."""
+    if shard.world_size == 1:
+        return
+    if str(args.input_flist) == "-":
         raise InputError("--input-flist -: under torchrun every rank would read stdin; give the list as a file")
+    if args.breakdown:
+        raise InputError("--breakdown runs in a single process, not under torchrun")
+    if args.parity:
+        raise InputError("--parity compares in a single process, not under torchrun")
+    if args.sweep:
+        raise InputError("--sweep runs in a single process, not under torchrun")
+
+
+def _preflight(
+    args: argparse.Namespace, shard: _Shard, command: Sequence[str] = (), start_time: str = ""
+) -> _RunConfig:
+    """Check everything that can be checked before the model is built; build the run's config."""
+    _refuse_under_torchrun(args, shard)
     images = _read_images(args)
     try:
-        if args.checkpoint is not None and not args.checkpoint.is_file():
-            what = "no such file" if not args.checkpoint.exists() else "not a regular file"
-            raise InputError(f"--checkpoint {args.checkpoint}: {what}")
-        _check_outputs(args, images)
+        _check_files(args, images)
     except OSError as e:  # e.g. a name too long for the file system
         raise InputError(f"{e.filename}: {e.strerror or e}") from None
-    if args.breakdown and shard.world_size > 1:
-        raise InputError("--breakdown runs in a single process, not under torchrun")
     if args.cold_cache and not hasattr(os, "posix_fadvise"):
         raise InputError(f"--cold-cache: {platform.system()} has no posix_fadvise to evict files from the page cache")
-    if args.parity and shard.world_size > 1:  # rank 0 alone would compare, while the others wait out --timeout
-        raise InputError("--parity compares in a single process, not under torchrun")
     device = _resolve_device(args.device, shard.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that no library makes a context on cuda:0 for this rank
     decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
     if args.decode_processes and (decoder != "ffmpeg" or args.loader == "torch"):
-        raise InputError("--decode-processes runs FFmpeg's decode in worker processes; "
-                         f"not with {'--loader torch' if args.loader == 'torch' else f'--use-{decoder}'}")  # fmt: skip
+        given = "--loader torch" if args.loader == "torch" else f"--use-{decoder}"
+        raise InputError(f"--decode-processes runs FFmpeg's decode in worker processes; not with {given}")
     backend = _check_gpu_decoder(decoder, device)
     dtype, dtype_reason = _choose_dtype(device, args.dtype)
-    compile = args.compile if args.compile is not None else device.type == "cuda"
-    _check_caches(device, compile)
-    transform = EvalTransform.from_model_name(args.model, _transform_overrides(args))
-    torch_loader = args.loader == "torch"
+    compiled = args.compile if args.compile is not None else device.type == "cuda"
+    _check_caches(device, compiled)
+    overrides = {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation,
+                 "mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}  # fmt: skip
+    transform = EvalTransform.from_model_name(args.model, {k: v for k, v in overrides.items() if v is not None})
     # A thread or worker with no image idles, and costs memory (a process each for the DataLoader).
-    # (The queue is a bound that allocates nothing: it stays as given.)
-    check_images = CHECK_DECODER_IMAGES if args.check_decoder is None else args.check_decoder
     threads = min(args.num_threads, max(1, shard.size_of(len(images))))
     if threads < args.num_threads:
         _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
+    torch_loader = args.loader == "torch"
+    check_decoder = CHECK_DECODER_IMAGES if args.check_decoder is None else args.check_decoder
     return _RunConfig(
-        images=images, shard=shard, device=device, loader=args.loader,
-        decoder="pil" if torch_loader else decoder, decoder_backend="pil" if torch_loader else backend,
-        transform=transform, batch_size=args.batch_size, decode_threads=threads,
+        **{name: getattr(args, name) for name in _CONFIG_AS_GIVEN},
+        images=images,
+        shard=shard,
+        device=device,
+        decoder="pil" if torch_loader else decoder,
+        decoder_backend="pil" if torch_loader else backend,
+        transform=transform,
+        num_threads=threads,
         decode_concurrency=min(threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else threads,
-        loader_workers=threads, queue_size=args.queue_size, model=args.model,
-        weights=str(args.checkpoint) if args.checkpoint else "pretrained" if args.pretrained else "random",
-        checkpoint=args.checkpoint, dtype=dtype, dtype_reason=dtype_reason,
-        compile=compile and (args.compile_mode or COMPILE_MODE), transform_overrides=_transform_overrides(args),
-        warmup_batches=args.warmup_batches, skip_bad=args.skip_bad, max_bad=args.max_bad,
-        max_image_bytes=args.max_image_mb << 20, timeout=args.timeout, breakdown=args.breakdown,
-        parity=args.parity, check_decoder=0 if torch_loader else check_images,
-        stats_interval=args.stats_interval or -1, results_file=args.results_file,
-        predictions_file=args.predictions_file, trace=args.trace, plot=args.plot, cold_cache=args.cold_cache,
-        sweep=_sweep_grid(args, shard, len(images)), command=tuple(command),
-        decode_processes=args.decode_processes,
-    )  # fmt: skip
+        dtype=dtype,
+        dtype_reason=dtype_reason,
+        compile=(args.compile_mode or COMPILE_MODE) if compiled else None,
+        check_decoder=0 if torch_loader else check_decoder,
+        stats_interval=args.stats_interval or -1,
+        sweep=_sweep_grid(args, len(images)) if args.sweep else None,
+        command=tuple(command),
+        start_time=start_time,
+    )
 
 
-def _transform_overrides(args: argparse.Namespace) -> dict:
-    """The transform flags given, as timm's ``resolve_data_config`` takes them."""
-    given = {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation,
-             "mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}  # fmt: skip
-    return {k: v for k, v in given.items() if v is not None}
-
-
-def _sweep_grid(args: argparse.Namespace, shard: _Shard, listed: int) -> dict[str, list[int]] | None:
-    if not args.sweep:
-        return None
-    if shard.world_size > 1:
-        raise InputError("--sweep runs in a single process, not under torchrun")
-    defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size,
-                "decode-processes": args.decode_processes}  # fmt: skip
+def _shard_from_env() -> _Shard:
     try:
-        grid = _parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
-    except ValueError as e:
-        raise InputError(f"--sweep: {e}") from None
-    if args.loader == "torch" and len(grid["queue-size"]) > 1:
-        raise InputError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
-    capped = _capped_sizes(grid, listed)
-    if capped != grid:
-        asked = ", ".join(f"{name}={','.join(map(str, grid[name]))}" for name in grid if capped[name] != grid[name])
-        _LG.info("Sweep: %s capped at the %d images listed.", asked, listed)
-    return capped
-
-
-def _capped_sizes(grid: dict[str, list[int]], listed: int) -> dict[str, list[int]]:
-    """The grid with batch sizes and thread counts above ``listed`` at ``listed``: a batch holds
-    no more images than the list (as the run's own batches do), and a thread or worker without an
-    image does nothing but cost memory."""
-    capped = {name: sorted({min(v, listed) for v in grid[name]}) for name in ("num-threads", "batch-size")}
-    return {**grid, **capped}  # the queue is a bound that allocates nothing: as given
-
-
-def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
-    """The run's decoder against FFmpeg on the CPU, on the first images (before the model is built)."""
-    if not config.check_decoder or config.device.type == "cpu" and config.decoder == "ffmpeg":
-        return None  # FFmpeg on the CPU is the reference itself
-    decode = get_decode_func(config.device, config.transform, config.decoder,
-                             max_image_bytes=config.max_image_bytes)  # fmt: skip
-    check = _check_decoder(decode, list(config.images.head(config.check_decoder)), config.transform, config.decoder)
-    _LG.info("Decoder check: %s against FFmpeg on the CPU, %d images, mean absolute difference %.2f (worst %.2f).",
-             config.decoder, check.images, check.mad_mean, check.mad_max)  # fmt: skip
-    return check
-
-
-_ABANDONED: list = []  # DataLoader iterators not shut down: their workers end with the process
+        shard = _Shard.from_env()
+    except ValueError:
+        raise InputError("RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers (torchrun sets them)") from None
+    if not (0 <= shard.rank < shard.world_size and shard.local_rank >= 0):
+        raise InputError(f"RANK={shard.rank} WORLD_SIZE={shard.world_size} LOCAL_RANK={shard.local_rank}: no such rank")
+    if shard.world_size > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
+        raise InputError(f"WORLD_SIZE={shard.world_size} without MASTER_ADDR and MASTER_PORT: run under torchrun, "
+                         "or unset WORLD_SIZE")  # fmt: skip
+    return shard
 
 
 @dataclass
 class _Loader:
-    """A running loader: its batches, its SPDL stage statistics (None for ``--loader torch``),
-    whether to stop it at once (an interrupt: the process ends right after the report) and
-    whether it stopped cleanly (False when a worker thread was stuck, e.g. in a hung read)."""
+    """A running loader."""
 
     batches: Iterator[_Batch]
-    stats: _PipelineStats | None = None
-    stop_at_once: bool = False
-    stopped_cleanly: bool = True
+    stats: _PipelineStats | None = None  # SPDL's stage statistics; None for --loader torch
+    stop_at_once: bool = False  # an interrupt: the process ends right after the report
+    stopped_cleanly: bool = True  # False when a worker thread was stuck (a hung read)
 
 
-def _stop_pipeline(pipeline: Pipeline, timeout: float, workers_ended: bool = False) -> bool:
-    """Stop the pipeline; return False if a worker thread did not end within ``timeout`` seconds
-    (stuck in a hung read, or still decoding when the run must end at once). With
-    ``workers_ended`` (an interrupt ended the decode processes), the failure SPDL's stop may
-    raise for the stage whose queue they left unread is that ending, not a failure of the run."""
+@contextlib.contextmanager
+def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) -> Iterator[_Loader]:
+    """Start the loader the config names over ``images``; stop it on the way out."""
+    if config.loader == "torch":
+        with _open_torch_loader(config, images, policy) as loader:
+            yield loader
+        return
+    if config.decode_processes:  # batches decoded on the CPU in worker processes, copied to the device here
+        decode: Callable = _ProcessDecode(config.transform, config.max_image_bytes)
+    else:
+        decode = get_decode_func(config.device, config.transform, config.decoder, policy,
+                                 max_image_bytes=config.max_image_bytes)  # fmt: skip
+    stats = _PipelineStats(config.stats_interval)
+    pipeline = get_pipeline(images, config.batch_size, decode, config.decode_concurrency, config.queue_size,
+                            config.num_threads, stats=stats, decode_processes=config.decode_processes)  # fmt: skip
+    # Not SPDL's auto_stop: its one timeout is set as it starts, and an interrupt's stop cannot wait.
+    pipeline.start()
+    batches = pipeline.get_iterator(timeout=config.timeout)
+    loader = _Loader(_received(batches, policy, config.device) if config.decode_processes else batches, stats)
     try:
-        pipeline.stop(timeout=timeout)
+        yield loader
+    finally:
+        loader.stopped_cleanly = _stop_pipeline(pipeline, loader.stop_at_once, config.decode_processes > 0)
+        if config.decode_processes:  # free the pool's queues now: the process ends with os._exit, and
+            loader.batches = batches = pipeline = iter(())  # multiprocessing's resource tracker would
+            gc.collect()  # then warn of their semaphores as leaked
+
+
+def _stop_pipeline(pipeline: Pipeline, at_once: bool, in_processes: bool) -> bool:
+    """Stop the pipeline; False if a worker thread did not end in time (stuck in a hung read, or
+    still decoding when an interrupt ends the run at once)."""
+    workers_ended = at_once and in_processes
+    if workers_ended:  # an interrupt: the workers end now, not after SPDL's seconds of joining each;
+        logging.getLogger("spdl.pipeline").setLevel(logging.CRITICAL)  # its traceback for their queue: no news
+        _end_children()
+    try:
+        pipeline.stop(timeout=0.1 if at_once else 1.5)
     except TimeoutError:
         return False
-    except PipelineFailure:
+    except PipelineFailure:  # with the workers ended: the stage whose queue they left unread, no failure
         if not workers_ended:
             raise
         return False
@@ -4766,66 +4872,9 @@ def _stop_pipeline(pipeline: Pipeline, timeout: float, workers_ended: bool = Fal
 
 
 @contextlib.contextmanager
-def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) -> Iterator[_Loader]:
-    """Start the loader the config names over ``images``; stop it on the way out."""
-    if config.loader == "torch":
-        dataset = _PILDataset(images, config.transform, config.max_image_bytes)
-        workers = iter(_get_torch_loader(dataset, config.batch_size, config.loader_workers, config.device,
-                                        config.timeout))  # fmt: skip
-        handle = _Loader(_torch_loader_batches(workers, config.device, policy))
-        try:
-            yield handle
-        finally:
-            if handle.stop_at_once:  # the process ends right after the report: no joining busy workers
-                _ABANDONED.append(workers)
-            elif hasattr(workers, "_shutdown_workers"):
-                # Now, not once nothing refers to the iterator (a stopped run's traceback keeps this
-                # frame): until then torch's SIGCHLD handler raises, anywhere, for a dead worker.
-                workers._shutdown_workers()
-        return
-    if config.decode_processes:  # batches decoded on the CPU in worker processes, copied to the device here
-        decode_func: Callable = _ProcessDecode(config.transform, config.max_image_bytes)
-    else:
-        decode_func = get_decode_func(config.device, config.transform, config.decoder, policy,
-                                      max_image_bytes=config.max_image_bytes)  # fmt: skip
-    stats = _PipelineStats(config.stats_interval)
-    pipeline = get_pipeline(images, config.batch_size, decode_func, config.decode_concurrency, config.queue_size,
-                            config.decode_threads, stats=stats, decode_processes=config.decode_processes)  # fmt: skip
-    pipeline.start()
-    batches = pipeline.get_iterator(timeout=config.timeout)
-    if config.decode_processes:
-        batches = _received(batches, policy, config.device)
-    handle = _Loader(batches, stats)
-    try:
-        yield handle
-    finally:
-        workers_ended = handle.stop_at_once and config.decode_processes > 0
-        if workers_ended:  # an interrupt: the workers end now, not after SPDL's seconds of joining each;
-            logging.getLogger("spdl.pipeline").setLevel(logging.CRITICAL)  # its traceback for their queue: no news
-            _end_children()
-        handle.stopped_cleanly = _stop_pipeline(pipeline, 0.1 if handle.stop_at_once else 1.5, workers_ended)
-        if config.decode_processes:  # free the pool's queues now: the process ends with os._exit, and
-            handle.batches = batches = pipeline = iter(())  # multiprocessing's resource tracker would
-            gc.collect()  # then warn of their semaphores as leaked
-
-
-def _clock_start_hook(shard: _Shard, stats: _PipelineStats | None) -> Callable[[], None]:
-    """What runs at each clock start: a barrier across ranks, and the stage statistics' window."""
-
-    def at_clock_start() -> None:
-        if shard.world_size > 1:
-            _barrier()
-        if stats is not None:
-            stats.start_window()
-
-    return at_clock_start
-
-
-@contextlib.contextmanager
 def _tracing(path: Path | None, device: torch.device) -> Iterator[torch.profiler.profile | None]:
     """With a path, record SPDL's trace (into PATH.pftrace as it goes) and torch's: yields torch's
-    profiler, whose trace (PATH.json) the caller exports once the run has ended or stopped
-    (:py:func:`_export_trace`)."""
+    profiler, whose trace (PATH.json) the caller exports once the run has ended or stopped."""
     if path is None:
         yield None
         return
@@ -4856,23 +4905,30 @@ class _Outcome:
     job_stop_reason: str | None = None  # under torchrun: what stopped the job, if a peer's failure did
 
 
-def _run_loop(config: _RunConfig, model: ModelBundle) -> _Outcome:
-    """Run the timed loop over this rank's images; a run that stops early is an outcome too, and
-    so is one interrupted while its loader starts or stops."""
-    images, policy = config.my_images, config.policy()
-    progress = _Progress(len(images)) if config.shard.rank == 0 else None
-    warmup = _warmup_for_all_ranks(config.shard, len(config.images), config.batch_size, config.warmup_batches)
-    outcome, loader = _Outcome(RunResult(len(images), partial=True)), None
+def _run_loop(config: _RunConfig, model: ModelBundle, outcome: _Outcome) -> None:
+    """The timed loop over this rank's images, into ``outcome``: a run that stops early is an
+    outcome too, and so is one interrupted while its loader starts or stops."""
+    images, policy, shard = config.my_images, config.policy(), config.shard
+    progress = _Progress(len(images)) if shard.rank == 0 else None
+    warmup = _warmup_for_all_ranks(shard, len(config.images), config.batch_size, config.warmup_batches)
+    loader = None
+
+    def at_clock_start() -> None:  # the FPS window opens on every rank at once, and in SPDL's statistics
+        if shard.world_size > 1:
+            _barrier()
+        if loader is not None and loader.stats is not None:
+            loader.stats.start_window()
+
     try:
         with _open_loader(config, images, policy) as loader:
             try:
-                with _tracing(config.trace if config.shard.rank == 0 else None, config.device) as outcome.profiler:
+                with _tracing(config.trace if shard.rank == 0 else None, config.device) as outcome.profiler:
                     outcome.result = benchmark(
                         loader.batches, model, listed=len(images), warmup_batches=warmup, policy=policy,
-                        sync_clocks=_clock_start_hook(config.shard, loader.stats), progress=progress,
+                        sync_clocks=at_clock_start, progress=progress,
                         predictions=config.predictions_file is not None, loader_lead=config.loader_lead,
                     )  # fmt: skip
-            except (RunStopped, RunInterrupted) as e:
+            except (RunStopped, RunInterrupted) as e:  # benchmark's partial result comes with it
                 outcome.result, outcome.error = e.result or outcome.result, e
                 loader.stop_at_once = isinstance(e, RunInterrupted)
             finally:
@@ -4881,23 +4937,22 @@ def _run_loop(config: _RunConfig, model: ModelBundle) -> _Outcome:
     except RunInterrupted as e:  # while the loader started or stopped: what was measured stands
         outcome.error, outcome.stopped_cleanly = outcome.error or e, False
     if loader is not None:
-        _add_loader_stats(outcome, loader, config.decode_concurrency if config.shard.world_size == 1 else None)
-    return outcome
+        outcome.stopped_cleanly = outcome.stopped_cleanly and loader.stopped_cleanly
+        _add_loader_stats(outcome, loader.stats, config.decode_concurrency if shard.world_size == 1 else None)
 
 
-def _add_loader_stats(outcome: _Outcome, loader: _Loader, concurrency: int | None) -> None:
+def _add_loader_stats(outcome: _Outcome, stats: _PipelineStats | None, concurrency: int | None) -> None:
     """SPDL's stage statistics, what the loader had done when the FPS window opened (for the
     bound on FPS; not with ``concurrency`` None: under torchrun, where the job's bound is every
     rank's capacity), and the sink queue's occupancy per second in the timeline."""
-    outcome.stopped_cleanly = outcome.stopped_cleanly and loader.stopped_cleanly
-    if loader.stats is None:
+    if stats is None:
         return
-    outcome.pipeline_stats = loader.stats.summary()
+    outcome.pipeline_stats = stats.summary()
     if concurrency is not None:
-        _add_window_lead(outcome.result, loader.stats, concurrency)
+        _add_window_lead(outcome.result, stats, concurrency)
     if t := outcome.result.timeline:
         start, end = t["started_at"], t["started_at"] + t["end_s"]
-        t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, t["interval_s"], len(t["images"]))
+        t["sink_occupancy"] = stats.waiting_per_interval(start, end, t["interval_s"], len(t["images"]))
 
 
 def _add_window_lead(result: RunResult, stats: _PipelineStats, concurrency: int) -> None:
@@ -4917,134 +4972,90 @@ def _measure_breakdown(config: _RunConfig, model: ModelBundle, result: RunResult
     alone on as many batches of the run's size (never more work than the run had). With
     ``--cold-cache`` the files are evicted again before each pass that reads them."""
     _LG.info("Breakdown: timing the loader alone, then reading alone, then the model alone.")
+    images = config.my_images
     if config.cold_cache:
-        _examine_page_cache(config.my_images.paths, evict=True)
-    with _open_loader(config, config.my_images, config.policy()) as loader:
+        _examine_page_cache(images.paths, evict=True)
+    with _open_loader(config, images, config.policy()) as loader:
         loader_fps = measure_loader(loader.batches, config.device, config.warmup_batches)
-    read = _read_alone(config)
-    batch_size = min(config.batch_size, len(config.my_images))
-    model_fps = _measure_model(model, batch_size, result.batches, config.warmup_batches)
+    # The read ceiling: the files read as the loader reads them, as many batches at once as it decodes.
+    cache = _examine_page_cache(images.paths, evict=config.cold_cache)
+    reads = _read_batches(images, config.batch_size, config.decode_concurrency, config.max_image_bytes,
+                          config.timeout)  # fmt: skip
+    fps, mb_s = _measure_reads(reads, config.warmup_batches)
+    read = fps, mb_s, cache.resident_after if config.cold_cache else cache.resident, config.cold_cache
+    model_fps = _measure_model(model, min(config.batch_size, len(images)), result.batches, config.warmup_batches)
     return _Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device, read)
 
 
-def _read_alone(config: _RunConfig) -> tuple[float, float, float | None, bool]:
-    """The read ceiling: this rank's files read as the loader reads them, as many batches at once
-    as it decodes, no decode. Returns images/s, MB/s, the share of their bytes in the page cache
-    as the pass began (after eviction with ``--cold-cache``), and whether they were evicted."""
-    cache = _examine_page_cache(config.my_images.paths, evict=config.cold_cache)
-    batches = _read_batches(config.my_images, config.batch_size, config.decode_concurrency, config.max_image_bytes,
-                            config.timeout)  # fmt: skip
-    fps, mb_s = _measure_reads(batches, config.warmup_batches)
-    return fps, mb_s, cache.resident_after if config.cold_cache else cache.resident, config.cold_cache
+def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle, outcome: _Outcome) -> None:
+    """The breakdown, into the report; the run's result stands whatever cuts it short."""
+    try:
+        report.breakdown = _measure_breakdown(config, model, outcome.result)
+    except RunInterrupted as e:
+        report.breakdown_cut, outcome.error = e.reason, e
+    except (RunStopped, RuntimeError, MemoryError) as e:  # said in the report, not the run's failure
+        if not isinstance(e, RunStopped) and _is_out_of_memory(e):  # the model alone's batch: the run's advice
+            e = _out_of_memory(config.device, min(config.batch_size, len(config.my_images)))
+        if isinstance(e, RunStopped):
+            reason = _explain(e, config)[0]
+        else:
+            reason = str(e).splitlines()[0] if str(e) else ""
+        report.breakdown_cut = f"it failed: {type(e).__name__}: {reason}"
 
 
-def _look_at_cache(config: _RunConfig) -> _PageCache:
-    """This rank's images in the page cache; evicted first with ``--cold-cache``."""
-    what = "evicting them from" if config.cold_cache else "how much is in"
-    _LG.info("Page cache: %s files listed, %s the page cache.", len(config.my_images), what)
-    return _examine_page_cache(config.my_images.paths, evict=config.cold_cache)
+def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
+    """The run's decoder against FFmpeg on the CPU, on the first images (before the model is built)."""
+    if not config.check_decoder or config.device.type == "cpu" and config.decoder == "ffmpeg":
+        return None  # FFmpeg on the CPU is the reference itself
+    decode = get_decode_func(config.device, config.transform, config.decoder, max_image_bytes=config.max_image_bytes)
+    check = _check_decoder(decode, list(config.images.head(config.check_decoder)), config.transform, config.decoder)
+    _LG.info("Decoder check: %s against FFmpeg on the CPU, %d images, mean absolute difference %.2f (worst %.2f).",
+             config.decoder, check.images, check.mad_mean, check.mad_max)  # fmt: skip
+    return check
 
 
-def _combine_ranks(outcome: _Outcome, config: _RunConfig) -> list[dict]:
-    """The job's totals into ``outcome.result``; the per-rank list (see ``_job_after_stop`` for a
-    job that stopped)."""
-    mine = _rank_entry(outcome.result, config.shard, config.device)
-    if config.shard.world_size == 1:
-        return [mine]
-    if outcome.error is None:
-        try:
-            outcome.result, ranks = _reduce_results(outcome.result, config.shard, config.device)
-            return ranks
-        except RuntimeError as e:  # a peer stopped before the final reduction
-            outcome.error = RunStopped(_peer_gone(e), "peer")
-        except RunInterrupted as e:  # torchrun ends the other ranks once one has stopped
-            outcome.error = e
-        outcome.result.partial = True
-    return _job_after_stop(outcome, config, mine)
-
-
-_COUNTS = ("classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches", "batches_timed",
-           "decoder_fallbacks")  # fmt: skip
-PEER_WORD_S = 2.0  # how long rank 0, stopped by a peer or a signal, waits for the stopped ranks' shares
-
-
-def _job_after_stop(outcome: _Outcome, config: _RunConfig, mine: dict) -> list[dict]:
-    """A stopped job as this rank can know it: its own share, left for rank 0 in the job's store;
-    on rank 0, the job's totals over the whole list from the shares of every rank that stopped
-    (a rank with no word: its images not reached), and in ``outcome.job_stop_reason`` the failure
-    that stopped the job, rather than the signal or lost peer it reached rank 0 as."""
-    result, shard = outcome.result, config.shard
-    own = _explain(outcome.error, config)[0] if outcome.error is not None else "stopped"
-    share = {**mine, **{k: getattr(result, k) for k in _COUNTS}, "failures": result.failures, "stop_reason": own,
-             "stopped_by": getattr(outcome.error, "kind", "interrupted")}  # fmt: skip
-    _publish_stop(share, shard.rank)
-    if shard.rank != 0:
-        return [mine]
-    followed = isinstance(outcome.error, RunInterrupted) or getattr(outcome.error, "kind", None) == "peer"  # then the cause may be a peer's
-    shares = [share, *_stopped_peers(shard, PEER_WORD_S if followed else 0.0)]
-    job = RunResult(len(config.images), partial=True, elapsed_s=max(e["elapsed_s"] for e in shares),
-                    warmup_included=result.warmup_included, timeline=result.timeline, predictions=result.predictions,
-                    failures=[f for e in shares for f in e["failures"]])  # fmt: skip
-    for k in _COUNTS:
-        setattr(job, k, sum(e[k] for e in shares))
-    if result.loader_lead is not None:
-        job.loader_lead = result.loader_lead * shard.world_size
-    causes = [e for e in shares if e["stopped_by"] not in ("peer", "interrupted")]
-    cause = (causes or [e for e in shares if e["stopped_by"] == "interrupted"] or [share])[0]
-    outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {cause['stop_reason']}"
-    outcome.result = job
-    return [{k: e[k] for k in (*mine, "stop_reason")} for e in sorted(shares, key=lambda e: e["rank"])]
-
-
-def _parity_decode(config: _RunConfig) -> Callable[[Sequence[tuple[str, int]]], _Batch]:
-    """The run's own decode for :py:func:`measure_parity`, skipping bad images: the decode
-    function of the SPDL loader, or the DataLoader's (PIL, in this process) for ``--loader torch``."""
-    policy = BadImagePolicy(skip=True)
-    if config.loader != "torch":
-        return get_decode_func(config.device, config.transform, config.decoder, policy,
-                               max_image_bytes=config.max_image_bytes)  # fmt: skip
-
-    def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> _Batch:
-        images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
-        batches = _PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
-        return next(_torch_loader_batches(iter(batches), config.device, policy))
-
-    return decode_like_the_dataloader
-
-
-def _run(config: _RunConfig, decoder_check: _DecoderCheck | None) -> tuple[_RunReport, _Outcome]:
-    """Build the model, run, then the breakdown; everything measured, in a report."""
-    model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
-                      checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
-                      batch_size=min(config.batch_size, len(config.my_images)),
-                      transform=config.transform_overrides)  # fmt: skip
+def _build_model(config: _RunConfig) -> ModelBundle:
+    """The model bundle with the config's transform (compiled, it pads the run's short batches;
+    the sweep's batches vary in size)."""
+    pad_to = None if config.sweep else min(config.batch_size, len(config.my_images))
+    model = get_model(config.model, config.device, pretrained=config.pretrained, checkpoint=config.checkpoint,
+                      compile=config.compile or False, dtype=config.dtype, batch_size=pad_to,
+                      transform=config.transform)  # fmt: skip
     _LG.info("Model %s on %s in %s (%s), %s loader, decoder %s, %d images listed.", config.model, config.device,
              str(config.dtype).removeprefix("torch."), config.dtype_reason, config.loader, config.decoder,
              len(config.my_images))  # fmt: skip
     if config.compile and config.device.type == "cuda":
+        slow = ": minutes on a GPU the first time (then cached); --compile-mode default takes seconds"
         _LG.info("torch.compile (mode %s) compiles during the warm-up%s.", config.compile,
-                 ": minutes on a GPU the first time (then cached); --compile-mode default takes seconds"
-                 if config.compile == "max-autotune" else "")  # fmt: skip
-    parity = None
-    if config.parity and config.shard.rank == 0:
-        parity = _measure_parity(list(config.images.head(config.parity)), _parity_decode(config), model,
-                                min(config.batch_size, config.parity))  # fmt: skip
-    page_cache = _look_at_cache(config)  # last before the loop: the decoder check and parity read images too
-    outcome = _run_loop(config, model)
-    outcome.result.page_cache = page_cache
-    report = _RunReport(outcome.result, config.to_dict(), _environment(config.device), [],
-                       pipeline_stats=outcome.pipeline_stats, decoder_check=decoder_check, parity=parity,
-                       world_size=config.shard.world_size)  # fmt: skip
-    if config.breakdown and outcome.error is None and outcome.stopped_cleanly:
-        try:
-            report.breakdown = _measure_breakdown(config, model, outcome.result)
-        except RunInterrupted as e:
-            report.breakdown_cut, outcome.error = e.reason, e
-        except (RunStopped, RuntimeError, MemoryError) as e:  # the run's result stands; say why this did not
-            if not isinstance(e, RunStopped) and _is_out_of_memory(e):  # the model alone's batch: the run's advice
-                e = _out_of_memory(config.device, min(config.batch_size, len(config.my_images)))
-            reason = _explain(e, config)[0] if isinstance(e, RunStopped) else str(e).splitlines()[0] if str(e) else ""
-            report.breakdown_cut = f"it failed: {type(e).__name__}: {reason}"
+                 slow if config.compile == "max-autotune" else "")  # fmt: skip
+    return model
+
+
+def _run(config: _RunConfig) -> tuple[_RunReport, _Outcome]:
+    """The decoder check, joining the torchrun job, the model, parity, the timed loop and the
+    breakdown: what was measured, in a report. What stops the run before its loop (a signal while
+    the model compiles, out of memory in the parity pass) is an outcome too, nothing measured."""
+    shard = config.shard
+    outcome = _Outcome(RunResult(len(config.my_images), partial=True))
+    report = _RunReport(outcome.result, config.to_dict(), _environment(config.device), [], world_size=shard.world_size)
+    try:
+        if shard.rank == 0:
+            report.decoder_check = _check_run_decoder(config)
+        if shard.world_size > 1:  # compilation, on the first batches, comes before the warm-up's barrier
+            _init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
+            _agree_on_job(config)
+        model = _build_model(config)
+        if config.parity and shard.rank == 0:
+            report.parity = _run_parity(config, model)
+        what = "evicting them from" if config.cold_cache else "how much is in"  # after the reads above
+        _LG.info("Page cache: %s files listed, %s the page cache.", len(config.my_images), what)
+        page_cache = _examine_page_cache(config.my_images.paths, evict=config.cold_cache)
+        _run_loop(config, model, outcome)
+        outcome.result.page_cache, report.pipeline_stats = page_cache, outcome.pipeline_stats
+        if config.breakdown and outcome.error is None and outcome.stopped_cleanly:
+            _add_breakdown(report, config, model, outcome)
+    except (RunStopped, RunInterrupted) as e:
+        outcome.error = e
     report.ranks = _combine_ranks(outcome, config)
     report.result = outcome.result
     return report, outcome
@@ -5083,60 +5094,23 @@ def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | 
             _LG.debug("writing %s failed", path, exc_info=True)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             errors.append(f"{path}: not written ({reason}; --debug shows where)")
+    for line in errors:
+        _say(f"error: {line}")
     return errors
-
-
-def _sweep_command(config: _RunConfig, signals: _Signals) -> int:
-    """The sweep instead of a run: the table, then the results file and the plot, with the
-    settings measured so far if the sweep stopped (marked partial)."""
-    decoder_check = None
-    try:
-        decoder_check = _check_run_decoder(config)  # a GPU decoder is checked as for a run
-        model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
-                          checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
-                          transform=config.transform_overrides)  # fmt: skip
-        sweep = _run_sweep(config, model, config.sweep or {})
-    except (RunStopped, RunInterrupted) as e:  # before the first setting: an empty sweep, written all the same
-        sweep = _Sweep([], 0, error=e)
-    with signals.deferred_while():
-        status = 0
-        if sweep.error is not None:
-            sweep.stop_reason, status = _explain(sweep.error, config)
-            _say(f"error: {sweep.stop_reason}; the settings measured before it are below (PARTIAL SWEEP)")
-        payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": _environment(config.device)}
-        if decoder_check is not None:
-            payload["decoder_check"] = asdict(decoder_check)
-        _print_out(_print_sweep, sweep, config.command)
-        not_written = _write_outputs([
-            (config.results_file, lambda path: _write_atomically(path, _csv_text([
-                {**asdict(p), "bound_fps": p.bound_fps, "recommended": p is sweep.recommended} for p in sweep.points
-            ], [*(f.name for f in dataclass_fields(_SweepPoint)), "bound_fps", "recommended"])
-                if str(path).lower().endswith(".csv") else json.dumps(payload, indent=2) + "\n")),
-            (config.plot if sweep.points else None, lambda path: _plot_sweep(
-                sweep, path, f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting")),
-        ])  # fmt: skip
-        if config.plot is None:
-            _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
-        for line in not_written:
-            _say(f"error: {line}")
-    if signals.deferred is not None:
-        status = status or (EXIT_SIGINT if signals.deferred == signal.SIGINT else EXIT_SIGTERM)
-    return status or (EXIT_FAILED if not_written else 0)
 
 
 def _finish(report: _RunReport, outcome: _Outcome, config: _RunConfig) -> int:
     """Say why the run stopped (if it did), print the report (rank 0, or a rank that stopped
     alone), write the files; return the exit status."""
-    shard, status = config.shard, 0
+    shard, status, result = config.shard, 0, outcome.result
     alone = shard.world_size > 1 and outcome.error is not None
-    label = f"rank {shard.rank}: " if alone else ""
     if outcome.error is not None:
         message, status = _explain(outcome.error, config)
         job = outcome.job_stop_reason
         report.result.stop_reason = job or message
+        label = f"rank {shard.rank}: " if alone else ""
         _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
-    rows, timeline = _in_list_order(outcome.result.predictions, config.images), outcome.result.timeline
-    profiler = outcome.profiler
+    rows, timeline, profiler = _in_list_order(result.predictions, config.images), result.timeline, outcome.profiler
     outputs = [
         (config.results_file, lambda path: _write_results(path, report)),
         (config.predictions_file, lambda path: _write_predictions(path, rows or [])),  # a stopped run's rows too
@@ -5150,29 +5124,7 @@ def _finish(report: _RunReport, outcome: _Outcome, config: _RunConfig) -> int:
         not_written = _write_outputs(outputs) if shard.rank == 0 else []
     if config.plot is not None and not timeline and shard.rank == 0:
         _say(f"note: {config.plot} not drawn: the run stopped before its first batch")
-    for line in not_written:
-        _say(f"error: {line}")
     return status or (EXIT_FAILED if not_written else 0)
-
-
-def _run_title(report: _RunReport) -> str:
-    """The run in a plot's title: the model and its settings, and the FPS."""
-    c, r = report.config, report.result
-    compiled = f"compiled ({c['compile']})" if c["compile"] else "not compiled"
-    return (f"{c['model']} on {c['device']} ({c['dtype']}, {compiled}), batch {c['batch_size']}, {c['loader']} "
-            f"{c['decoder']} x {c['num_threads']} threads\nFPS {r.fps:,.1f}, top-1 {r.top1:.1%} of "
-            f"{r.classified}")  # fmt: skip
-
-
-def _in_list_order(rows: list[dict] | None, images: ImageList) -> list[dict] | None:
-    """Prediction rows in the list's order (batches arrive as their decodes finish, and ranks
-    each hold their shard): two runs of one list give the same rows in the same order."""
-    if rows is None:
-        return None
-    position: dict[str, int] = {}
-    for i, path in enumerate(images.paths):
-        position.setdefault(path, i)
-    return sorted(rows, key=lambda row: position.get(row["path"], len(position)))
 
 
 def _say(line: str) -> None:
@@ -5191,48 +5143,46 @@ def _print_out(printer: Callable[..., None], *args: Any) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-class _Signals:
-    """SIGINT and SIGTERM during a run become RunInterrupted, so that the partial result is still
-    reported; while the report is written they wait until it is done. A second signal ends the
-    process at once."""
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
-        self.deferred: int | None = None
-        self._defer = False
 
-    def _handler(self, signum: int, _frame: object) -> None:
-        for s in self._previous:  # a second signal ends the process at once
+def _interrupt(signum: int, _frame: object) -> None:
+    """SIGINT or SIGTERM during a run: RunInterrupted where the run is, so that its partial result
+    is still reported; a second signal ends the process at once."""
+    for s in _SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
+    raise RunInterrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """While the report is written, a signal waits until it is done (in the list yielded);
+    a second one ends the process at once."""
+    held: list[int] = []
+
+    def hold(signum: int, _frame: object) -> None:
+        held.append(signum)
+        for s in _SIGNALS:
             signal.signal(s, signal.SIG_DFL)
-        if self._defer:
-            self.deferred = signum
-            return
-        raise RunInterrupted(signum)
 
-    def __enter__(self) -> _Signals:
-        # SPDL's native library installs glog's crash handler, SIGTERM included, when it first
-        # loads; load it now so that this handler, installed after, is the one that runs.
-        spdl.io.utils.get_ffmpeg_versions()
-        self._previous = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
+    previous = {s: signal.signal(s, hold) for s in _SIGNALS}
+    try:
+        yield held
+    finally:
+        if not held:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
-    def __exit__(self, *exc: object) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h)
 
-    @contextlib.contextmanager
-    def deferred_while(self) -> Iterator[None]:
-        """Hold signals back while the block runs (the report is being written)."""
-        self._defer = True
-        try:
-            yield
-        finally:
-            self._defer = False
+def _held_status(held: list[int]) -> int:
+    """The exit status of a signal held back while the report was written (0: none was)."""
+    return _explain(RunInterrupted(held[0]), None)[1] if held else 0
 
 
 def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
     """Log INFO and up (DEBUG with ``debug``). SPDL's own per-stage statistics lines, which it
     logs at INFO when each stage ends, only with ``spdl_stats`` or ``debug``: by default the
-    end-of-run summary (:py:func:`print_pipeline_stats`) says it, over the FPS window."""
+    end-of-run summary says it, over the FPS window."""
     fmt = "%(asctime)s [%(levelname)s] %(message)s"
     logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO, force=True)
     if not (debug or spdl_stats):
@@ -5241,24 +5191,11 @@ def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
-def _shard_from_env() -> _Shard:
-    try:
-        shard = _Shard.from_env()
-    except ValueError:
-        raise InputError("RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers (torchrun sets them)") from None
-    if not (0 <= shard.rank < shard.world_size and shard.local_rank >= 0):
-        raise InputError(f"RANK={shard.rank} WORLD_SIZE={shard.world_size} LOCAL_RANK={shard.local_rank}: no such rank")
-    if shard.world_size > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
-        raise InputError(f"WORLD_SIZE={shard.world_size} without MASTER_ADDR and MASTER_PORT: run under torchrun, "
-                         "or unset WORLD_SIZE")  # fmt: skip
-    return shard
-
-
-def _run_job(config: _RunConfig, signals: _Signals) -> int:
+def _run_job(config: _RunConfig) -> int:
     """The run, alone or as one rank of a torchrun job. Returns the exit status."""
     try:
-        report, outcome = _run_or_stop(config)
-        with signals.deferred_while():
+        report, outcome = _run(config)
+        with _signals_held() as held:
             status = _finish(report, outcome, config)
     finally:
         if config.shard.world_size > 1:
@@ -5266,31 +5203,7 @@ def _run_job(config: _RunConfig, signals: _Signals) -> int:
 
             if dist.is_initialized():  # left to interpreter shutdown, Gloo's threads free tensors without the GIL
                 dist.destroy_process_group()
-    if signals.deferred is not None:
-        status = status or (EXIT_SIGINT if signals.deferred == signal.SIGINT else EXIT_SIGTERM)
-    return status
-
-
-def _run_or_stop(config: _RunConfig) -> tuple[_RunReport, _Outcome]:
-    """The decoder check, joining the torchrun job, the run; what stops it before its loop (a
-    signal while the model compiles, out of memory in the parity pass) is an outcome too, with
-    nothing measured, reported and written like any stopped run."""
-    decoder_check = None
-    try:
-        if config.shard.rank == 0 or config.shard.world_size == 1:
-            decoder_check = _check_run_decoder(config)
-        if config.shard.world_size > 1:
-            # Compilation happens on the first batches, before the warm-up barrier: allow for it.
-            _init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
-            _agree_on_job(config)
-        return _run(config, decoder_check)
-    except (RunStopped, RunInterrupted) as e:
-        outcome = _Outcome(RunResult(len(config.my_images), partial=True), e)
-        report = _RunReport(outcome.result, config.to_dict(), _environment(config.device), [],
-                           decoder_check=decoder_check, world_size=config.shard.world_size)  # fmt: skip
-        report.ranks = _combine_ranks(outcome, config)
-        report.result = outcome.result
-        return report, outcome
+    return status or _held_status(held)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -5304,18 +5217,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = (*_program(), *(sys.argv[1:] if argv is None else argv))
     _init_logging(args.debug, spdl_stats=args.stats_interval is not None)
     warnings.filterwarnings("ignore", category=WarmupIncluded)  # the summary's first line says it
+    # SPDL's native library installs glog's crash handler, SIGTERM included, when it first loads:
+    # load it now, so that the handler installed after it is the one that runs.
+    spdl.io.utils.get_ffmpeg_versions()
+    previous = {s: signal.signal(s, _interrupt) for s in _SIGNALS}
     config = None
-    with _Signals() as signals:
-        try:
-            shard = _shard_from_env()
-            if shard.rank != 0:
-                logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
-            config = replace(_preflight(args, shard, command), start_time=start_time)
-            return _sweep_command(config, signals) if config.sweep else _run_job(config, signals)
-        except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
-            message, status = _explain(e, config)
-            _say(f"error: {message}")
-            return status
+    try:
+        shard = _shard_from_env()
+        if shard.rank != 0:
+            logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
+        config = _preflight(args, shard, command, start_time)
+        return _sweep_command(config) if config.sweep else _run_job(config)
+    except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
+        message, status = _explain(e, config)
+        _say(f"error: {message}")
+        return status
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _program() -> list[str]:
@@ -5337,12 +5256,8 @@ def _program() -> list[str]:
 
 def entrypoint(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point: :py:func:`main`, then the process ends at once with its status.
-
-    Everything is reported by then. The interpreter's shutdown is skipped: it would wait for
-    decode threads still busy (forever for one stuck in a read on a hung file system), abort
-    when Gloo's threads free their last tensors, and print nanobind's warnings about SPDL
-    buffers still alive.
-    """
+    (The interpreter's shutdown would wait for decode threads still busy, forever for one stuck in a
+    hung read, abort as Gloo's threads free their last tensors, and warn of SPDL buffers alive.)"""
     _escape_unprintable()
     try:
         status = main(argv)
@@ -5353,10 +5268,9 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
         _say(f"error: unexpected {type(e).__name__}: {e} (a bug; the traceback above says where)")
         status = EXIT_FAILED
     logging.shutdown()
-    with contextlib.suppress(OSError, ValueError):
-        sys.stdout.flush()
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     _end_children()
     os._exit(status)
 
@@ -5370,8 +5284,8 @@ def _escape_unprintable() -> None:
 
 
 def _end_children() -> None:
-    """End the DataLoader's worker processes left running (after an interrupt): orphaned, they
-    would notice only seconds later, holding the terminal's or a pipe's output open meanwhile."""
+    """End the worker processes left running (after an interrupt): orphaned, they would notice
+    only seconds later, holding the terminal's or a pipe's output open meanwhile."""
     import multiprocessing
 
     for child in multiprocessing.active_children():

@@ -199,8 +199,8 @@ MUTANTS: list[SemanticMutant] = [
       "dist.all_reduce(flags, op=dist.ReduceOp.MAX)", "dist.all_reduce(flags, op=dist.ReduceOp.SUM)", TORCHRUN),
     # --- The breakdown --------------------------------------------------------------------
     M("the breakdown's end-to-end rate over every image and the whole run",
-      "from_rates(loader_fps, model_fps, result.fps, config.device)",
-      "from_rates(loader_fps, model_fps, result.classified / result.elapsed_s, config.device)", BREAKDOWN),
+      "from_rates(loader_fps, model_fps, result.fps, config.device, read)",
+      "from_rates(loader_fps, model_fps, result.classified / result.elapsed_s, config.device, read)", BREAKDOWN),
     M("the breakdown's efficiency over the CPU's rate of taking turns, not the bound",
       "e2e_fps / bound if bound else 0.0", "e2e_fps / (shared or bound) if bound else 0.0", BREAKDOWN),
     M("the breakdown names the faster side the bottleneck",

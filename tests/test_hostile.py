@@ -440,7 +440,7 @@ def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(da
     ic._init_logging()  # onto this test's stderr (an earlier in-process main() left it on its own)
     config = ic._preflight(ic._parse_args([str(a) for a in args]), ic._Shard())
     plot.mkdir()  # the plot's name taken by a folder after the start-up check
-    report, outcome = ic._run_or_stop(config)
+    report, outcome = ic._run(config)
     assert ic._finish(report, outcome, config) == 1
     stdout, stderr = capfd.readouterr()
     assert "Images: listed=12 classified=12" in stdout

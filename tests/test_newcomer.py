@@ -55,6 +55,9 @@ def test_transform_overrides_reach_the_loader_and_the_model():
     bundle = get_model("test_efficientnet", "cpu", pretrained=False, compile=False, dtype="float32",
                        transform=overrides)  # fmt: skip
     assert bundle.transform == t
+    # The CLI builds the transform once and hands the object on: the bundle's is that one.
+    built = get_model("test_efficientnet", "cpu", pretrained=False, compile=False, dtype="float32", transform=t)
+    assert built.transform is t
     assert bundle.preprocessing.mean.flatten().tolist() == [0.5] * 3
     assert bundle.preprocessing.std.flatten().tolist() == [0.25] * 3
     assert EvalTransform.from_model_name("test_efficientnet").size != 96  # the config's own otherwise
