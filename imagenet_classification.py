@@ -428,7 +428,7 @@ CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")  # index, WordNet ID,
 @functools.cache
 def _class_table() -> tuple[tuple[str, str], ...]:
     """ImageNet-1k's ``(WordNet ID, name)`` pairs in class-index order, from ``imagenet_class.tsv``
-    beside this module (scripts/make_class_tsv.py writes it from timm's lists)."""
+    (scripts/make_class_tsv.py writes it from timm's lists)."""
     try:
         rows = [line.split("\t") for line in CLASS_TSV.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
@@ -450,14 +450,8 @@ def _class_name(index: int) -> str:
 
 
 def get_mappings() -> dict[str, int]:
-    """Map each ILSVRC2012 WordNet ID to its class index.
-
-    The index is the position of the WNID in sorted order, which public ImageNet models use.
-
-    Example:
-        >>> get_mappings()["n03709823"]
-        636
-    """
+    """Map each ILSVRC2012 WordNet ID to its class index: its place in sorted order, as public
+    ImageNet models have it (``get_mappings()["n03709823"] == 636``)."""
     return dict(_class_index())
 
 
@@ -474,16 +468,9 @@ def parse_wnid(s: str) -> str:
 
 @dataclass(frozen=True)
 class ImageList:
-    """The images of a run, read once: paths (prefix included) and class indices, in order.
-
-    Every stage (pre-flight, count, shards, loader, breakdown, parity) works from this one
-    snapshot, so a list that changes on disk during the run changes nothing.
-
-    Attributes:
-        paths: Image paths.
-        labels: Class indices (0-999), one per path.
-        origin: What the list was read from, for messages.
-    """
+    """The images of a run, read once: ``paths`` (prefix included) and their class indices
+    ``labels`` (0-999), in order; ``origin`` names what they were read from. Every stage works from
+    this one snapshot, so a list that changes on disk during the run changes nothing."""
 
     paths: tuple[str, ...]
     labels: tuple[int, ...]
@@ -496,7 +483,6 @@ class ImageList:
         return zip(self.paths, self.labels, strict=True)
 
     def head(self, count: int) -> ImageList:
-        """The first ``count`` images."""
         return replace(self, paths=self.paths[:count], labels=self.labels[:count])
 
     def shard(self, rank: int, world_size: int) -> ImageList:
@@ -517,25 +503,13 @@ def _image_name(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
 
-def _parse_label(text: str, where: str) -> int | None:
-    """A label field: a WordNet ID or a class index (0-999); None if ``text`` is neither."""
-    if _WNID.fullmatch(text):
-        if (index := _class_index().get(text)) is None:
-            raise InputError(f"{where}: {text} is not one of the {NUM_CLASSES} ImageNet classes")
-        return index
-    if re.fullmatch(r"[+-]?\d+", text):
-        if not 0 <= int(text) < NUM_CLASSES:
-            raise InputError(f"{where}: class index {text} is out of range (0-{NUM_CLASSES - 1})")
-        return int(text)
-    return None
-
-
-def _text_lines(path: Path | str) -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` of each line of a text file (``-``: standard input), read once.
+def _rows(path: Path | str) -> Iterator[tuple[str, str]]:
+    """``("file:line", text)`` of each non-blank line of a text file (``-``: standard input),
+    stripped: the one reader of file lists and label files.
 
     Raises:
-        InputError: the file is missing, a folder, unreadable, not UTF-8 text, or not a list
-            of lines at all (a line longer than any path, as ``/dev/zero`` gives).
+        InputError: the file is missing, a folder, unreadable, not UTF-8 text, or not a list of
+            lines at all (a line longer than any path, as ``/dev/zero`` gives).
     """
     name = "<stdin>" if str(path) == "-" else str(path)
     try:
@@ -562,34 +536,77 @@ def _text_lines(path: Path | str) -> Iterator[tuple[int, str]]:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise InputError(f"{name}:{lineno}: not UTF-8 text") from None
-            yield lineno, text.removeprefix("\ufeff") if lineno == 1 else text
+            if lineno == 1:
+                text = text.removeprefix("\ufeff")  # a byte-order mark, as Windows editors write
+            if text.strip():
+                yield f"{name}:{lineno}", text.strip()
     finally:
         if f is not sys.stdin.buffer:
             f.close()
 
 
+def _split_last(text: str) -> tuple[str, str | None]:
+    """``text`` cut before its last whitespace-separated field: ``(before, last)``, or
+    ``(text, None)`` for a single field."""
+    parts = text.rsplit(None, 1)
+    return (parts[0], parts[1]) if len(parts) == 2 else (text, None)
+
+
+def _parse_label(text: str, where: str) -> int | None:
+    """A label field: a WordNet ID or a class index (0-999); None if ``text`` is neither."""
+    if _WNID.fullmatch(text):
+        if (index := _class_index().get(text)) is None:
+            raise InputError(f"{where}: {text} is not one of the {NUM_CLASSES} ImageNet classes")
+        return index
+    if re.fullmatch(r"[+-]?\d+", text):
+        if not 0 <= int(text) < NUM_CLASSES:
+            raise InputError(f"{where}: class index {text} is out of range (0-{NUM_CLASSES - 1})")
+        return int(text)
+    return None
+
+
+def _label_from_path(path: str, where: str, labels: _Labels | None) -> int:
+    """The class of an image without a label column: by its name in ``labels``, else by the
+    WordNet ID in its path."""
+    if labels is not None:
+        if (label := labels.get(_image_name(path))) is None:
+            raise InputError(f"{where}: {labels.origin} has no label for {_image_name(path)!r}")
+        return label
+    try:
+        wnid = parse_wnid(path)
+    except ValueError:
+        raise InputError(f"{where}: no WordNet ID (nXXXXXXXX) in {path!r}, and no label column") from None
+    return _parse_label(wnid, where)  # a WordNet ID is a label or an error
+
+
+def _image_list(pairs: Iterator[tuple[str, int]], max_samples: int | None, origin: str, empty: str) -> ImageList:
+    """The first ``max_samples`` of ``(path, class index)`` pairs, read no further; InputError
+    ``"{origin}: {empty}"`` if there are none."""
+    taken = list(itertools.islice(pairs, max_samples))
+    if not taken:
+        raise InputError(f"{origin}: {empty}")
+    return ImageList(tuple(path for path, _ in taken), tuple(label for _, label in taken), origin)
+
+
 def read_labels(path: Path | str) -> _Labels:
-    """Read labels for a flat folder of images, by image name.
+    """Read labels for a flat folder of images, by image name (matched without its extension).
 
     Two formats: Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``; the first
     WordNet ID of the prediction string is the class) and lines of ``name label``, where the
-    label is a WordNet ID or a class index. Names are matched without their extension.
+    label is a WordNet ID or a class index.
 
     Raises:
         InputError: an unreadable file or a bad line, named with its line number.
     """
     by_name: dict[str, int] = {}
-    for lineno, line in _text_lines(path):
-        if not (text := line.strip()):
-            continue
-        where = f"{path}:{lineno}"
+    for where, text in _rows(path):
         if "," in text:  # Kaggle: ImageId,PredictionString ("n01751748 0 0 100 100 …")
             name, _, rest = text.partition(",")
             if not by_name and name.strip().lower() == "imageid":
                 continue  # the header
             fields = rest.split()
         else:
-            name, _, last = _split_last(text)
+            name, last = _split_last(text)
             fields = [last] if last else []
         label = _parse_label(fields[0], where) if fields else None
         if label is None:
@@ -600,75 +617,44 @@ def read_labels(path: Path | str) -> _Labels:
     return _Labels(str(path), by_name)
 
 
-def _split_last(text: str) -> tuple[str, str, str]:
-    """``text`` cut before its last whitespace-separated field: ``(before, " ", last)``."""
-    parts = text.rsplit(None, 1)
-    return (parts[0], " ", parts[1]) if len(parts) == 2 else (text, "", "")
-
-
 def read_file_list(
     path: Path | str, prefix: str = "", max_samples: int | None = None, *, labels: _Labels | None = None
 ) -> ImageList:
-    """Read a file list once, checking every line.
+    """Read a file list once, checking every line (up to ``max_samples`` images).
 
     Each non-blank line is an image path (surrounding whitespace and CRLF stripped), in one of
     three forms, the same for every line of a list:
 
-    - ``path``: the class is the first WordNet ID in the path (``…/n01440764/…``);
+    - ``path``: the class is the last WordNet ID folder in the path (``…/n01440764/…``);
     - ``path label``: the label is a WordNet ID or a class index (0-999, sorted-WordNet-ID
       order, as Caffe-style ``val.txt`` lists have); the path is everything before the last
       whitespace-separated field, so it may hold spaces;
-    - ``path`` with ``labels``: the class is looked up by the file's name without extension.
+    - ``path`` with ``labels`` (from :py:func:`read_labels`): looked up by the file's name.
 
-    Args:
-        path: The list; ``-`` reads standard input.
-        prefix: Prepended to each path.
-        max_samples: Read only the first this many images.
-        labels: From :py:func:`read_labels`, for a list of a flat folder's files.
+    ``path`` ``-`` reads standard input; ``prefix`` is prepended to each path.
 
     Raises:
         InputError: the list is unreadable or empty, or a line is bad (named with its number).
     """
     name = "<stdin>" if str(path) == "-" else str(path)
-    paths: list[str] = []
-    classes: list[int] = []
-    first_with_column: bool | None = None
-    for lineno, line in _text_lines(path):
-        if max_samples is not None and len(paths) >= max_samples:
-            break
-        if not (text := line.strip()):
-            continue
-        where = f"{name}:{lineno}"
-        before, _, last = _split_last(text)
-        label = _parse_label(last, where) if before is not text else None
-        if first_with_column is None:
-            first_with_column = label is not None
-        if (label is not None) != first_with_column:
+    return _image_list(_list_rows(path, prefix, labels), max_samples, name, "the file list has no image paths")
+
+
+def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterator[tuple[str, int]]:
+    with_column: bool | None = None  # as the first line has it
+    for where, text in _rows(path):
+        before, last = _split_last(text)
+        label = None if last is None else _parse_label(last, where)
+        if with_column is None:
+            with_column = label is not None
+        if (label is not None) != with_column:
             has = "has no label column" if label is None else "has a label column"
             raise InputError(f"{where}: {has}, unlike the list's first line (a list mixes nothing)")
         if label is None:
             label = _label_from_path(text, where, labels)
         elif labels is not None:
             raise InputError(f"{where}: has a label column; labels by file name are for lists without one")
-        paths.append(prefix + (before if first_with_column else text))
-        classes.append(label)
-    if not paths:
-        raise InputError(f"{name}: the file list has no image paths")
-    return ImageList(tuple(paths), tuple(classes), name)
-
-
-def _label_from_path(text: str, where: str, labels: _Labels | None) -> int:
-    if labels is not None:
-        if (label := labels.get(_image_name(text))) is None:
-            raise InputError(f"{where}: {labels.origin} has no label for {_image_name(text)!r}")
-        return label
-    try:
-        wnid = parse_wnid(text)
-    except ValueError:
-        raise InputError(f"{where}: no WordNet ID (nXXXXXXXX) in {text!r}, and no label column") from None
-    label = _parse_label(wnid, where)
-    assert label is not None  # a WordNet ID is a label or an error
-    return label
+        yield prefix + (before if with_column else text), label
 
 
 def _image_files(folder: str) -> Iterator[str]:
@@ -702,41 +688,28 @@ def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: _La
     if not os.path.isdir(root):
         raise InputError(f"{root}: no such folder")
     _class_index()  # read before the listing, whose OSErrors name the folder
-    paths: list[str] = []
-    classes: list[int] = []
+    empty = f"no images ({', '.join(IMAGE_EXTENSIONS)}) in it"
     try:
-        for folder, label in _class_folders(root, labels):
-            if max_samples is not None and len(paths) >= max_samples:
-                break
-            for path in itertools.islice(
-                _image_files(folder), None if max_samples is None else max_samples - len(paths)
-            ):
-                paths.append(path)
-                classes.append(label if label is not None else _label_from_path(path, path, labels))
+        return _image_list(_folder_rows(root, labels), max_samples, root, empty)
     except OSError as e:
         raise InputError(f"{root}: cannot list it ({e.strerror or e})") from None
-    if not paths:
-        raise InputError(f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) in it")
-    return ImageList(tuple(paths), tuple(classes), root)
 
 
-def _class_folders(root: str, labels: _Labels | None) -> list[tuple[str, int | None]]:
-    """``(folder, class index)`` to list: each class folder of ``root``, or ``root`` itself with
-    labels by file name (index None)."""
+def _folder_rows(root: str, labels: _Labels | None) -> Iterator[tuple[str, int]]:
     if labels is not None:
-        return [(root, None)]
+        yield from ((path, _label_from_path(path, path, labels)) for path in _image_files(root))
+        return
     with os.scandir(root) as it:
         top = sorted((e for e in it if e.name[0] != "."), key=lambda e: e.name)
     if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()), None):
-        raise InputError(
-            f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels"
-        )
+        raise InputError(f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels")
     folders = []
     for entry in (e for e in top if e.is_dir()):
         if (label := _class_index().get(entry.name)) is None:
             raise InputError(f"{entry.path}: the folder name is not one of the {NUM_CLASSES} ImageNet WordNet IDs")
         folders.append((entry.path, label))
-    return folders
+    for folder, label in folders:  # every class folder checked before the first image
+        yield from ((path, label) for path in _image_files(folder))
 
 
 def _limit(max_samples: float | None) -> int | None:
@@ -744,22 +717,11 @@ def _limit(max_samples: float | None) -> int | None:
 
 
 def source(
-    path: Path | str,
-    prefix: str = "",
-    max_samples: float | None = None,
-    *,
-    rank: int = 0,
-    world_size: int = 1,
+    path: Path | str, prefix: str = "", max_samples: float | None = None, *, rank: int = 0, world_size: int = 1
 ) -> Iterator[tuple[str, int]]:
-    """Iterate a file list, yielding ``(prefix + path, class index)`` for each image.
-
-    The list is read and checked whole first (see :py:func:`read_file_list` for its forms).
-
-    Args:
-        path: The file list.
-        prefix: Prepended to each path.
-        max_samples: Use only the first this many images of the list (before sharding).
-        rank, world_size: Yield only this rank's shard: images ``rank, rank + world_size, …``.
+    """Iterate a file list, yielding ``(prefix + path, class index)`` for each image of this
+    rank's shard (images ``rank, rank + world_size, …`` of the first ``max_samples``). The list
+    is read and checked whole first (see :py:func:`read_file_list` for its forms).
 
     Raises:
         InputError: a bad line; the message names the list file and line number.
@@ -768,11 +730,7 @@ def source(
 
 
 def _count_list(path: Path | str, max_samples: float | None = None) -> int:
-    """How many images a file list holds (at most ``max_samples``), checking every line.
-
-    Raises:
-        InputError: the list is missing, unreadable or empty, or a line is bad.
-    """
+    """How many images a file list holds (at most ``max_samples``), checking every line."""
     return len(read_file_list(path, max_samples=_limit(max_samples)))
 
 
