@@ -769,13 +769,13 @@ def _libc() -> Any | None:
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        calls = libc.mmap, libc.munmap, libc.mincore
+        mmap_, munmap, mincore = libc.mmap, libc.munmap, libc.mincore
     except (OSError, AttributeError, TypeError):
         return None
-    calls[0].restype = ctypes.c_void_p
-    calls[0].argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    calls[1].argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    calls[2].argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    mmap_.restype = ctypes.c_void_p
+    mmap_.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     return libc
 
 
@@ -785,8 +785,7 @@ def _resident_bytes(fd: int, size: int) -> int | None:
     import ctypes
     import mmap
 
-    libc = _libc()
-    if libc is None:
+    if (libc := _libc()) is None:
         return None
     if size == 0:
         return 0
@@ -805,16 +804,26 @@ def _resident_bytes(fd: int, size: int) -> int | None:
     return flags.count(1) * mmap.PAGESIZE - (mmap.PAGESIZE - tail if flags[-1] else 0)
 
 
+def _sum_known(values: Iterable[int | None]) -> int | None:
+    """The sum, or None if any value is unknown."""
+    values = list(values)
+    return None if None in values else sum(values)
+
+
+def _share(part: int | None, whole: int) -> float | None:
+    return None if part is None else part / whole if whole else 0.0
+
+
 @dataclass
 class _PageCache:
     """How much of the listed files' data was in the page cache before a run, and after
-    ``--cold-cache`` evicted it. Only file data is evicted: directory entries and inodes stay.
+    ``--cold-cache`` evicted it (``posix_fadvise(POSIX_FADV_DONTNEED)``: clean pages of file data
+    only; pages not yet written to disk, directory entries and inodes stay).
 
     Attributes:
-        cold: The files were evicted first (``posix_fadvise(POSIX_FADV_DONTNEED)``, which drops
-            clean pages only: pages not yet written to disk stay).
+        cold: The files were evicted first.
         files: Regular files examined (this rank's shard, or the whole job's once reduced).
-        skipped: Listed paths not examined: missing, unreadable or not a regular file (the run
+        skipped: Listed paths not examined: missing, unreadable or no regular file (the run
             counts them as failures).
         bytes: The examined files' total size.
         resident_bytes: Of those, bytes in the page cache before eviction; None if unknown
@@ -829,37 +838,22 @@ class _PageCache:
     resident_bytes: int | None = 0
     resident_after_bytes: int | None = None
 
-    @staticmethod
-    def _share(part: int | None, whole: int) -> float | None:
-        return None if part is None else part / whole if whole else 0.0
-
     @property
     def resident(self) -> float | None:
-        """Share of ``bytes`` in the page cache before the run (before eviction), or None."""
-        return self._share(self.resident_bytes, self.bytes)
+        return _share(self.resident_bytes, self.bytes)
 
     @property
     def resident_after(self) -> float | None:
-        """Share of ``bytes`` in the page cache after eviction, or None."""
-        return self._share(self.resident_after_bytes, self.bytes)
+        return _share(self.resident_after_bytes, self.bytes)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "resident": self.resident, "resident_after": self.resident_after}
 
     @classmethod
     def total(cls, parts: Sequence[_PageCache]) -> _PageCache:
-        """The sum of every rank's ``PageCache``: a count unknown on one rank is unknown."""
-
-        def add(name: str) -> int | None:
-            values = [getattr(p, name) for p in parts]
-            return None if any(v is None for v in values) else sum(values)
-
-        return cls(parts[0].cold, *(add(name) for name in ("files", "skipped", "bytes", "resident_bytes",
-                                                          "resident_after_bytes")))  # fmt: skip
-
-
-def _add(total: int | None, part: int | None) -> int | None:
-    return None if total is None or part is None else total + part
+        """The sum of every rank's: a count unknown on one rank is unknown."""
+        counts = [f.name for f in dataclass_fields(cls)][1:]
+        return cls(parts[0].cold, *(_sum_known(getattr(p, name) for p in parts) for name in counts))
 
 
 def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] | None:
@@ -885,21 +879,18 @@ def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] 
 
 
 def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> _PageCache:
-    """Measure how much of each file's data is in the page cache; with ``evict``, drop it from
-    the cache (``POSIX_FADV_DONTNEED``: no root needed) and measure again. A path that cannot be
-    opened, or is no regular file, is counted in ``skipped``, not fatal."""
-    cache = _PageCache(evict, resident_after_bytes=0 if evict else None)
-    for path in paths:
-        examined = _examine_file(path, evict)
-        if examined is None:
-            cache.skipped += 1
-            continue
-        size, before, after = examined
-        cache.files, cache.bytes = cache.files + 1, cache.bytes + size
-        cache.resident_bytes = _add(cache.resident_bytes, before)
-        if evict:
-            cache.resident_after_bytes = _add(cache.resident_after_bytes, after)
-    return cache
+    """How much of each file's data is in the page cache; with ``evict``, drop it (no root
+    needed) and measure again. A path that cannot be examined is counted in ``skipped``."""
+    examined = [_examine_file(path, evict) for path in paths]
+    files = [sizes for sizes in examined if sizes is not None]
+    return _PageCache(
+        cold=evict,
+        files=len(files),
+        skipped=len(examined) - len(files),
+        bytes=sum(size for size, _, _ in files),
+        resident_bytes=_sum_known(before for _, before, _ in files),
+        resident_after_bytes=_sum_known(after for _, _, after in files) if evict else None,
+    )
 
 
 ################################################################################
@@ -3861,26 +3852,49 @@ class _Parity:
     top1_loader: float
     top1_reference: float
 
+    def summary(self) -> str:
+        """The summary's line."""
+        return (
+            f"Parity with timm's reference transform on {self.images} images: pixels differ by {self.mad_mean:.2f} "
+            f"on average (worst {self.mad_max:.2f}, 0-255); top-1 agrees on {self.top1_agree:.1%}, top-5 on "
+            f"{self.top5_agree:.1%}; top-1 {self.top1_loader:.1%} here vs {self.top1_reference:.1%} there"
+        )
 
-def _timm_reference(transform: EvalTransform) -> Callable[[Any], Any]:
-    """timm's evaluation transform for ``transform``'s config, up to the crop (a PIL image in and out)."""
+
+def _check_parity(config: _RunConfig, model: ModelBundle) -> _Parity | None:
+    """``--parity N``: the run's own decode of the first N images against timm's, on rank 0
+    (before the run; None without the flag). Bad images are skipped, not counted."""
+    if not config.parity or config.shard.rank != 0:
+        return None
+    policy = BadImagePolicy(skip=True)
+    if config.loader != "torch":
+        decode = get_decode_func(config.device, config.transform, config.decoder, policy,
+                                 max_image_bytes=config.max_image_bytes)  # fmt: skip
+    else:  # the DataLoader's decode: PIL, here in this process
+
+        def decode(items: Sequence[tuple[str, int]]) -> _Batch:
+            images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
+            batches = _PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
+            return next(_torch_loader_batches(iter(batches), config.device, policy))
+
+    items = list(config.images.head(config.parity))
+    return _measure_parity(items, decode, model, min(config.batch_size, config.parity))
+
+
+def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform) -> dict[str, Tensor]:
+    """Each image as timm's validation reads it (``Image.open(...).convert("RGB")``) and
+    transforms it, up to the crop: uint8 ``3 x S x S`` by path; images PIL cannot decode are
+    left out."""
+    import numpy as np
     import timm.data
     import torchvision.transforms
+    from PIL import Image
 
     t = transform
     full = timm.data.create_transform(input_size=(3, t.size, t.size), crop_pct=t.crop_pct, crop_mode=t.crop_mode,
                                       interpolation=t.interpolation, mean=t.mean, std=t.std)  # fmt: skip
     steps = itertools.takewhile(lambda step: "ToTensor" not in type(step).__name__, full.transforms)
-    return torchvision.transforms.Compose(list(steps))
-
-
-def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform) -> dict[str, Tensor]:
-    """Each image as timm's validation reads it (``Image.open(...).convert("RGB")``) and
-    transforms it: uint8 ``3 x S x S`` by path; images PIL cannot decode are left out."""
-    import numpy as np
-    from PIL import Image
-
-    reference, out = _timm_reference(transform), {}
+    reference, out = torchvision.transforms.Compose(list(steps)), {}
     for path, _ in items:
         try:
             with _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
@@ -3892,6 +3906,16 @@ def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform
     return out
 
 
+def _top5(model: ModelBundle, images: list[Tensor], batch_size: int) -> Tensor:
+    """The model's five top classes of each uint8 ``3 x S x S`` image: int64 ``N x 5`` on the CPU."""
+    device, tops = _model_device(model), [torch.empty(0, 5, dtype=torch.int64)]  # no image: 0 x 5
+    with torch.inference_mode():
+        for start in range(0, len(images), batch_size):
+            batch = torch.stack(images[start : start + batch_size]).to(device)
+            tops.append(_logits(model, batch).topk(5, dim=-1).indices.cpu())
+    return torch.cat(tops)
+
+
 def _measure_parity(
     items: Sequence[tuple[str, int]],
     decode: Callable[[Sequence[tuple[str, int]]], _Batch],
@@ -3901,43 +3925,38 @@ def _measure_parity(
     """Decode ``items`` with the loader's ``decode`` (made with a skipping policy) and with timm's
     reference transform, and compare pixels and the model's predictions."""
     ours: dict[str, Tensor] = {}
-    labels = dict(items)
     for start in range(0, len(items), batch_size):
         batch = decode(items[start : start + batch_size])
         ours.update(zip(batch.paths, batch[0].cpu(), strict=True))
     reference = _reference_images(items, model.transform)
     paths = [path for path, _ in items if path in ours and path in reference]
     mads = [(ours[p].float() - reference[p].float()).abs().mean().item() for p in paths]
-    device = _model_device(model)
-    agree1 = agree5 = hits_ours = hits_ref = 0
-    with torch.inference_mode():
-        for start in range(0, len(paths), batch_size):
-            chunk = paths[start : start + batch_size]
-            a = _logits(model, torch.stack([ours[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
-            b = _logits(model, torch.stack([reference[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
-            truth = torch.tensor([labels[p] for p in chunk])
-            agree1 += int((a[:, 0] == b[:, 0]).sum())
-            agree5 += sum(set(x.tolist()) == set(y.tolist()) for x, y in zip(a, b, strict=True))
-            hits_ours, hits_ref = hits_ours + int((a[:, 0] == truth).sum()), hits_ref + int((b[:, 0] == truth).sum())
+    a = _top5(model, [ours[p] for p in paths], batch_size)
+    b = _top5(model, [reference[p] for p in paths], batch_size)
+    labels = dict(items)
+    truth = torch.tensor([labels[p] for p in paths], dtype=torch.int64)
     n = len(paths)
     worst = paths[mads.index(max(mads))] if mads else None
-    return _Parity(n, sum(mads) / n if n else 0.0, max(mads, default=0.0), worst, agree1 / n if n else 0.0,
-                  agree5 / n if n else 0.0, hits_ours / n if n else 0.0, hits_ref / n if n else 0.0)  # fmt: skip
+    agree1 = int((a[:, 0] == b[:, 0]).sum())
+    agree5 = sum(set(x.tolist()) == set(y.tolist()) for x, y in zip(a, b, strict=True))
+    hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (a, b))
+    shares = [count / n if n else 0.0 for count in (sum(mads), agree1, agree5, hits_ours, hits_ref)]
+    mad_mean, top1_agree, top5_agree, top1_ours, top1_ref = shares
+    return _Parity(n, mad_mean, max(mads, default=0.0), worst, top1_agree, top5_agree, top1_ours, top1_ref)
 
 
 ################################################################################
 # Tuning: the loader's settings swept, the end-to-end rate of the best ones
 ################################################################################
 
-SWEEP_FLAGS = {"num-threads": "decode_threads", "batch-size": "batch_size", "queue-size": "queue_size",
-               "decode-processes": "decode_processes"}  # fmt: skip
+_SWEPT = ("num-threads", "batch-size", "queue-size", "decode-processes")  # the flags a sweep sets, in its order
 SWEEP_TOLERANCE = 0.05  # the recommended setting is the smallest within this of the best
+_SWEEP_WARMUP = 2  # batches before each timed pass
 
 
 def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) -> dict[str, list[int]]:
-    """The values to sweep for each of ``num-threads``, ``batch-size``, ``queue-size`` and
-    ``decode-processes``, from ``auto`` (threads doubling from 1 to the CPU count) or
-    ``NAME=V1,V2,...`` specs; a setting not named keeps its value from ``defaults``.
+    """The values to sweep for each of ``_SWEPT``, from ``auto`` (threads doubling from 1 to the
+    CPU count) or ``NAME=V1,V2,...`` specs; a setting not named keeps its value from ``defaults``.
 
     Raises:
         ValueError: a spec that is neither, an unknown name, or a value that is not a whole number
@@ -3950,16 +3969,42 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
             grid["num-threads"] = sorted(set(threads))
             continue
         name, _, values = spec.partition("=")
-        if name not in SWEEP_FLAGS or not values:
-            raise ValueError(f"{spec!r}: expected auto or NAME=V1,V2,... with NAME one of {', '.join(SWEEP_FLAGS)}")
+        if name not in _SWEPT or not values:
+            raise ValueError(f"{spec!r}: expected auto or NAME=V1,V2,... with NAME one of {', '.join(_SWEPT)}")
         try:
             numbers = sorted({int(v) for v in values.split(",")})
         except ValueError:
             raise ValueError(f"{spec!r}: the values must be whole numbers") from None
-        if numbers[0] < (0 if name == "decode-processes" else 1):
-            raise ValueError(f"{spec!r}: the values must be at least {0 if name == 'decode-processes' else 1}")
+        least = 0 if name == "decode-processes" else 1
+        if numbers[0] < least:
+            raise ValueError(f"{spec!r}: the values must be at least {least}")
         grid[name] = numbers
     return grid
+
+
+def _sweep_grid(args: argparse.Namespace, shard: _Shard, listed: int) -> dict[str, list[int]] | None:
+    """``--sweep``'s settings, checked before the model is built (None without the flag); batch
+    sizes and thread counts above ``listed`` at ``listed``: a batch holds no more images than the
+    list, and a thread without an image does nothing but cost memory."""
+    if not args.sweep:
+        return None
+    if shard.world_size > 1:
+        raise InputError("--sweep runs in a single process, not under torchrun")
+    defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size,
+                "decode-processes": args.decode_processes}  # fmt: skip
+    try:
+        grid = _parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
+    except ValueError as e:
+        raise InputError(f"--sweep: {e}") from None
+    if args.loader == "torch" and len(grid["queue-size"]) > 1:
+        raise InputError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
+    capped = dict(grid)
+    for name in ("num-threads", "batch-size"):  # the queue is a bound that allocates nothing: as given
+        capped[name] = sorted({min(v, listed) for v in grid[name]})
+    if capped != grid:
+        asked = ", ".join(f"{name}={','.join(map(str, grid[name]))}" for name in grid if capped[name] != grid[name])
+        _LG.info("Sweep: %s capped at the %d images listed.", asked, listed)
+    return capped
 
 
 @dataclass
@@ -3979,14 +4024,14 @@ class _SweepPoint:
         """What this setting can reach end to end: the slower of the loader and the model."""
         return min(self.loader_fps, self.model_fps)
 
-    def flags(self) -> str:
-        flags = f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
-        return flags + (f" --decode-processes {self.decode_processes}" if self.decode_processes else "")
-
     @property
     def threads(self) -> int:
         """Decode threads in all: ``num_threads`` in each worker process, or in the main one."""
         return self.num_threads * max(1, self.decode_processes)
+
+    def flags(self) -> str:
+        flags = f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
+        return flags + (f" --decode-processes {self.decode_processes}" if self.decode_processes else "")
 
 
 @dataclass
@@ -4020,57 +4065,62 @@ class _Sweep:
 
     def to_dict(self) -> dict:
         best = self.recommended
-        return {"images_per_setting": self.images, "points": [asdict(p) for p in self.points],
-                "recommended": None if best is None else asdict(best), "tolerance": SWEEP_TOLERANCE,
-                "partial": self.error is not None, "stop_reason": self.stop_reason}  # fmt: skip
-
-
-def _sweep_settings(config: _RunConfig, threads: int, batch_size: int, queue_size: int, processes: int = 0) -> _RunConfig:
-    concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
-    return replace(config, decode_threads=threads, decode_concurrency=concurrency, loader_workers=threads,
-                   batch_size=batch_size, queue_size=queue_size, decode_processes=processes)  # fmt: skip
+        return {
+            "images_per_setting": self.images,
+            "points": [asdict(p) for p in self.points],
+            "recommended": None if best is None else asdict(best),
+            "tolerance": SWEEP_TOLERANCE,
+            "partial": self.error is not None,
+            "stop_reason": self.stop_reason,
+        }
 
 
 def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]], e2e_runs: int = 3) -> _Sweep:
-    """Time the loader alone at every setting of ``grid`` (from :py:func:`parse_sweep`), each on
-    the first images of the list (two warm-up batches, then enough batches to keep every thread
-    busy), and the model alone per batch size; then end to end the setting with the best bound
-    and the smallest of the candidates (at most ``e2e_runs`` runs in all).
+    """Time the loader alone at every setting of ``grid`` (from :py:func:`_parse_sweep`), each on
+    the first images of the list (enough batches to keep every thread busy), and the model alone
+    per batch size; then end to end the setting with the best bound and the smallest of the
+    candidates (at most ``e2e_runs`` runs in all).
 
     What stops the sweep (a signal, out of memory, a stalled loader) keeps the settings measured
     so far: ``sweep.error`` holds it, and the sweep is partial."""
-    sweep_warmup = 2
     grid = {"decode-processes": [config.decode_processes], **grid}
-    most = max(grid["batch-size"]) * (2 * max(grid["num-threads"]) * max(1, *grid["decode-processes"]) + 8 +
-                                      sweep_warmup)  # fmt: skip
-    images = config.my_images.head(min(len(config.my_images), most))
+    busy = 2 * max(grid["num-threads"]) * max(1, *grid["decode-processes"]) + 8
+    images = config.my_images.head(max(grid["batch-size"]) * (busy + _SWEEP_WARMUP))
     sweep, model_fps = _Sweep([], len(images)), {}
+
+    def loader_alone(loader: _Loader, policy: BadImagePolicy) -> float:
+        return measure_loader(loader.batches, config.device, _SWEEP_WARMUP)
+
+    def end_to_end(loader: _Loader, policy: BadImagePolicy) -> float:
+        return benchmark(loader.batches, model, listed=len(images), warmup_batches=_SWEEP_WARMUP, policy=policy).fps
+
     try:
-        for threads, batch_size, queue_size, processes in itertools.product(*(grid[n] for n in SWEEP_FLAGS)):
+        for threads, batch_size, queue_size, processes in itertools.product(*(grid[name] for name in _SWEPT)):
             if batch_size not in model_fps:  # measured when first needed: a stop keeps whole points only
                 with _out_of_memory_stops(config.device, batch_size):
-                    model_fps[batch_size] = _measure_model(model, batch_size, 10, sweep_warmup)
-            settings = _sweep_settings(config, threads, batch_size, queue_size, processes)
-            loader_fps = _sweep_timed(settings, images, lambda loader, _: measure_loader(loader.batches,
-                                      config.device, sweep_warmup))  # fmt: skip
-            sweep.points.append(_SweepPoint(threads, batch_size, queue_size, loader_fps, model_fps[batch_size],
-                                           decode_processes=processes))  # fmt: skip
-            _LG.info("Sweep: %s: the loader alone %.1f images/s", sweep.points[-1].flags(), loader_fps)
+                    model_fps[batch_size] = _measure_model(model, batch_size, 10, _SWEEP_WARMUP)
+            point = _SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size], None, processes)
+            point.loader_fps = _sweep_timed(config, point, images, loader_alone)
+            sweep.points.append(point)
+            _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
         best = max(sweep.points, key=lambda p: p.bound_fps)
         for point in [best, *[p for p in sweep.candidates if p is not best][: e2e_runs - 1]]:
-            settings = _sweep_settings(config, point.num_threads, point.batch_size, point.queue_size,
-                                       point.decode_processes)  # fmt: skip
-            point.e2e_fps = _sweep_timed(settings, images, lambda loader, policy: benchmark(
-                loader.batches, model, listed=len(images), warmup_batches=sweep_warmup, policy=policy).fps)  # fmt: skip
+            point.e2e_fps = _sweep_timed(config, point, images, end_to_end)
             _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
     except (RunStopped, RunInterrupted) as e:
         sweep.error = e
     return sweep
 
 
-def _sweep_timed(settings: _RunConfig, images: ImageList, measure: Callable[[_Loader, BadImagePolicy], float]) -> float:
-    """``measure(loader, policy)`` on a loader of ``settings`` over ``images``, skipping bad images
-    (speed, whatever the images); an interrupt stops the loader at once."""
+def _sweep_timed(
+    config: _RunConfig, point: _SweepPoint, images: ImageList, measure: Callable[[_Loader, BadImagePolicy], float]
+) -> float:
+    """``measure(loader, policy)`` on a loader of ``point``'s settings over ``images``, skipping
+    bad images (speed, whatever the images); an interrupt stops the loader at once."""
+    threads = point.num_threads
+    settings = replace(config, decode_threads=threads, loader_workers=threads, batch_size=point.batch_size,
+                       decode_concurrency=min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads,
+                       queue_size=point.queue_size, decode_processes=point.decode_processes)  # fmt: skip
     policy = BadImagePolicy(skip=True)
     with _open_loader(settings, images, policy) as loader:
         try:
@@ -4079,6 +4129,140 @@ def _sweep_timed(settings: _RunConfig, images: ImageList, measure: Callable[[_Lo
         except RunInterrupted:
             loader.stop_at_once = True
             raise
+
+
+def _sweep_command(config: _RunConfig, signals: _Signals) -> int:
+    """The sweep instead of a run: the table, then the results file and the plot, with the
+    settings measured so far if the sweep stopped (marked partial). Returns the exit status."""
+    decoder_check = None
+    try:
+        decoder_check = _check_run_decoder(config)  # a GPU decoder is checked as for a run
+        model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
+                          checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
+                          transform=config.transform_overrides)  # fmt: skip
+        sweep = _run_sweep(config, model, config.sweep or {})
+    except (RunStopped, RunInterrupted) as e:  # before the first setting: an empty sweep, written all the same
+        sweep = _Sweep([], 0, error=e)
+    with signals.deferred_while():
+        status = 0
+        if sweep.error is not None:
+            sweep.stop_reason, status = _explain(sweep.error, config)
+            _say(f"error: {sweep.stop_reason}; the settings measured before it are below (PARTIAL SWEEP)")
+        payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": _environment(config.device)}
+        if decoder_check is not None:
+            payload["decoder_check"] = asdict(decoder_check)
+        _print_out(_print_sweep, sweep, config.command)
+        title = f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting"
+        not_written = _write_outputs([
+            (config.results_file, lambda path: _write_atomically(path, _sweep_file_text(path, sweep, payload))),
+            (config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
+        ])  # fmt: skip
+        if config.plot is None:
+            _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
+        for line in not_written:
+            _say(f"error: {line}")
+    if signals.deferred is not None:
+        status = status or (EXIT_SIGINT if signals.deferred == signal.SIGINT else EXIT_SIGTERM)
+    return status or (EXIT_FAILED if not_written else 0)
+
+
+def _sweep_file_text(path: Path, sweep: _Sweep, payload: dict) -> str:
+    """The results file: one CSV row per setting, or ``payload`` as JSON."""
+    if not str(path).lower().endswith(".csv"):
+        return json.dumps(payload, indent=2) + "\n"
+    rows = [{**asdict(p), "bound_fps": p.bound_fps, "recommended": p is sweep.recommended} for p in sweep.points]
+    return _csv_text(rows, [*(f.name for f in dataclass_fields(_SweepPoint)), "bound_fps", "recommended"])
+
+
+def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = None) -> None:
+    """The sweep as a table, then the recommended setting as a command line to copy."""
+    file = file or sys.stdout
+    print(f"Sweep ({sweep.images} images per setting; images/s):", file=file)
+    processes = any(p.decode_processes for p in sweep.points)  # a column only when processes were swept or set
+    print(f"{'processes':>9} " * processes + f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} "
+          f"{'end-to-end':>11}", file=file)  # fmt: skip
+    noisy = False
+    for p in sweep.points:
+        e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
+        mark = " *" if p.e2e_fps is not None and p.e2e_fps > p.bound_fps else ""
+        noisy = noisy or bool(mark)
+        print(f"{p.decode_processes:>9} " * processes + f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} "
+              f"{p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}{mark}", file=file)  # fmt: skip
+    if noisy:
+        print("  * end to end above min(loader, model), which neither side can beat beside the other: measurement "
+              "noise (a short, buffered window); the ranking near it is uncertain", file=file)  # fmt: skip
+    if (best := sweep.recommended) is None:  # stopped before any setting was measured
+        return
+    print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
+    print(f"  {_shell_join(_with_settings(command, best))}", file=file)
+
+
+# The sweep's own flags, and the settings it sets, by every name the parser takes.
+_SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--num-threads", "-j", "--workers", "--batch-size", "-b",
+                  "--queue-size", "--decode-processes"}  # fmt: skip
+
+
+def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
+    """The command line as typed, without the sweep's own flags (--sweep, --plot, --results-file)
+    and the settings it chose, which come last from the point."""
+    out, skipping = [], False
+    for word in command:
+        if word.startswith("-") and not re.fullmatch(r"-\d.*", word):
+            name = word.split("=")[0]
+            skipping = name in _SWEEP_DROPPED or name[:2] in ("-j", "-b") and not name.startswith("--")
+        if not skipping:
+            out.append(word)
+    return [*out, *point.flags().split()]
+
+
+def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
+    """Images/s against decode threads: the loader alone, one line per batch size (and queue
+    size); the end-to-end rates measured, as crosses, the recommended one circled; the model
+    alone per batch size, a dashed line named at its end. The axes read in plain numbers
+    (threads 1, 2, 4; images/s on a log scale when the model is far faster than the loader).
+    False where matplotlib is missing."""
+    if (plt := _pyplot()) is None:
+        return False
+    from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, ScalarFormatter
+
+    fig, ax = plt.subplots(figsize=(11, 5))
+    threads = sorted({p.threads for p in sweep.points})
+    for group in sorted({(p.batch_size, p.queue_size, p.decode_processes) for p in sweep.points}):
+        mine = [p for p in sweep.points if (p.batch_size, p.queue_size, p.decode_processes) == group]
+        mine.sort(key=lambda p: p.threads)
+        batch_size, queue_size, procs = group
+        where = f", batch {batch_size}, queue {queue_size}" + (f", {procs} processes" if procs else "")
+        line = ax.plot([p.threads for p in mine], [p.loader_fps for p in mine], marker="o")[0]
+        line.set_label(f"loader alone{where}")
+        if ran := [p for p in mine if p.e2e_fps is not None]:
+            ax.plot([p.threads for p in ran], [p.e2e_fps for p in ran], marker="X", markersize=10, linestyle="none",
+                    color=line.get_color(), label=f"end to end{where}")  # fmt: skip
+    for batch_size in sorted({p.batch_size for p in sweep.points}):
+        model = next(p.model_fps for p in sweep.points if p.batch_size == batch_size)
+        ax.axhline(model, linestyle="--", color="grey", linewidth=1)
+        rate = f"{model:,.0f}" if model >= 100 else f"{model:.3g}"
+        ax.annotate(f"model alone, batch {batch_size}: {rate}/s", (threads[-1], model), fontsize=8,
+                    xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom", color="dimgrey")  # fmt: skip
+    best = sweep.recommended
+    ax.plot([best.threads], [best.e2e_fps or best.loader_fps], marker="o", markersize=18, fillstyle="none",
+            color="black", linestyle="none", label=f"recommended: {best.flags()}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(threads))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    rates = [r for p in sweep.points for r in (p.loader_fps, p.model_fps, p.e2e_fps) if r]
+    if rates and max(rates) > 20 * min(rates):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates, default=1) * 1.3)
+    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s",
+           title=title or f"Sweep: {sweep.images} images per setting")  # fmt: skip
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    _save(fig, plt, path)
+    return True
 
 
 ################################################################################
@@ -4220,56 +4404,6 @@ def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
               f"{b.shared_fps:.1f} images/s", file=file)  # fmt: skip
 
 
-def _print_parity(parity: _Parity, file: TextIO | None = None) -> None:
-    """Print the loader against timm's reference transform."""
-    p = parity
-    print(f"Parity with timm's reference transform on {p.images} images: pixels differ by {p.mad_mean:.2f} "
-          f"on average (worst {p.mad_max:.2f}, 0-255); top-1 agrees on {p.top1_agree:.1%}, top-5 on "
-          f"{p.top5_agree:.1%}; top-1 {p.top1_loader:.1%} here vs {p.top1_reference:.1%} there",
-          file=file or sys.stdout)  # fmt: skip
-
-
-def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = None) -> None:
-    """The sweep as a table, then the recommended setting as a command line to copy."""
-    file = file or sys.stdout
-    print(f"Sweep ({sweep.images} images per setting; images/s):", file=file)
-    processes = any(p.decode_processes for p in sweep.points)  # a column only when processes were swept or set
-    print(f"{'processes':>9} " * processes + f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} "
-          f"{'end-to-end':>11}", file=file)  # fmt: skip
-    noisy = False
-    for p in sweep.points:
-        e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
-        mark = " *" if p.e2e_fps is not None and p.e2e_fps > p.bound_fps else ""
-        noisy = noisy or bool(mark)
-        print(f"{p.decode_processes:>9} " * processes + f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} "
-              f"{p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}{mark}", file=file)  # fmt: skip
-    if noisy:
-        print("  * end to end above min(loader, model), which neither side can beat beside the other: measurement "
-              "noise (a short, buffered window); the ranking near it is uncertain", file=file)  # fmt: skip
-    if (best := sweep.recommended) is None:  # stopped before any setting was measured
-        return
-    print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
-    print(f"  {_shell_join(_with_settings(command, best))}", file=file)
-
-
-# The sweep's own flags, and the settings it sets, by every name the parser takes.
-_SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--num-threads", "-j", "--workers", "--batch-size", "-b",
-                  "--queue-size"}  # fmt: skip
-
-
-def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
-    """The command line as typed, without the sweep's own flags (--sweep, --plot, --results-file)
-    and the settings it chose, which come last from the point."""
-    out, skipping = [], False
-    for word in command:
-        if word.startswith("-") and not re.fullmatch(r"-\d.*", word):
-            name = word.split("=")[0]
-            skipping = name in _SWEEP_DROPPED or name[:2] in ("-j", "-b") and not name.startswith("--")
-        if not skipping:
-            out.append(word)
-    return [*out, *point.flags().split()]
-
-
 def _pyplot() -> Any:
     """matplotlib's pyplot drawing to files, or None where matplotlib is not installed."""
     try:
@@ -4283,56 +4417,6 @@ def _pyplot() -> Any:
 
 
 PLOT_HINT = "pip install matplotlib (or, in the checkout, pip install '.[plot]') to draw it"
-
-
-def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
-    """Images/s against decode threads: the loader alone, one line per batch size (and queue
-    size); the end-to-end rates measured, as crosses, the recommended one circled; the model
-    alone per batch size, a dashed line named at its end. The axes read in plain numbers
-    (threads 1, 2, 4; images/s on a log scale when the model is far faster than the loader).
-    False where matplotlib is missing."""
-    if (plt := _pyplot()) is None:
-        return False
-    from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, ScalarFormatter
-
-    fig, ax = plt.subplots(figsize=(11, 5))
-    threads = sorted({p.threads for p in sweep.points})
-    groups = sorted({(p.batch_size, p.queue_size, p.decode_processes) for p in sweep.points})
-    for batch_size, queue_size, procs in groups:
-        mine = sorted((p for p in sweep.points if (p.batch_size, p.queue_size, p.decode_processes) ==
-                       (batch_size, queue_size, procs)), key=lambda p: p.threads)  # fmt: skip
-        where = f", batch {batch_size}, queue {queue_size}" + (f", {procs} processes" if procs else "")
-        colour = ax.plot([p.threads for p in mine], [p.loader_fps for p in mine], marker="o",
-                         label=f"loader alone{where}")[0].get_color()  # fmt: skip
-        if ran := [p for p in mine if p.e2e_fps is not None]:
-            ax.plot([p.threads for p in ran], [p.e2e_fps for p in ran], marker="X", markersize=10, linestyle="none",
-                    color=colour, label=f"end to end{where}")  # fmt: skip
-    for batch_size in sorted({p.batch_size for p in sweep.points}):
-        model = next(p.model_fps for p in sweep.points if p.batch_size == batch_size)
-        ax.axhline(model, linestyle="--", color="grey", linewidth=1)
-        rate = f"{model:,.0f}" if model >= 100 else f"{model:.3g}"
-        ax.annotate(f"model alone, batch {batch_size}: {rate}/s", (threads[-1], model), fontsize=8,
-                    xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom", color="dimgrey")  # fmt: skip
-    best = sweep.recommended
-    ax.plot([best.threads], [best.e2e_fps or best.loader_fps], marker="o", markersize=18, fillstyle="none",
-            color="black", linestyle="none", label=f"recommended: {best.flags()}")  # fmt: skip
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(threads))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    rates = [r for p in sweep.points for r in (p.loader_fps, p.model_fps, p.e2e_fps) if r]
-    if rates and max(rates) > 20 * min(rates):
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates, default=1) * 1.3)
-    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s",
-           title=title or f"Sweep: {sweep.images} images per setting")  # fmt: skip
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    _save(fig, plt, path)
-    return True
 
 
 def _sliding_rate(ends: Sequence[float], images: Sequence[int], batches: int) -> list[float]:
@@ -4426,7 +4510,7 @@ def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
     if report.pipeline_stats is not None:
         _print_pipeline_stats(report.pipeline_stats, file)
     if report.parity is not None:
-        _print_parity(report.parity, file)
+        print(report.parity.summary(), file=file)
     if report.breakdown is not None:
         _print_breakdown(report.breakdown, file)
     if report.breakdown_cut is not None:
@@ -4854,34 +4938,6 @@ def _transform_overrides(args: argparse.Namespace) -> dict:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def _sweep_grid(args: argparse.Namespace, shard: _Shard, listed: int) -> dict[str, list[int]] | None:
-    if not args.sweep:
-        return None
-    if shard.world_size > 1:
-        raise InputError("--sweep runs in a single process, not under torchrun")
-    defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size,
-                "decode-processes": args.decode_processes}  # fmt: skip
-    try:
-        grid = _parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
-    except ValueError as e:
-        raise InputError(f"--sweep: {e}") from None
-    if args.loader == "torch" and len(grid["queue-size"]) > 1:
-        raise InputError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
-    capped = _capped_sizes(grid, listed)
-    if capped != grid:
-        asked = ", ".join(f"{name}={','.join(map(str, grid[name]))}" for name in grid if capped[name] != grid[name])
-        _LG.info("Sweep: %s capped at the %d images listed.", asked, listed)
-    return capped
-
-
-def _capped_sizes(grid: dict[str, list[int]], listed: int) -> dict[str, list[int]]:
-    """The grid with batch sizes and thread counts above ``listed`` at ``listed``: a batch holds
-    no more images than the list (as the run's own batches do), and a thread or worker without an
-    image does nothing but cost memory."""
-    capped = {name: sorted({min(v, listed) for v in grid[name]}) for name in ("num-threads", "batch-size")}
-    return {**grid, **capped}  # the queue is a bound that allocates nothing: as given
-
-
 def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
     """The run's decoder against FFmpeg on the CPU, on the first images (before the model is built)."""
     if not config.check_decoder or config.device.type == "cpu" and config.decoder == "ffmpeg":
@@ -5156,22 +5212,6 @@ def _job_after_stop(outcome: _Outcome, config: _RunConfig, mine: dict) -> list[d
     return [{k: e[k] for k in (*mine, "stop_reason")} for e in sorted(shares, key=lambda e: e["rank"])]
 
 
-def _parity_decode(config: _RunConfig) -> Callable[[Sequence[tuple[str, int]]], _Batch]:
-    """The run's own decode for :py:func:`measure_parity`, skipping bad images: the decode
-    function of the SPDL loader, or the DataLoader's (PIL, in this process) for ``--loader torch``."""
-    policy = BadImagePolicy(skip=True)
-    if config.loader != "torch":
-        return get_decode_func(config.device, config.transform, config.decoder, policy,
-                               max_image_bytes=config.max_image_bytes)  # fmt: skip
-
-    def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> _Batch:
-        images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
-        batches = _PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
-        return next(_torch_loader_batches(iter(batches), config.device, policy))
-
-    return decode_like_the_dataloader
-
-
 def _run(config: _RunConfig, decoder_check: _DecoderCheck | None) -> tuple[_RunReport, _Outcome]:
     """Build the model, run, then the breakdown; everything measured, in a report."""
     model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
@@ -5185,10 +5225,7 @@ def _run(config: _RunConfig, decoder_check: _DecoderCheck | None) -> tuple[_RunR
         _LG.info("torch.compile (mode %s) compiles during the warm-up%s.", config.compile,
                  ": minutes on a GPU the first time (then cached); --compile-mode default takes seconds"
                  if config.compile == "max-autotune" else "")  # fmt: skip
-    parity = None
-    if config.parity and config.shard.rank == 0:
-        parity = _measure_parity(list(config.images.head(config.parity)), _parity_decode(config), model,
-                                min(config.batch_size, config.parity))  # fmt: skip
+    parity = _check_parity(config, model)
     page_cache = _look_at_cache(config)  # last before the loop: the decoder check and parity read images too
     outcome = _run_loop(config, model)
     outcome.result.page_cache = page_cache
@@ -5244,44 +5281,6 @@ def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | 
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             errors.append(f"{path}: not written ({reason}; --debug shows where)")
     return errors
-
-
-def _sweep_command(config: _RunConfig, signals: _Signals) -> int:
-    """The sweep instead of a run: the table, then the results file and the plot, with the
-    settings measured so far if the sweep stopped (marked partial)."""
-    decoder_check = None
-    try:
-        decoder_check = _check_run_decoder(config)  # a GPU decoder is checked as for a run
-        model = get_model(config.model, config.device, pretrained=config.weights == "pretrained",
-                          checkpoint=config.checkpoint, compile=config.compile, dtype=config.dtype,
-                          transform=config.transform_overrides)  # fmt: skip
-        sweep = _run_sweep(config, model, config.sweep or {})
-    except (RunStopped, RunInterrupted) as e:  # before the first setting: an empty sweep, written all the same
-        sweep = _Sweep([], 0, error=e)
-    with signals.deferred_while():
-        status = 0
-        if sweep.error is not None:
-            sweep.stop_reason, status = _explain(sweep.error, config)
-            _say(f"error: {sweep.stop_reason}; the settings measured before it are below (PARTIAL SWEEP)")
-        payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": _environment(config.device)}
-        if decoder_check is not None:
-            payload["decoder_check"] = asdict(decoder_check)
-        _print_out(_print_sweep, sweep, config.command)
-        not_written = _write_outputs([
-            (config.results_file, lambda path: _write_atomically(path, _csv_text([
-                {**asdict(p), "bound_fps": p.bound_fps, "recommended": p is sweep.recommended} for p in sweep.points
-            ], [*(f.name for f in dataclass_fields(_SweepPoint)), "bound_fps", "recommended"])
-                if str(path).lower().endswith(".csv") else json.dumps(payload, indent=2) + "\n")),
-            (config.plot if sweep.points else None, lambda path: _plot_sweep(
-                sweep, path, f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting")),
-        ])  # fmt: skip
-        if config.plot is None:
-            _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
-        for line in not_written:
-            _say(f"error: {line}")
-    if signals.deferred is not None:
-        status = status or (EXIT_SIGINT if signals.deferred == signal.SIGINT else EXIT_SIGTERM)
-    return status or (EXIT_FAILED if not_written else 0)
 
 
 def _finish(report: _RunReport, outcome: _Outcome, config: _RunConfig) -> int:
