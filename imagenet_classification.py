@@ -505,12 +505,8 @@ def _image_name(path: str) -> str:
 
 def _rows(path: Path | str) -> Iterator[tuple[str, str]]:
     """``("file:line", text)`` of each non-blank line of a text file (``-``: standard input),
-    stripped: the one reader of file lists and label files.
-
-    Raises:
-        InputError: the file is missing, a folder, unreadable, not UTF-8 text, or not a list of
-            lines at all (a line longer than any path, as ``/dev/zero`` gives).
-    """
+    stripped: the one reader of file lists and label files. InputError if the file is missing,
+    a folder, unreadable, not UTF-8 text, or binary (a line longer than any path: ``/dev/zero``)."""
     name = "<stdin>" if str(path) == "-" else str(path)
     try:
         f = sys.stdin.buffer if name == "<stdin>" else open(path, "rb")  # noqa: SIM115 - closed below
@@ -589,11 +585,9 @@ def _image_list(pairs: Iterator[tuple[str, int]], max_samples: int | None, origi
 
 
 def read_labels(path: Path | str) -> _Labels:
-    """Read labels for a flat folder of images, by image name (matched without its extension).
-
-    Two formats: Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``; the first
-    WordNet ID of the prediction string is the class) and lines of ``name label``, where the
-    label is a WordNet ID or a class index.
+    """Read labels for a flat folder of images, by image name (matched without its extension):
+    Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``, whose first WordNet ID is
+    the class) or lines of ``name label``, the label a WordNet ID or a class index.
 
     Raises:
         InputError: an unreadable file or a bad line, named with its line number.
@@ -673,16 +667,13 @@ def _image_files(folder: str) -> Iterator[str]:
 
 
 def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: _Labels | None = None) -> ImageList:
-    """List a folder's images as torchvision's ``ImageFolder`` and timm's folder dataset do.
-
-    Without ``labels``, ``root`` holds one folder per class, named by its WordNet ID (ImageNet's
-    ``train/`` and a sorted ``val/``); with ``labels`` (a flat ``val/`` as the archive gives it),
-    the class of each image is looked up by its file name. Files are sorted, extensions
-    (:py:data:`IMAGE_EXTENSIONS`) matched case-insensitively, hidden files skipped.
+    """List a folder's images (:py:data:`IMAGE_EXTENSIONS`, any case; hidden files left out) as
+    torchvision's ``ImageFolder`` does: ``root`` holds one folder per class, named by its WordNet
+    ID (``train/``, a sorted ``val/``), or with ``labels`` is flat (``val/`` as the archive has it).
 
     Raises:
-        InputError: no such folder, a class folder that is not an ImageNet WordNet ID, an
-            image without a label, or no images at all.
+        InputError: no such folder, a class folder that is no ImageNet WordNet ID, an image
+            without a label, or no images at all.
     """
     root = str(root)
     if not os.path.isdir(root):
@@ -719,13 +710,9 @@ def _limit(max_samples: float | None) -> int | None:
 def source(
     path: Path | str, prefix: str = "", max_samples: float | None = None, *, rank: int = 0, world_size: int = 1
 ) -> Iterator[tuple[str, int]]:
-    """Iterate a file list, yielding ``(prefix + path, class index)`` for each image of this
-    rank's shard (images ``rank, rank + world_size, …`` of the first ``max_samples``). The list
-    is read and checked whole first (see :py:func:`read_file_list` for its forms).
-
-    Raises:
-        InputError: a bad line; the message names the list file and line number.
-    """
+    """Yield ``(prefix + path, class index)`` for each image of this rank's shard (images
+    ``rank, rank + world_size, …`` of the first ``max_samples``) of a file list, read and checked
+    whole first (:py:func:`read_file_list`); InputError names a bad line's file and number."""
     yield from read_file_list(path, prefix, _limit(max_samples)).shard(rank, world_size)
 
 
@@ -817,19 +804,11 @@ def _share(part: int | None, whole: int) -> float | None:
 @dataclass
 class _PageCache:
     """How much of the listed files' data was in the page cache before a run, and after
-    ``--cold-cache`` evicted it (``posix_fadvise(POSIX_FADV_DONTNEED)``: clean pages of file data
-    only; pages not yet written to disk, directory entries and inodes stay).
-
-    Attributes:
-        cold: The files were evicted first.
-        files: Regular files examined (this rank's shard, or the whole job's once reduced).
-        skipped: Listed paths not examined: missing, unreadable or no regular file (the run
-            counts them as failures).
-        bytes: The examined files' total size.
-        resident_bytes: Of those, bytes in the page cache before eviction; None if unknown
-            (no mincore, or a file system that cannot map files).
-        resident_after_bytes: After eviction, when ``cold``; else None.
-    """
+    ``--cold-cache`` evicted it (``cold``; ``POSIX_FADV_DONTNEED`` drops clean pages of file data
+    only: pages not yet on disk, directory entries and inodes stay). ``files`` regular files of
+    ``bytes`` in all were examined (this rank's shard, or the job's once reduced), ``skipped``
+    paths not (missing, unreadable, no regular file: failures of the run). The resident bytes
+    are None if unknown (no mincore, or a file system that cannot map files)."""
 
     cold: bool
     files: int = 0
@@ -3832,16 +3811,10 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
 @dataclass
 class _Parity:
     """The loader's images against timm's own validation transform (PIL decode, resize, centre
-    crop, from the model's pretrained config), on the same images, through the same model.
-
-    Attributes:
-        images: Images compared (those both decoded).
-        mad_mean, mad_max: Mean and largest per-image mean absolute pixel difference (0-255).
-        worst: The image with the largest difference.
-        top1_agree: Share of images whose top-1 class is the same both ways.
-        top5_agree: Share of images whose five top classes are the same set both ways.
-        top1_loader, top1_reference: Top-1 accuracy against the labels, each way.
-    """
+    crop, from the model's pretrained config) through the same model, on the ``images`` both
+    decoded: the mean and largest per-image mean absolute pixel difference (0-255) and the
+    ``worst`` image; the shares of images whose top-1 class, and set of five top classes, agree;
+    the top-1 accuracy each way."""
 
     images: int
     mad_mean: float
@@ -4216,11 +4189,9 @@ def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
 
 
 def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
-    """Images/s against decode threads: the loader alone, one line per batch size (and queue
-    size); the end-to-end rates measured, as crosses, the recommended one circled; the model
-    alone per batch size, a dashed line named at its end. The axes read in plain numbers
-    (threads 1, 2, 4; images/s on a log scale when the model is far faster than the loader).
-    False where matplotlib is missing."""
+    """Images/s against decode threads (1, 2, 4, ...): the loader alone per batch and queue size,
+    end to end as crosses (the recommended one circled), the model alone as dashed lines; a log
+    scale when the model is far faster than the loader. False where matplotlib is missing."""
     if (plt := _pyplot()) is None:
         return False
     from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, ScalarFormatter
