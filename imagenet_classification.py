@@ -383,7 +383,7 @@ CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")  # index, WordNet ID,
 @functools.cache
 def _class_table() -> tuple[tuple[str, str], ...]:
     """ImageNet-1k's ``(WordNet ID, name)`` pairs in class-index order, from ``imagenet_class.tsv``
-    beside this module (scripts/make_class_tsv.py writes it from timm's lists)."""
+    (scripts/make_class_tsv.py writes it from timm's lists)."""
     try:
         rows = [line.split("\t") for line in CLASS_TSV.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
@@ -405,14 +405,8 @@ def _class_name(index: int) -> str:
 
 
 def get_mappings() -> dict[str, int]:
-    """Map each ILSVRC2012 WordNet ID to its class index.
-
-    The index is the position of the WNID in sorted order, which public ImageNet models use.
-
-    Example:
-        >>> get_mappings()["n03709823"]
-        636
-    """
+    """Map each ILSVRC2012 WordNet ID to its class index: its place in sorted order, as public
+    ImageNet models have it (``get_mappings()["n03709823"] == 636``)."""
     return dict(_class_index())
 
 
@@ -429,16 +423,9 @@ def parse_wnid(s: str) -> str:
 
 @dataclass(frozen=True)
 class ImageList:
-    """The images of a run, read once: paths (prefix included) and class indices, in order.
-
-    Every stage (pre-flight, count, shards, loader, breakdown, parity) works from this one
-    snapshot, so a list that changes on disk during the run changes nothing.
-
-    Attributes:
-        paths: Image paths.
-        labels: Class indices (0-999), one per path.
-        origin: What the list was read from, for messages.
-    """
+    """The images of a run, read once: ``paths`` (prefix included) and their class indices
+    ``labels`` (0-999), in order; ``origin`` names what they were read from. Every stage works from
+    this one snapshot, so a list that changes on disk during the run changes nothing."""
 
     paths: tuple[str, ...]
     labels: tuple[int, ...]
@@ -451,7 +438,6 @@ class ImageList:
         return zip(self.paths, self.labels, strict=True)
 
     def head(self, count: int) -> ImageList:
-        """The first ``count`` images."""
         return replace(self, paths=self.paths[:count], labels=self.labels[:count])
 
     def shard(self, rank: int, world_size: int) -> ImageList:
@@ -472,26 +458,10 @@ def _image_name(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
 
-def _parse_label(text: str, where: str) -> int | None:
-    """A label field: a WordNet ID or a class index (0-999); None if ``text`` is neither."""
-    if _WNID.fullmatch(text):
-        if (index := _class_index().get(text)) is None:
-            raise InputError(f"{where}: {text} is not one of the {NUM_CLASSES} ImageNet classes")
-        return index
-    if re.fullmatch(r"[+-]?\d+", text):
-        if not 0 <= int(text) < NUM_CLASSES:
-            raise InputError(f"{where}: class index {text} is out of range (0-{NUM_CLASSES - 1})")
-        return int(text)
-    return None
-
-
-def _text_lines(path: Path | str) -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` of each line of a text file (``-``: standard input), read once.
-
-    Raises:
-        InputError: the file is missing, a folder, unreadable, not UTF-8 text, or not a list
-            of lines at all (a line longer than any path, as ``/dev/zero`` gives).
-    """
+def _rows(path: Path | str) -> Iterator[tuple[str, str]]:
+    """``("file:line", text)`` of each non-blank line of a text file (``-``: standard input),
+    stripped: the one reader of file lists and label files. InputError if the file is missing,
+    a folder, unreadable, not UTF-8 text, or binary (a line longer than any path: ``/dev/zero``)."""
     name = "<stdin>" if str(path) == "-" else str(path)
     try:
         f = sys.stdin.buffer if name == "<stdin>" else open(path, "rb")  # noqa: SIM115 - closed below
@@ -517,34 +487,75 @@ def _text_lines(path: Path | str) -> Iterator[tuple[int, str]]:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise InputError(f"{name}:{lineno}: not UTF-8 text") from None
-            yield lineno, text.removeprefix("\ufeff") if lineno == 1 else text
+            if lineno == 1:
+                text = text.removeprefix("\ufeff")  # a byte-order mark, as Windows editors write
+            if text.strip():
+                yield f"{name}:{lineno}", text.strip()
     finally:
         if f is not sys.stdin.buffer:
             f.close()
 
 
-def read_labels(path: Path | str) -> _Labels:
-    """Read labels for a flat folder of images, by image name.
+def _split_last(text: str) -> tuple[str, str | None]:
+    """``text`` cut before its last whitespace-separated field: ``(before, last)``, or
+    ``(text, None)`` for a single field."""
+    parts = text.rsplit(None, 1)
+    return (parts[0], parts[1]) if len(parts) == 2 else (text, None)
 
-    Two formats: Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``; the first
-    WordNet ID of the prediction string is the class) and lines of ``name label``, where the
-    label is a WordNet ID or a class index. Names are matched without their extension.
+
+def _parse_label(text: str, where: str) -> int | None:
+    """A label field: a WordNet ID or a class index (0-999); None if ``text`` is neither."""
+    if _WNID.fullmatch(text):
+        if (index := _class_index().get(text)) is None:
+            raise InputError(f"{where}: {text} is not one of the {NUM_CLASSES} ImageNet classes")
+        return index
+    if re.fullmatch(r"[+-]?\d+", text):
+        if not 0 <= int(text) < NUM_CLASSES:
+            raise InputError(f"{where}: class index {text} is out of range (0-{NUM_CLASSES - 1})")
+        return int(text)
+    return None
+
+
+def _label_from_path(path: str, where: str, labels: _Labels | None) -> int:
+    """The class of an image without a label column: by its name in ``labels``, else by the
+    WordNet ID in its path."""
+    if labels is not None:
+        if (label := labels.get(_image_name(path))) is None:
+            raise InputError(f"{where}: {labels.origin} has no label for {_image_name(path)!r}")
+        return label
+    try:
+        wnid = parse_wnid(path)
+    except ValueError:
+        raise InputError(f"{where}: no WordNet ID (nXXXXXXXX) in {path!r}, and no label column") from None
+    return _parse_label(wnid, where)  # a WordNet ID is a label or an error
+
+
+def _image_list(pairs: Iterator[tuple[str, int]], max_samples: int | None, origin: str, empty: str) -> ImageList:
+    """The first ``max_samples`` of ``(path, class index)`` pairs, read no further; InputError
+    ``"{origin}: {empty}"`` if there are none."""
+    taken = list(itertools.islice(pairs, max_samples))
+    if not taken:
+        raise InputError(f"{origin}: {empty}")
+    return ImageList(tuple(path for path, _ in taken), tuple(label for _, label in taken), origin)
+
+
+def read_labels(path: Path | str) -> _Labels:
+    """Read labels for a flat folder of images, by image name (matched without its extension):
+    Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``, whose first WordNet ID is
+    the class) or lines of ``name label``, the label a WordNet ID or a class index.
 
     Raises:
         InputError: an unreadable file or a bad line, named with its line number.
     """
     by_name: dict[str, int] = {}
-    for lineno, line in _text_lines(path):
-        if not (text := line.strip()):
-            continue
-        where = f"{path}:{lineno}"
+    for where, text in _rows(path):
         if "," in text:  # Kaggle: ImageId,PredictionString ("n01751748 0 0 100 100 …")
             name, _, rest = text.partition(",")
             if not by_name and name.strip().lower() == "imageid":
                 continue  # the header
             fields = rest.split()
         else:
-            name, _, last = _split_last(text)
+            name, last = _split_last(text)
             fields = [last] if last else []
         label = _parse_label(fields[0], where) if fields else None
         if label is None:
@@ -555,75 +566,44 @@ def read_labels(path: Path | str) -> _Labels:
     return _Labels(str(path), by_name)
 
 
-def _split_last(text: str) -> tuple[str, str, str]:
-    """``text`` cut before its last whitespace-separated field: ``(before, " ", last)``."""
-    parts = text.rsplit(None, 1)
-    return (parts[0], " ", parts[1]) if len(parts) == 2 else (text, "", "")
-
-
 def read_file_list(
     path: Path | str, prefix: str = "", max_samples: int | None = None, *, labels: _Labels | None = None
 ) -> ImageList:
-    """Read a file list once, checking every line.
+    """Read a file list once, checking every line (up to ``max_samples`` images).
 
     Each non-blank line is an image path (surrounding whitespace and CRLF stripped), in one of
     three forms, the same for every line of a list:
 
-    - ``path``: the class is the first WordNet ID in the path (``…/n01440764/…``);
+    - ``path``: the class is the last WordNet ID folder in the path (``…/n01440764/…``);
     - ``path label``: the label is a WordNet ID or a class index (0-999, sorted-WordNet-ID
       order, as Caffe-style ``val.txt`` lists have); the path is everything before the last
       whitespace-separated field, so it may hold spaces;
-    - ``path`` with ``labels``: the class is looked up by the file's name without extension.
+    - ``path`` with ``labels`` (from :py:func:`read_labels`): looked up by the file's name.
 
-    Args:
-        path: The list; ``-`` reads standard input.
-        prefix: Prepended to each path.
-        max_samples: Read only the first this many images.
-        labels: From :py:func:`read_labels`, for a list of a flat folder's files.
+    ``path`` ``-`` reads standard input; ``prefix`` is prepended to each path.
 
     Raises:
         InputError: the list is unreadable or empty, or a line is bad (named with its number).
     """
     name = "<stdin>" if str(path) == "-" else str(path)
-    paths: list[str] = []
-    classes: list[int] = []
-    first_with_column: bool | None = None
-    for lineno, line in _text_lines(path):
-        if max_samples is not None and len(paths) >= max_samples:
-            break
-        if not (text := line.strip()):
-            continue
-        where = f"{name}:{lineno}"
-        before, _, last = _split_last(text)
-        label = _parse_label(last, where) if before is not text else None
-        if first_with_column is None:
-            first_with_column = label is not None
-        if (label is not None) != first_with_column:
+    return _image_list(_list_rows(path, prefix, labels), max_samples, name, "the file list has no image paths")
+
+
+def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterator[tuple[str, int]]:
+    with_column: bool | None = None  # as the first line has it
+    for where, text in _rows(path):
+        before, last = _split_last(text)
+        label = None if last is None else _parse_label(last, where)
+        if with_column is None:
+            with_column = label is not None
+        if (label is not None) != with_column:
             has = "has no label column" if label is None else "has a label column"
             raise InputError(f"{where}: {has}, unlike the list's first line (a list mixes nothing)")
         if label is None:
             label = _label_from_path(text, where, labels)
         elif labels is not None:
             raise InputError(f"{where}: has a label column; labels by file name are for lists without one")
-        paths.append(prefix + (before if first_with_column else text))
-        classes.append(label)
-    if not paths:
-        raise InputError(f"{name}: the file list has no image paths")
-    return ImageList(tuple(paths), tuple(classes), name)
-
-
-def _label_from_path(text: str, where: str, labels: _Labels | None) -> int:
-    if labels is not None:
-        if (label := labels.get(_image_name(text))) is None:
-            raise InputError(f"{where}: {labels.origin} has no label for {_image_name(text)!r}")
-        return label
-    try:
-        wnid = parse_wnid(text)
-    except ValueError:
-        raise InputError(f"{where}: no WordNet ID (nXXXXXXXX) in {text!r}, and no label column") from None
-    label = _parse_label(wnid, where)
-    assert label is not None  # a WordNet ID is a label or an error
-    return label
+        yield prefix + (before if with_column else text), label
 
 
 def _image_files(folder: str) -> Iterator[str]:
@@ -642,56 +622,40 @@ def _image_files(folder: str) -> Iterator[str]:
 
 
 def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: _Labels | None = None) -> ImageList:
-    """List a folder's images as torchvision's ``ImageFolder`` and timm's folder dataset do.
-
-    Without ``labels``, ``root`` holds one folder per class, named by its WordNet ID (ImageNet's
-    ``train/`` and a sorted ``val/``); with ``labels`` (a flat ``val/`` as the archive gives it),
-    the class of each image is looked up by its file name. Files are sorted, extensions
-    (:py:data:`IMAGE_EXTENSIONS`) matched case-insensitively, hidden files skipped.
+    """List a folder's images (:py:data:`IMAGE_EXTENSIONS`, any case; hidden files left out) as
+    torchvision's ``ImageFolder`` does: ``root`` holds one folder per class, named by its WordNet
+    ID (``train/``, a sorted ``val/``), or with ``labels`` is flat (``val/`` as the archive has it).
 
     Raises:
-        InputError: no such folder, a class folder that is not an ImageNet WordNet ID, an
-            image without a label, or no images at all.
+        InputError: no such folder, a class folder that is no ImageNet WordNet ID, an image
+            without a label, or no images at all.
     """
     root = str(root)
     if not os.path.isdir(root):
         raise InputError(f"{root}: no such folder")
     _class_index()  # read before the listing, whose OSErrors name the folder
-    paths: list[str] = []
-    classes: list[int] = []
+    empty = f"no images ({', '.join(IMAGE_EXTENSIONS)}) in it"
     try:
-        for folder, label in _class_folders(root, labels):
-            if max_samples is not None and len(paths) >= max_samples:
-                break
-            for path in itertools.islice(
-                _image_files(folder), None if max_samples is None else max_samples - len(paths)
-            ):
-                paths.append(path)
-                classes.append(label if label is not None else _label_from_path(path, path, labels))
+        return _image_list(_folder_rows(root, labels), max_samples, root, empty)
     except OSError as e:
         raise InputError(f"{root}: cannot list it ({e.strerror or e})") from None
-    if not paths:
-        raise InputError(f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) in it")
-    return ImageList(tuple(paths), tuple(classes), root)
 
 
-def _class_folders(root: str, labels: _Labels | None) -> list[tuple[str, int | None]]:
-    """``(folder, class index)`` to list: each class folder of ``root``, or ``root`` itself with
-    labels by file name (index None)."""
+def _folder_rows(root: str, labels: _Labels | None) -> Iterator[tuple[str, int]]:
     if labels is not None:
-        return [(root, None)]
+        yield from ((path, _label_from_path(path, path, labels)) for path in _image_files(root))
+        return
     with os.scandir(root) as it:
         top = sorted((e for e in it if e.name[0] != "."), key=lambda e: e.name)
     if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()), None):
-        raise InputError(
-            f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels"
-        )
+        raise InputError(f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels")
     folders = []
     for entry in (e for e in top if e.is_dir()):
         if (label := _class_index().get(entry.name)) is None:
             raise InputError(f"{entry.path}: the folder name is not one of the {NUM_CLASSES} ImageNet WordNet IDs")
         folders.append((entry.path, label))
-    return folders
+    for folder, label in folders:  # every class folder checked before the first image
+        yield from ((path, label) for path in _image_files(folder))
 
 
 def _limit(max_samples: float | None) -> int | None:
@@ -699,35 +663,16 @@ def _limit(max_samples: float | None) -> int | None:
 
 
 def source(
-    path: Path | str,
-    prefix: str = "",
-    max_samples: float | None = None,
-    *,
-    rank: int = 0,
-    world_size: int = 1,
+    path: Path | str, prefix: str = "", max_samples: float | None = None, *, rank: int = 0, world_size: int = 1
 ) -> Iterator[tuple[str, int]]:
-    """Iterate a file list, yielding ``(prefix + path, class index)`` for each image.
-
-    The list is read and checked whole first (see :py:func:`read_file_list` for its forms).
-
-    Args:
-        path: The file list.
-        prefix: Prepended to each path.
-        max_samples: Use only the first this many images of the list (before sharding).
-        rank, world_size: Yield only this rank's shard: images ``rank, rank + world_size, …``.
-
-    Raises:
-        InputError: a bad line; the message names the list file and line number.
-    """
+    """Yield ``(prefix + path, class index)`` for each image of this rank's shard (images
+    ``rank, rank + world_size, …`` of the first ``max_samples``) of a file list, read and checked
+    whole first (:py:func:`read_file_list`); InputError names a bad line's file and number."""
     yield from read_file_list(path, prefix, _limit(max_samples)).shard(rank, world_size)
 
 
 def _count_list(path: Path | str, max_samples: float | None = None) -> int:
-    """How many images a file list holds (at most ``max_samples``), checking every line.
-
-    Raises:
-        InputError: the list is missing, unreadable or empty, or a line is bad.
-    """
+    """How many images a file list holds (at most ``max_samples``), checking every line."""
     return len(read_file_list(path, max_samples=_limit(max_samples)))
 
 
@@ -766,13 +711,13 @@ def _libc() -> Any | None:
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        calls = libc.mmap, libc.munmap, libc.mincore
+        mmap_, munmap, mincore = libc.mmap, libc.munmap, libc.mincore
     except (OSError, AttributeError, TypeError):
         return None
-    calls[0].restype = ctypes.c_void_p
-    calls[0].argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    calls[1].argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    calls[2].argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    mmap_.restype = ctypes.c_void_p
+    mmap_.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     return libc
 
 
@@ -782,8 +727,7 @@ def _resident_bytes(fd: int, size: int) -> int | None:
     import ctypes
     import mmap
 
-    libc = _libc()
-    if libc is None:
+    if (libc := _libc()) is None:
         return None
     if size == 0:
         return 0
@@ -802,22 +746,24 @@ def _resident_bytes(fd: int, size: int) -> int | None:
     return flags.count(1) * mmap.PAGESIZE - (mmap.PAGESIZE - tail if flags[-1] else 0)
 
 
+def _sum_known(values: Iterable[int | None]) -> int | None:
+    """The sum, or None if any value is unknown."""
+    values = list(values)
+    return None if None in values else sum(values)
+
+
+def _share(part: int | None, whole: int) -> float | None:
+    return None if part is None else part / whole if whole else 0.0
+
+
 @dataclass
 class _PageCache:
     """How much of the listed files' data was in the page cache before a run, and after
-    ``--cold-cache`` evicted it. Only file data is evicted: directory entries and inodes stay.
-
-    Attributes:
-        cold: The files were evicted first (``posix_fadvise(POSIX_FADV_DONTNEED)``, which drops
-            clean pages only: pages not yet written to disk stay).
-        files: Regular files examined (this rank's shard, or the whole job's once reduced).
-        skipped: Listed paths not examined: missing, unreadable or not a regular file (the run
-            counts them as failures).
-        bytes: The examined files' total size.
-        resident_bytes: Of those, bytes in the page cache before eviction; None if unknown
-            (no mincore, or a file system that cannot map files).
-        resident_after_bytes: After eviction, when ``cold``; else None.
-    """
+    ``--cold-cache`` evicted it (``cold``; ``POSIX_FADV_DONTNEED`` drops clean pages of file data
+    only: pages not yet on disk, directory entries and inodes stay). ``files`` regular files of
+    ``bytes`` in all were examined (this rank's shard, or the job's once reduced), ``skipped``
+    paths not (missing, unreadable, no regular file: failures of the run). The resident bytes
+    are None if unknown (no mincore, or a file system that cannot map files)."""
 
     cold: bool
     files: int = 0
@@ -826,37 +772,22 @@ class _PageCache:
     resident_bytes: int | None = 0
     resident_after_bytes: int | None = None
 
-    @staticmethod
-    def _share(part: int | None, whole: int) -> float | None:
-        return None if part is None else part / whole if whole else 0.0
-
     @property
     def resident(self) -> float | None:
-        """Share of ``bytes`` in the page cache before the run (before eviction), or None."""
-        return self._share(self.resident_bytes, self.bytes)
+        return _share(self.resident_bytes, self.bytes)
 
     @property
     def resident_after(self) -> float | None:
-        """Share of ``bytes`` in the page cache after eviction, or None."""
-        return self._share(self.resident_after_bytes, self.bytes)
+        return _share(self.resident_after_bytes, self.bytes)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "resident": self.resident, "resident_after": self.resident_after}
 
     @classmethod
     def total(cls, parts: Sequence[_PageCache]) -> _PageCache:
-        """The sum of every rank's ``PageCache``: a count unknown on one rank is unknown."""
-
-        def add(name: str) -> int | None:
-            values = [getattr(p, name) for p in parts]
-            return None if any(v is None for v in values) else sum(values)
-
-        return cls(parts[0].cold, *(add(name) for name in ("files", "skipped", "bytes", "resident_bytes",
-                                                          "resident_after_bytes")))  # fmt: skip
-
-
-def _add(total: int | None, part: int | None) -> int | None:
-    return None if total is None or part is None else total + part
+        """The sum of every rank's: a count unknown on one rank is unknown."""
+        counts = [f.name for f in dataclass_fields(cls)][1:]
+        return cls(parts[0].cold, *(_sum_known(getattr(p, name) for p in parts) for name in counts))
 
 
 def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] | None:
@@ -882,21 +813,18 @@ def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] 
 
 
 def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> _PageCache:
-    """Measure how much of each file's data is in the page cache; with ``evict``, drop it from
-    the cache (``POSIX_FADV_DONTNEED``: no root needed) and measure again. A path that cannot be
-    opened, or is no regular file, is counted in ``skipped``, not fatal."""
-    cache = _PageCache(evict, resident_after_bytes=0 if evict else None)
-    for path in paths:
-        examined = _examine_file(path, evict)
-        if examined is None:
-            cache.skipped += 1
-            continue
-        size, before, after = examined
-        cache.files, cache.bytes = cache.files + 1, cache.bytes + size
-        cache.resident_bytes = _add(cache.resident_bytes, before)
-        if evict:
-            cache.resident_after_bytes = _add(cache.resident_after_bytes, after)
-    return cache
+    """How much of each file's data is in the page cache; with ``evict``, drop it (no root
+    needed) and measure again. A path that cannot be examined is counted in ``skipped``."""
+    examined = [_examine_file(path, evict) for path in paths]
+    files = [sizes for sizes in examined if sizes is not None]
+    return _PageCache(
+        cold=evict,
+        files=len(files),
+        skipped=len(examined) - len(files),
+        bytes=sum(size for size, _, _ in files),
+        resident_bytes=_sum_known(before for _, before, _ in files),
+        resident_after_bytes=_sum_known(after for _, _, after in files) if evict else None,
+    )
 
 
 ################################################################################
@@ -3708,16 +3636,10 @@ def _job_after_stop(outcome: _Outcome, config: _RunConfig, mine: dict) -> list[d
 @dataclass
 class _Parity:
     """The loader's images against timm's own validation transform (PIL decode, resize, centre
-    crop, from the model's pretrained config), on the same images, through the same model.
-
-    Attributes:
-        images: Images compared (those both decoded).
-        mad_mean, mad_max: Mean and largest per-image mean absolute pixel difference (0-255).
-        worst: The image with the largest difference.
-        top1_agree: Share of images whose top-1 class is the same both ways.
-        top5_agree: Share of images whose five top classes are the same set both ways.
-        top1_loader, top1_reference: Top-1 accuracy against the labels, each way.
-    """
+    crop, from the model's pretrained config) through the same model, on the ``images`` both
+    decoded: the mean and largest per-image mean absolute pixel difference (0-255) and the
+    ``worst`` image; the shares of images whose top-1 class, and set of five top classes, agree;
+    the top-1 accuracy each way."""
 
     images: int
     mad_mean: float
@@ -3728,26 +3650,49 @@ class _Parity:
     top1_loader: float
     top1_reference: float
 
+    def summary(self) -> str:
+        """The summary's line."""
+        return (
+            f"Parity with timm's reference transform on {self.images} images: pixels differ by {self.mad_mean:.2f} "
+            f"on average (worst {self.mad_max:.2f}, 0-255); top-1 agrees on {self.top1_agree:.1%}, top-5 on "
+            f"{self.top5_agree:.1%}; top-1 {self.top1_loader:.1%} here vs {self.top1_reference:.1%} there"
+        )
 
-def _timm_reference(transform: EvalTransform) -> Callable[[Any], Any]:
-    """timm's evaluation transform for ``transform``'s config, up to the crop (a PIL image in and out)."""
+
+def _check_parity(config: _RunConfig, model: ModelBundle) -> _Parity | None:
+    """``--parity N``: the run's own decode of the first N images against timm's, on rank 0
+    (before the run; None without the flag). Bad images are skipped, not counted."""
+    if not config.parity or config.shard.rank != 0:
+        return None
+    policy = BadImagePolicy(skip=True)
+    if config.loader != "torch":
+        decode = get_decode_func(config.device, config.transform, config.decoder, policy,
+                                 max_image_bytes=config.max_image_bytes)  # fmt: skip
+    else:  # the DataLoader's decode: PIL, here in this process
+
+        def decode(items: Sequence[tuple[str, int]]) -> _Batch:
+            images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
+            batches = _PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
+            return next(_torch_loader_batches(iter(batches), config.device, policy))
+
+    items = list(config.images.head(config.parity))
+    return _measure_parity(items, decode, model, min(config.batch_size, config.parity))
+
+
+def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform) -> dict[str, Tensor]:
+    """Each image as timm's validation reads it (``Image.open(...).convert("RGB")``) and
+    transforms it, up to the crop: uint8 ``3 x S x S`` by path; images PIL cannot decode are
+    left out."""
+    import numpy as np
     import timm.data
     import torchvision.transforms
+    from PIL import Image
 
     t = transform
     full = timm.data.create_transform(input_size=(3, t.size, t.size), crop_pct=t.crop_pct, crop_mode=t.crop_mode,
                                       interpolation=t.interpolation, mean=t.mean, std=t.std)  # fmt: skip
     steps = itertools.takewhile(lambda step: "ToTensor" not in type(step).__name__, full.transforms)
-    return torchvision.transforms.Compose(list(steps))
-
-
-def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform) -> dict[str, Tensor]:
-    """Each image as timm's validation reads it (``Image.open(...).convert("RGB")``) and
-    transforms it: uint8 ``3 x S x S`` by path; images PIL cannot decode are left out."""
-    import numpy as np
-    from PIL import Image
-
-    reference, out = _timm_reference(transform), {}
+    reference, out = torchvision.transforms.Compose(list(steps)), {}
     for path, _ in items:
         try:
             with _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
@@ -3759,6 +3704,16 @@ def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform
     return out
 
 
+def _top5(model: ModelBundle, images: list[Tensor], batch_size: int) -> Tensor:
+    """The model's five top classes of each uint8 ``3 x S x S`` image: int64 ``N x 5`` on the CPU."""
+    device, tops = _model_device(model), [torch.empty(0, 5, dtype=torch.int64)]  # no image: 0 x 5
+    with torch.inference_mode():
+        for start in range(0, len(images), batch_size):
+            batch = torch.stack(images[start : start + batch_size]).to(device)
+            tops.append(_logits(model, batch).topk(5, dim=-1).indices.cpu())
+    return torch.cat(tops)
+
+
 def _measure_parity(
     items: Sequence[tuple[str, int]],
     decode: Callable[[Sequence[tuple[str, int]]], _Batch],
@@ -3768,28 +3723,24 @@ def _measure_parity(
     """Decode ``items`` with the loader's ``decode`` (made with a skipping policy) and with timm's
     reference transform, and compare pixels and the model's predictions."""
     ours: dict[str, Tensor] = {}
-    labels = dict(items)
     for start in range(0, len(items), batch_size):
         batch = decode(items[start : start + batch_size])
         ours.update(zip(batch.paths, batch[0].cpu(), strict=True))
     reference = _reference_images(items, model.transform)
     paths = [path for path, _ in items if path in ours and path in reference]
     mads = [(ours[p].float() - reference[p].float()).abs().mean().item() for p in paths]
-    device = _model_device(model)
-    agree1 = agree5 = hits_ours = hits_ref = 0
-    with torch.inference_mode():
-        for start in range(0, len(paths), batch_size):
-            chunk = paths[start : start + batch_size]
-            a = _logits(model, torch.stack([ours[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
-            b = _logits(model, torch.stack([reference[p] for p in chunk]).to(device)).topk(5, dim=-1).indices.cpu()
-            truth = torch.tensor([labels[p] for p in chunk])
-            agree1 += int((a[:, 0] == b[:, 0]).sum())
-            agree5 += sum(set(x.tolist()) == set(y.tolist()) for x, y in zip(a, b, strict=True))
-            hits_ours, hits_ref = hits_ours + int((a[:, 0] == truth).sum()), hits_ref + int((b[:, 0] == truth).sum())
+    a = _top5(model, [ours[p] for p in paths], batch_size)
+    b = _top5(model, [reference[p] for p in paths], batch_size)
+    labels = dict(items)
+    truth = torch.tensor([labels[p] for p in paths], dtype=torch.int64)
     n = len(paths)
     worst = paths[mads.index(max(mads))] if mads else None
-    return _Parity(n, sum(mads) / n if n else 0.0, max(mads, default=0.0), worst, agree1 / n if n else 0.0,
-                  agree5 / n if n else 0.0, hits_ours / n if n else 0.0, hits_ref / n if n else 0.0)  # fmt: skip
+    agree1 = int((a[:, 0] == b[:, 0]).sum())
+    agree5 = sum(set(x.tolist()) == set(y.tolist()) for x, y in zip(a, b, strict=True))
+    hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (a, b))
+    shares = [count / n if n else 0.0 for count in (sum(mads), agree1, agree5, hits_ours, hits_ref)]
+    mad_mean, top1_agree, top5_agree, top1_ours, top1_ref = shares
+    return _Parity(n, mad_mean, max(mads, default=0.0), worst, top1_agree, top5_agree, top1_ours, top1_ref)
 
 
 def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
@@ -3814,15 +3765,14 @@ def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
 # Tuning: the loader's settings swept, the end-to-end rate of the best ones
 ################################################################################
 
-SWEEP_FLAGS = {"num-threads": "num_threads", "batch-size": "batch_size", "queue-size": "queue_size",
-               "decode-processes": "decode_processes"}  # fmt: skip
+_SWEPT = ("num-threads", "batch-size", "queue-size", "decode-processes")  # the flags a sweep sets, in its order
 SWEEP_TOLERANCE = 0.05  # the recommended setting is the smallest within this of the best
+_SWEEP_WARMUP = 2  # batches before each timed pass
 
 
 def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) -> dict[str, list[int]]:
-    """The values to sweep for each of ``num-threads``, ``batch-size``, ``queue-size`` and
-    ``decode-processes``, from ``auto`` (threads doubling from 1 to the CPU count) or
-    ``NAME=V1,V2,...`` specs; a setting not named keeps its value from ``defaults``.
+    """The values to sweep for each of ``_SWEPT``, from ``auto`` (threads doubling from 1 to the
+    CPU count) or ``NAME=V1,V2,...`` specs; a setting not named keeps its value from ``defaults``.
 
     Raises:
         ValueError: a spec that is neither, an unknown name, or a value that is not a whole number
@@ -3835,14 +3785,15 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
             grid["num-threads"] = sorted(set(threads))
             continue
         name, _, values = spec.partition("=")
-        if name not in SWEEP_FLAGS or not values:
-            raise ValueError(f"{spec!r}: expected auto or NAME=V1,V2,... with NAME one of {', '.join(SWEEP_FLAGS)}")
+        if name not in _SWEPT or not values:
+            raise ValueError(f"{spec!r}: expected auto or NAME=V1,V2,... with NAME one of {', '.join(_SWEPT)}")
         try:
             numbers = sorted({int(v) for v in values.split(",")})
         except ValueError:
             raise ValueError(f"{spec!r}: the values must be whole numbers") from None
-        if numbers[0] < (0 if name == "decode-processes" else 1):
-            raise ValueError(f"{spec!r}: the values must be at least {0 if name == 'decode-processes' else 1}")
+        least = 0 if name == "decode-processes" else 1
+        if numbers[0] < least:
+            raise ValueError(f"{spec!r}: the values must be at least {least}")
         grid[name] = numbers
     return grid
 
@@ -3864,14 +3815,14 @@ class _SweepPoint:
         """What this setting can reach end to end: the slower of the loader and the model."""
         return min(self.loader_fps, self.model_fps)
 
-    def flags(self) -> str:
-        flags = f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
-        return flags + (f" --decode-processes {self.decode_processes}" if self.decode_processes else "")
-
     @property
     def threads(self) -> int:
         """Decode threads in all: ``num_threads`` in each worker process, or in the main one."""
         return self.num_threads * max(1, self.decode_processes)
+
+    def flags(self) -> str:
+        flags = f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
+        return flags + (f" --decode-processes {self.decode_processes}" if self.decode_processes else "")
 
 
 @dataclass
@@ -3905,57 +3856,62 @@ class _Sweep:
 
     def to_dict(self) -> dict:
         best = self.recommended
-        return {"images_per_setting": self.images, "points": [asdict(p) for p in self.points],
-                "recommended": None if best is None else asdict(best), "tolerance": SWEEP_TOLERANCE,
-                "partial": self.error is not None, "stop_reason": self.stop_reason}  # fmt: skip
-
-
-def _sweep_settings(config: _RunConfig, threads: int, batch_size: int, queue_size: int, processes: int = 0) -> _RunConfig:
-    concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
-    return replace(config, num_threads=threads, decode_concurrency=concurrency, batch_size=batch_size,
-                   queue_size=queue_size, decode_processes=processes)  # fmt: skip
+        return {
+            "images_per_setting": self.images,
+            "points": [asdict(p) for p in self.points],
+            "recommended": None if best is None else asdict(best),
+            "tolerance": SWEEP_TOLERANCE,
+            "partial": self.error is not None,
+            "stop_reason": self.stop_reason,
+        }
 
 
 def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]], e2e_runs: int = 3) -> _Sweep:
-    """Time the loader alone at every setting of ``grid`` (from :py:func:`parse_sweep`), each on
-    the first images of the list (two warm-up batches, then enough batches to keep every thread
-    busy), and the model alone per batch size; then end to end the setting with the best bound
-    and the smallest of the candidates (at most ``e2e_runs`` runs in all).
+    """Time the loader alone at every setting of ``grid`` (from :py:func:`_parse_sweep`), each on
+    the first images of the list (enough batches to keep every thread busy), and the model alone
+    per batch size; then end to end the setting with the best bound and the smallest of the
+    candidates (at most ``e2e_runs`` runs in all).
 
     What stops the sweep (a signal, out of memory, a stalled loader) keeps the settings measured
     so far: ``sweep.error`` holds it, and the sweep is partial."""
-    sweep_warmup = 2
     grid = {"decode-processes": [config.decode_processes], **grid}
-    most = max(grid["batch-size"]) * (2 * max(grid["num-threads"]) * max(1, *grid["decode-processes"]) + 8 +
-                                      sweep_warmup)  # fmt: skip
-    images = config.my_images.head(min(len(config.my_images), most))
+    busy = 2 * max(grid["num-threads"]) * max(1, *grid["decode-processes"]) + 8
+    images = config.my_images.head(max(grid["batch-size"]) * (busy + _SWEEP_WARMUP))
     sweep, model_fps = _Sweep([], len(images)), {}
+
+    def loader_alone(loader: _Loader, policy: BadImagePolicy) -> float:
+        return measure_loader(loader.batches, config.device, _SWEEP_WARMUP)
+
+    def end_to_end(loader: _Loader, policy: BadImagePolicy) -> float:
+        return benchmark(loader.batches, model, listed=len(images), warmup_batches=_SWEEP_WARMUP, policy=policy).fps
+
     try:
-        for threads, batch_size, queue_size, processes in itertools.product(*(grid[n] for n in SWEEP_FLAGS)):
+        for threads, batch_size, queue_size, processes in itertools.product(*(grid[name] for name in _SWEPT)):
             if batch_size not in model_fps:  # measured when first needed: a stop keeps whole points only
                 with _out_of_memory_stops(config.device, batch_size):
-                    model_fps[batch_size] = _measure_model(model, batch_size, 10, sweep_warmup)
-            settings = _sweep_settings(config, threads, batch_size, queue_size, processes)
-            loader_fps = _sweep_timed(settings, images, lambda loader, _: measure_loader(loader.batches,
-                                      config.device, sweep_warmup))  # fmt: skip
-            sweep.points.append(_SweepPoint(threads, batch_size, queue_size, loader_fps, model_fps[batch_size],
-                                           decode_processes=processes))  # fmt: skip
-            _LG.info("Sweep: %s: the loader alone %.1f images/s", sweep.points[-1].flags(), loader_fps)
+                    model_fps[batch_size] = _measure_model(model, batch_size, 10, _SWEEP_WARMUP)
+            point = _SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size], None, processes)
+            point.loader_fps = _sweep_timed(config, point, images, loader_alone)
+            sweep.points.append(point)
+            _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
         best = max(sweep.points, key=lambda p: p.bound_fps)
         for point in [best, *[p for p in sweep.candidates if p is not best][: e2e_runs - 1]]:
-            settings = _sweep_settings(config, point.num_threads, point.batch_size, point.queue_size,
-                                       point.decode_processes)  # fmt: skip
-            point.e2e_fps = _sweep_timed(settings, images, lambda loader, policy: benchmark(
-                loader.batches, model, listed=len(images), warmup_batches=sweep_warmup, policy=policy).fps)  # fmt: skip
+            point.e2e_fps = _sweep_timed(config, point, images, end_to_end)
             _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
     except (RunStopped, RunInterrupted) as e:
         sweep.error = e
     return sweep
 
 
-def _sweep_timed(settings: _RunConfig, images: ImageList, measure: Callable[[_Loader, BadImagePolicy], float]) -> float:
-    """``measure(loader, policy)`` on a loader of ``settings`` over ``images``, skipping bad images
-    (speed, whatever the images); an interrupt stops the loader at once."""
+def _sweep_timed(
+    config: _RunConfig, point: _SweepPoint, images: ImageList, measure: Callable[[_Loader, BadImagePolicy], float]
+) -> float:
+    """``measure(loader, policy)`` on a loader of ``point``'s settings over ``images``, skipping
+    bad images (speed, whatever the images); an interrupt stops the loader at once."""
+    threads = point.num_threads
+    settings = replace(config, num_threads=threads, batch_size=point.batch_size,
+                       decode_concurrency=min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads,
+                       queue_size=point.queue_size, decode_processes=point.decode_processes)  # fmt: skip
     policy = BadImagePolicy(skip=True)
     with _open_loader(settings, images, policy) as loader:
         try:
@@ -4019,6 +3975,95 @@ def _sweep_file_text(path: Path, sweep: _Sweep, payload: dict) -> str:
         return json.dumps(payload, indent=2) + "\n"
     rows = [{**asdict(p), "bound_fps": p.bound_fps, "recommended": p is sweep.recommended} for p in sweep.points]
     return _csv_text(rows, [*(f.name for f in dataclass_fields(_SweepPoint)), "bound_fps", "recommended"])
+
+
+def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = None) -> None:
+    """The sweep as a table, then the recommended setting as a command line to copy."""
+    file = file or sys.stdout
+    print(f"Sweep ({sweep.images} images per setting; images/s):", file=file)
+    processes = any(p.decode_processes for p in sweep.points)  # a column only when processes were swept or set
+    print(f"{'processes':>9} " * processes + f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} "
+          f"{'end-to-end':>11}", file=file)  # fmt: skip
+    noisy = False
+    for p in sweep.points:
+        e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
+        mark = " *" if p.e2e_fps is not None and p.e2e_fps > p.bound_fps else ""
+        noisy = noisy or bool(mark)
+        print(f"{p.decode_processes:>9} " * processes + f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} "
+              f"{p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}{mark}", file=file)  # fmt: skip
+    if noisy:
+        print("  * end to end above min(loader, model), which neither side can beat beside the other: measurement "
+              "noise (a short, buffered window); the ranking near it is uncertain", file=file)  # fmt: skip
+    if (best := sweep.recommended) is None:  # stopped before any setting was measured
+        return
+    print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
+    print(f"  {shlex.join(_with_settings(command, best))}", file=file)
+
+
+# The sweep's own flags, and the settings it sets, by every name the parser takes.
+_SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--num-threads", "-j", "--workers", "--batch-size", "-b",
+                  "--queue-size", "--decode-processes"}  # fmt: skip
+
+
+def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
+    """The command line as typed, without the sweep's own flags (--sweep, --plot, --results-file)
+    and the settings it chose, which come last from the point."""
+    out, skipping = [], False
+    for word in command:
+        if word.startswith("-") and not re.fullmatch(r"-\d.*", word):
+            name = word.split("=")[0]
+            skipping = name in _SWEEP_DROPPED or name[:2] in ("-j", "-b") and not name.startswith("--")
+        if not skipping:
+            out.append(word)
+    return [*out, *point.flags().split()]
+
+
+def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
+    """Images/s against decode threads (1, 2, 4, ...): the loader alone per batch and queue size,
+    end to end as crosses (the recommended one circled), the model alone as dashed lines; a log
+    scale when the model is far faster than the loader. False where matplotlib is missing."""
+    if (plt := _pyplot()) is None:
+        return False
+    from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, ScalarFormatter
+
+    fig, ax = plt.subplots(figsize=(11, 5))
+    threads = sorted({p.threads for p in sweep.points})
+    for group in sorted({(p.batch_size, p.queue_size, p.decode_processes) for p in sweep.points}):
+        mine = [p for p in sweep.points if (p.batch_size, p.queue_size, p.decode_processes) == group]
+        mine.sort(key=lambda p: p.threads)
+        batch_size, queue_size, procs = group
+        where = f", batch {batch_size}, queue {queue_size}" + (f", {procs} processes" if procs else "")
+        line = ax.plot([p.threads for p in mine], [p.loader_fps for p in mine], marker="o")[0]
+        line.set_label(f"loader alone{where}")
+        if ran := [p for p in mine if p.e2e_fps is not None]:
+            ax.plot([p.threads for p in ran], [p.e2e_fps for p in ran], marker="X", markersize=10, linestyle="none",
+                    color=line.get_color(), label=f"end to end{where}")  # fmt: skip
+    for batch_size in sorted({p.batch_size for p in sweep.points}):
+        model = next(p.model_fps for p in sweep.points if p.batch_size == batch_size)
+        ax.axhline(model, linestyle="--", color="grey", linewidth=1)
+        rate = f"{model:,.0f}" if model >= 100 else f"{model:.3g}"
+        ax.annotate(f"model alone, batch {batch_size}: {rate}/s", (threads[-1], model), fontsize=8,
+                    xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom", color="dimgrey")  # fmt: skip
+    best = sweep.recommended
+    ax.plot([best.threads], [best.e2e_fps or best.loader_fps], marker="o", markersize=18, fillstyle="none",
+            color="black", linestyle="none", label=f"recommended: {best.flags()}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(threads))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    rates = [r for p in sweep.points for r in (p.loader_fps, p.model_fps, p.e2e_fps) if r]
+    if rates and max(rates) > 20 * min(rates):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates, default=1) * 1.3)
+    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s",
+           title=title or f"Sweep: {sweep.images} images per setting")  # fmt: skip
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    _save(fig, plt, path)
+    return True
 
 
 ################################################################################
@@ -4160,56 +4205,6 @@ def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
               f"{b.shared_fps:.1f} images/s", file=file)  # fmt: skip
 
 
-def _print_parity(parity: _Parity, file: TextIO | None = None) -> None:
-    """Print the loader against timm's reference transform."""
-    p = parity
-    print(f"Parity with timm's reference transform on {p.images} images: pixels differ by {p.mad_mean:.2f} "
-          f"on average (worst {p.mad_max:.2f}, 0-255); top-1 agrees on {p.top1_agree:.1%}, top-5 on "
-          f"{p.top5_agree:.1%}; top-1 {p.top1_loader:.1%} here vs {p.top1_reference:.1%} there",
-          file=file or sys.stdout)  # fmt: skip
-
-
-def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = None) -> None:
-    """The sweep as a table, then the recommended setting as a command line to copy."""
-    file = file or sys.stdout
-    print(f"Sweep ({sweep.images} images per setting; images/s):", file=file)
-    processes = any(p.decode_processes for p in sweep.points)  # a column only when processes were swept or set
-    print(f"{'processes':>9} " * processes + f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} "
-          f"{'end-to-end':>11}", file=file)  # fmt: skip
-    noisy = False
-    for p in sweep.points:
-        e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
-        mark = " *" if p.e2e_fps is not None and p.e2e_fps > p.bound_fps else ""
-        noisy = noisy or bool(mark)
-        print(f"{p.decode_processes:>9} " * processes + f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} "
-              f"{p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}{mark}", file=file)  # fmt: skip
-    if noisy:
-        print("  * end to end above min(loader, model), which neither side can beat beside the other: measurement "
-              "noise (a short, buffered window); the ranking near it is uncertain", file=file)  # fmt: skip
-    if (best := sweep.recommended) is None:  # stopped before any setting was measured
-        return
-    print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
-    print(f"  {shlex.join(_with_settings(command, best))}", file=file)
-
-
-# The sweep's own flags, and the settings it sets, by every name the parser takes.
-_SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--num-threads", "-j", "--workers", "--batch-size", "-b",
-                  "--queue-size"}  # fmt: skip
-
-
-def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
-    """The command line as typed, without the sweep's own flags (--sweep, --plot, --results-file)
-    and the settings it chose, which come last from the point."""
-    out, skipping = [], False
-    for word in command:
-        if word.startswith("-") and not re.fullmatch(r"-\d.*", word):
-            name = word.split("=")[0]
-            skipping = name in _SWEEP_DROPPED or name[:2] in ("-j", "-b") and not name.startswith("--")
-        if not skipping:
-            out.append(word)
-    return [*out, *point.flags().split()]
-
-
 def _pyplot() -> Any:
     """matplotlib's pyplot drawing to files, or None where matplotlib is not installed."""
     try:
@@ -4223,56 +4218,6 @@ def _pyplot() -> Any:
 
 
 PLOT_HINT = "pip install matplotlib (or, in the checkout, pip install '.[plot]') to draw it"
-
-
-def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
-    """Images/s against decode threads: the loader alone, one line per batch size (and queue
-    size); the end-to-end rates measured, as crosses, the recommended one circled; the model
-    alone per batch size, a dashed line named at its end. The axes read in plain numbers
-    (threads 1, 2, 4; images/s on a log scale when the model is far faster than the loader).
-    False where matplotlib is missing."""
-    if (plt := _pyplot()) is None:
-        return False
-    from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, ScalarFormatter
-
-    fig, ax = plt.subplots(figsize=(11, 5))
-    threads = sorted({p.threads for p in sweep.points})
-    groups = sorted({(p.batch_size, p.queue_size, p.decode_processes) for p in sweep.points})
-    for batch_size, queue_size, procs in groups:
-        mine = sorted((p for p in sweep.points if (p.batch_size, p.queue_size, p.decode_processes) ==
-                       (batch_size, queue_size, procs)), key=lambda p: p.threads)  # fmt: skip
-        where = f", batch {batch_size}, queue {queue_size}" + (f", {procs} processes" if procs else "")
-        colour = ax.plot([p.threads for p in mine], [p.loader_fps for p in mine], marker="o",
-                         label=f"loader alone{where}")[0].get_color()  # fmt: skip
-        if ran := [p for p in mine if p.e2e_fps is not None]:
-            ax.plot([p.threads for p in ran], [p.e2e_fps for p in ran], marker="X", markersize=10, linestyle="none",
-                    color=colour, label=f"end to end{where}")  # fmt: skip
-    for batch_size in sorted({p.batch_size for p in sweep.points}):
-        model = next(p.model_fps for p in sweep.points if p.batch_size == batch_size)
-        ax.axhline(model, linestyle="--", color="grey", linewidth=1)
-        rate = f"{model:,.0f}" if model >= 100 else f"{model:.3g}"
-        ax.annotate(f"model alone, batch {batch_size}: {rate}/s", (threads[-1], model), fontsize=8,
-                    xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom", color="dimgrey")  # fmt: skip
-    best = sweep.recommended
-    ax.plot([best.threads], [best.e2e_fps or best.loader_fps], marker="o", markersize=18, fillstyle="none",
-            color="black", linestyle="none", label=f"recommended: {best.flags()}")  # fmt: skip
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(threads))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    rates = [r for p in sweep.points for r in (p.loader_fps, p.model_fps, p.e2e_fps) if r]
-    if rates and max(rates) > 20 * min(rates):
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates, default=1) * 1.3)
-    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s",
-           title=title or f"Sweep: {sweep.images} images per setting")  # fmt: skip
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    _save(fig, plt, path)
-    return True
 
 
 def _sliding_rate(ends: Sequence[float], images: Sequence[int], batches: int) -> list[float]:
@@ -4366,7 +4311,7 @@ def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
     if report.pipeline_stats is not None:
         _print_pipeline_stats(report.pipeline_stats, file)
     if report.parity is not None:
-        _print_parity(report.parity, file)
+        print(report.parity.summary(), file=file)
     if report.breakdown is not None:
         _print_breakdown(report.breakdown, file)
     if report.breakdown_cut is not None:

@@ -62,8 +62,8 @@ M = SemanticMutant
 MUTANTS: list[SemanticMutant] = [
     # --- The six of issue #25 ---------------------------------------------------------------
     M("issue #25: parity compares the loader with itself (reference logits from the loader's images)",
-      "b = model.logits(torch.stack([reference[p] for p in chunk])",
-      "b = model.logits(torch.stack([ours[p] for p in chunk])", PARITY),
+      "b = _top5(model, [reference[p] for p in paths], batch_size)",
+      "b = _top5(model, [ours[p] for p in paths], batch_size)", PARITY),
     M("issue #25: after a bad image, decode_batch_ffmpeg names each row by its neighbour's path",
       "_label_tensor(labels, device), paths, failures)",
       "_label_tensor(labels, device), [p for p, _ in items][: len(labels)], failures)", PREDICTIONS),
@@ -78,8 +78,8 @@ MUTANTS: list[SemanticMutant] = [
       "probs, classes = logits.softmax(dim=-1).topk(", "probs, classes = logits.topk(", PREDICTIONS),
     # --- Parity ------------------------------------------------------------------------------
     M("parity's top-1 of the loader and of the reference swapped",
-      "hits_ours + int((a[:, 0] == truth).sum()), hits_ref + int((b[:, 0] == truth).sum())",
-      "hits_ours + int((b[:, 0] == truth).sum()), hits_ref + int((a[:, 0] == truth).sum())", PARITY),
+      "hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (a, b))",
+      "hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (b, a))", PARITY),
     M("parity's reference resized bilinearly whatever the model's interpolation",
       "interpolation=t.interpolation, mean=t.mean", 'interpolation="bilinear", mean=t.mean', PARITY),
     M("parity's denominator counts the images the loader could not decode",
@@ -214,12 +214,12 @@ MUTANTS: list[SemanticMutant] = [
       "near = [p for p in self.points if p.bound_fps >=", "near = [p for p in self.points if p.loader_fps >=",
       SWEEP),
     M("the sweep's smallest setting by batch size first, not by threads",
-      "key=lambda p: (p.num_threads, p.batch_size, p.queue_size)",
-      "key=lambda p: (p.batch_size, p.num_threads, p.queue_size)", SWEEP),
+      "key=lambda p: (p.threads, p.decode_processes, p.batch_size, p.queue_size)",
+      "key=lambda p: (p.batch_size, p.threads, p.decode_processes, p.queue_size)", SWEEP),
     M("nothing run end to end: the sweep recommends the best bound, not the smallest candidate",
       "return self.candidates[0]", "return max(self.points, key=lambda p: p.bound_fps)", SWEEP),
     M("the sweep table's loader and model columns swapped", "{p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}",
       "{p.model_fps:9.1f} {p.loader_fps:9.1f} {e2e}", SWEEP),
     M("the recommended command line keeps a --batch-size=N of the sweep's command",
-      'skipping = word.split("=")[0] in dropped', "skipping = word in dropped", SWEEP),
+      'name = word.split("=")[0]', "name = word", SWEEP),
 ]  # fmt: skip
