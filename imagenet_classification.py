@@ -4307,20 +4307,21 @@ def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
     for batch_size, model in sorted(models.items()):
         ax.axhline(model, linestyle="--", color="grey", linewidth=1)
         text = f"model alone, batch {batch_size}: {f'{model:,.0f}' if model >= 100 else f'{model:.3g}'}/s"
-        ax.annotate(text, (threads[-1], model), xytext=(-4, 3), textcoords="offset points", ha="right", fontsize=8)
+        place = {"xytext": (-4, 3), "textcoords": "offset points", "ha": "right", "va": "bottom"}
+        ax.annotate(text, (threads[-1], model), **place, fontsize=8, color="dimgrey")
     best = sweep.recommended
     circle = {"marker": "o", "markersize": 18, "fillstyle": "none", "color": "black", "linestyle": "none"}
     ax.plot([best.threads], [best.e2e_fps or best.loader_fps], **circle, label=f"recommended: {best.flags()}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(threads, [str(t) for t in threads])
     rates = [r for p in sweep.points for r in (p.loader_fps, p.model_fps, p.e2e_fps) if r]
-    if max(rates) > 20 * min(rates):  # a log scale, its ticks in plain numbers (1, 2, 5 per decade)
+    if rates and max(rates) > 20 * min(rates):  # a log scale, its ticks in plain numbers (1, 2, 5 per decade)
         from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
         ax.set_yscale("log")
         ax.yaxis.set(major_locator=LogLocator(subs=(1, 2, 5)), major_formatter=ScalarFormatter())
         ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates) * 1.3)
+    ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates, default=1) * 1.3)
     title = title or f"Sweep: {sweep.images} images per setting"
     ax.set(xlabel="decode threads (in all processes)", ylabel="images/s", title=title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -4356,9 +4357,8 @@ def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
     if timed and end > warm:
         fps = timed / (end - warm)
         ax.hlines(fps, warm, end, color="black", linestyle="--", label=f"FPS window: {fps:,.1f} images/s")
-    ax.set(
-        xlabel="seconds since the start", ylabel="images/s", title=title or "The run, batch by batch", ylim=(0, None)
-    )
+    ax.set(xlabel="seconds since the start", ylabel="images/s", title=title or "The run, batch by batch")
+    ax.set_ylim(bottom=0)
     handles = ax.get_legend_handles_labels()[0]
     if occupancy := timeline.get("sink_occupancy"):
         interval = timeline["interval_s"]

@@ -110,10 +110,10 @@ MUTANTS: list[SemanticMutant] = [
       "    if policy is not None:\n        policy.record_fallback()\n    if not decoded:\n        return None",
       PREDICTIONS),
     M("the predictions CSV's correct1 and correct5 columns swapped",
-      'int(r["correct1"]), int(r["correct5"])]', 'int(r["correct5"]), int(r["correct1"])]', PREDICTION_FILES),
+      'correct1=int(r["correct1"]), correct5=int(r["correct5"])',
+      'correct1=int(r["correct5"]), correct5=int(r["correct1"])', PREDICTION_FILES),
     M("the predictions CSV's probs column holds the classes",
-      '" ".join(map(str, r["top5"])), " ".join(map(str, r["probs"]))',
-      '" ".join(map(str, r["top5"])), " ".join(map(str, r["top5"]))', PREDICTION_FILES),
+      '"probs": " ".join(map(str, r["probs"]))', '"probs": " ".join(map(str, r["top5"]))', PREDICTION_FILES),
     M("the predictions JSONL file loses its last row",
       'json.dumps(r) + "\\n" for r in rows)', 'json.dumps(r) + "\\n" for r in rows[:-1])', PREDICTION_FILES),
     # --- Decoding: every interpolation and crop mode ----------------------------------------
@@ -218,5 +218,5 @@ MUTANTS: list[SemanticMutant] = [
     M("the sweep table's loader and model columns swapped", "{p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}",
       "{p.model_fps:9.1f} {p.loader_fps:9.1f} {e2e}", SWEEP),
     M("the recommended command line keeps a --batch-size=N of the sweep's command",
-      'skipping = word.split("=")[0] in dropped', "skipping = word in dropped", SWEEP),
+      'name = word.split("=")[0]', "name = word", SWEEP),
 ]  # fmt: skip

@@ -454,7 +454,7 @@ def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(da
     def cannot_draw(timeline: dict, path: Path, *title: str) -> bool:
         raise ValueError("x and y must have same first dimension, but have shapes (4,) and (5,)")
 
-    monkeypatch.setattr(ic, "plot_timeline", cannot_draw)
+    monkeypatch.setattr(ic, "_plot_timeline", cannot_draw)
     assert ic._finish(report, outcome, config) == 1
     stdout, stderr = capfd.readouterr()
     assert "Images: listed=12 classified=12" in stdout and "Traceback" not in stderr
