@@ -4473,7 +4473,8 @@ def _write_atomically(path: Path | str, data: str | bytes) -> None:
         os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(OSError):  # the original error, not the clean-up's
+            os.unlink(tmp)
         raise
 
 
