@@ -4515,14 +4515,14 @@ def _results_row(payload: dict) -> dict:
     """The results as one row: timm's columns first, in its units (percent; ``infer_*`` as benchmark.py), then ours."""
     c = payload["config"]
     top1, top5 = 100 * payload["top1"], 100 * payload["top5"]
-    row = {"model": c["model"], "top1": round(top1, 4), "top1_err": round(100 - top1, 4), "top5": round(top5, 4)}
-    row.update(top5_err=round(100 - top5, 4), img_size=c["input_size"][-1], crop_pct=c["crop_pct"])
-    row.update(interpolation=c["interpolation"], infer_samples_per_sec=round(payload["fps"], 2))
-    row["infer_batch_size"] = c["batch_size"]
-    row.update({key: payload[key] for key in _ROW_RESULTS})
-    row.update({key: c[key] for key in _ROW_CONFIG})
-    row.update(version=payload["env"]["imagenet_classification"], start_time=c["start_time"], command=c["command"])
-    return row
+    row = {"model": c["model"], "top1": round(top1, 4), "top1_err": round(100 - top1, 4)}
+    row |= {"top5": round(top5, 4), "top5_err": round(100 - top5, 4), "img_size": c["input_size"][-1]}
+    row |= {"crop_pct": c["crop_pct"], "interpolation": c["interpolation"]}
+    row |= {"infer_samples_per_sec": round(payload["fps"], 2), "infer_batch_size": c["batch_size"]}
+    row |= {key: payload[key] for key in _ROW_RESULTS}
+    row |= {key: c[key] for key in _ROW_CONFIG}
+    row |= {"version": payload["env"]["imagenet_classification"]}
+    return row | {"start_time": c["start_time"], "command": c["command"]}
 
 
 def _csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
@@ -4548,9 +4548,9 @@ def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
         return
     flat = []
     for r in rows:
-        joined = {"top5": " ".join(map(str, r["top5"])), "probs": " ".join(map(str, r["probs"]))}
-        flat.append({**r, **joined, "top5_names": " | ".join(r["top5_names"])})
-        flat[-1].update(correct1=int(r["correct1"]), correct5=int(r["correct5"]))
+        row = {**r, "top5": " ".join(map(str, r["top5"])), "top5_names": " | ".join(r["top5_names"])}
+        row.update(probs=" ".join(map(str, r["probs"])), correct1=int(r["correct1"]), correct5=int(r["correct5"]))
+        flat.append(row)
     _write_atomically(path, _csv_text(flat, _PREDICTION_COLUMNS))
 
 

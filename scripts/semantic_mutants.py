@@ -113,7 +113,7 @@ MUTANTS: list[SemanticMutant] = [
       'correct1=int(r["correct1"]), correct5=int(r["correct5"])',
       'correct1=int(r["correct5"]), correct5=int(r["correct1"])', PREDICTION_FILES),
     M("the predictions CSV's probs column holds the classes",
-      '"probs": " ".join(map(str, r["probs"]))', '"probs": " ".join(map(str, r["top5"]))', PREDICTION_FILES),
+      'probs=" ".join(map(str, r["probs"]))', 'probs=" ".join(map(str, r["top5"]))', PREDICTION_FILES),
     M("the predictions JSONL file loses its last row",
       'json.dumps(r) + "\\n" for r in rows)', 'json.dumps(r) + "\\n" for r in rows[:-1])', PREDICTION_FILES),
     # --- Decoding: every interpolation and crop mode ----------------------------------------
