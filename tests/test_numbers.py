@@ -298,12 +298,12 @@ import json, os
 import torch
 import imagenet_classification as ic
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-ic.init_distributed(torch.device("cpu"), 60)
+ic._init_distributed(torch.device("cpu"), 60)
 result = ic.RunResult(listed=5, classified=3, failed=2, frames_timed=3, elapsed_s=1.0, batches=2, batches_timed=1,
                       loader_lead=4)
 result.record_failures([ic.ImageDecodeError("a.JPEG", "empty"), ic.ImageDecodeError("b.JPEG", "cut")])
 result.predictions = [dict(path="c.JPEG", top1=1)]
-total, ranks = ic.reduce_results(result, ic.Shard(0, 1, 0), torch.device("cpu"))
+total, ranks = ic._reduce_results(result, ic._Shard(0, 1, 0), torch.device("cpu"))
 print(json.dumps(dict(failures=total.failures, predictions=total.predictions, lead=total.loader_lead,
                       timed=total.batches_timed, ranks=ranks)))
 """
