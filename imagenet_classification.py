@@ -3979,90 +3979,84 @@ def _sweep_file_text(path: Path, sweep: _Sweep, payload: dict) -> str:
 
 def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = None) -> None:
     """The sweep as a table, then the recommended setting as a command line to copy."""
-    file = file or sys.stdout
     print(f"Sweep ({sweep.images} images per setting; images/s):", file=file)
     processes = any(p.decode_processes for p in sweep.points)  # a column only when processes were swept or set
-    print(f"{'processes':>9} " * processes + f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} "
-          f"{'end-to-end':>11}", file=file)  # fmt: skip
+    heads = f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} {'end-to-end':>11}"
+    print(f"{'processes':>9} " * processes + heads, file=file)
     noisy = False
     for p in sweep.points:
         e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
         mark = " *" if p.e2e_fps is not None and p.e2e_fps > p.bound_fps else ""
         noisy = noisy or bool(mark)
-        print(f"{p.decode_processes:>9} " * processes + f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} "
-              f"{p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}{mark}", file=file)  # fmt: skip
+        row = f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} {p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}"
+        print(f"{p.decode_processes:>9} " * processes + row + mark, file=file)
     if noisy:
-        print("  * end to end above min(loader, model), which neither side can beat beside the other: measurement "
-              "noise (a short, buffered window); the ranking near it is uncertain", file=file)  # fmt: skip
-    if (best := sweep.recommended) is None:  # stopped before any setting was measured
-        return
-    print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
-    print(f"  {shlex.join(_with_settings(command, best))}", file=file)
+        line = "  * end to end above min(loader, model), which neither side can beat beside the other: "
+        print(line + "measurement noise (a short, buffered window); the ranking near it is uncertain", file=file)
+    if (best := sweep.recommended) is not None:  # None: stopped before any setting was measured
+        print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
+        print(f"  {shlex.join(_with_settings(command, best))}", file=file)
 
 
 # The sweep's own flags, and the settings it sets, by every name the parser takes.
 _SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--num-threads", "-j", "--workers", "--batch-size", "-b",
-                  "--queue-size", "--decode-processes"}  # fmt: skip
+                  "--queue-size", "--decode-processes"}
 
 
 def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
-    """The command line as typed, without the sweep's own flags (--sweep, --plot, --results-file)
-    and the settings it chose, which come last from the point."""
+    """The command line as typed, less the sweep's own flags and settings, then ``point``'s settings."""
     out, skipping = [], False
     for word in command:
-        if word.startswith("-") and not re.fullmatch(r"-\d.*", word):
+        if word.startswith("-") and not re.fullmatch(r"-\d.*", word):  # a flag, not a negative number
             name = word.split("=")[0]
-            skipping = name in _SWEEP_DROPPED or name[:2] in ("-j", "-b") and not name.startswith("--")
+            skipping = name in _SWEEP_DROPPED or name[:2] in ("-j", "-b") and not name.startswith("--")  # -j8
         if not skipping:
             out.append(word)
     return [*out, *point.flags().split()]
 
 
 def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
-    """Images/s against decode threads (1, 2, 4, ...): the loader alone per batch and queue size,
-    end to end as crosses (the recommended one circled), the model alone as dashed lines; a log
-    scale when the model is far faster than the loader. False where matplotlib is missing."""
+    """Images/s against decode threads: the loader alone (lines), end to end (crosses, the recommended one
+    circled), the model alone (dashed), in plain numbers. False where matplotlib is missing."""
     if (plt := _pyplot()) is None:
         return False
-    from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, ScalarFormatter
-
     fig, ax = plt.subplots(figsize=(11, 5))
-    threads = sorted({p.threads for p in sweep.points})
-    for group in sorted({(p.batch_size, p.queue_size, p.decode_processes) for p in sweep.points}):
-        mine = [p for p in sweep.points if (p.batch_size, p.queue_size, p.decode_processes) == group]
-        mine.sort(key=lambda p: p.threads)
-        batch_size, queue_size, procs = group
+    groups: dict[tuple, list[_SweepPoint]] = {}
+    for p in sorted(sweep.points, key=lambda p: p.threads):
+        groups.setdefault((p.batch_size, p.queue_size, p.decode_processes), []).append(p)
+    for (batch_size, queue_size, procs), mine in sorted(groups.items()):
         where = f", batch {batch_size}, queue {queue_size}" + (f", {procs} processes" if procs else "")
-        line = ax.plot([p.threads for p in mine], [p.loader_fps for p in mine], marker="o")[0]
+        (line,) = ax.plot([p.threads for p in mine], [p.loader_fps for p in mine], marker="o")
         line.set_label(f"loader alone{where}")
         if ran := [p for p in mine if p.e2e_fps is not None]:
-            ax.plot([p.threads for p in ran], [p.e2e_fps for p in ran], marker="X", markersize=10, linestyle="none",
-                    color=line.get_color(), label=f"end to end{where}")  # fmt: skip
-    for batch_size in sorted({p.batch_size for p in sweep.points}):
-        model = next(p.model_fps for p in sweep.points if p.batch_size == batch_size)
+            crosses = {"marker": "X", "markersize": 10, "linestyle": "none", "color": line.get_color()}
+            ax.plot([p.threads for p in ran], [p.e2e_fps for p in ran], **crosses, label=f"end to end{where}")
+    threads = sorted({p.threads for p in sweep.points})
+    models: dict[int, float] = {}
+    for p in sweep.points:
+        models.setdefault(p.batch_size, p.model_fps)
+    for batch_size, model in sorted(models.items()):
         ax.axhline(model, linestyle="--", color="grey", linewidth=1)
-        rate = f"{model:,.0f}" if model >= 100 else f"{model:.3g}"
-        ax.annotate(f"model alone, batch {batch_size}: {rate}/s", (threads[-1], model), fontsize=8,
-                    xytext=(-4, 3), textcoords="offset points", ha="right", va="bottom", color="dimgrey")  # fmt: skip
+        text = f"model alone, batch {batch_size}: {f'{model:,.0f}' if model >= 100 else f'{model:.3g}'}/s"
+        place = {"xytext": (-4, 3), "textcoords": "offset points", "ha": "right", "va": "bottom"}
+        ax.annotate(text, (threads[-1], model), **place, fontsize=8, color="dimgrey")
     best = sweep.recommended
-    ax.plot([best.threads], [best.e2e_fps or best.loader_fps], marker="o", markersize=18, fillstyle="none",
-            color="black", linestyle="none", label=f"recommended: {best.flags()}")  # fmt: skip
+    circle = {"marker": "o", "markersize": 18, "fillstyle": "none", "color": "black", "linestyle": "none"}
+    ax.plot([best.threads], [best.e2e_fps or best.loader_fps], **circle, label=f"recommended: {best.flags()}")
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(threads))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(threads, [str(t) for t in threads])
     rates = [r for p in sweep.points for r in (p.loader_fps, p.model_fps, p.e2e_fps) if r]
-    if rates and max(rates) > 20 * min(rates):
+    if rates and max(rates) > 20 * min(rates):  # a log scale, its ticks in plain numbers (1, 2, 5 per decade)
+        from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
         ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
-        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set(major_locator=LogLocator(subs=(1, 2, 5)), major_formatter=ScalarFormatter())
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates, default=1) * 1.3)
-    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s",
-           title=title or f"Sweep: {sweep.images} images per setting")  # fmt: skip
-    ax.grid(True, alpha=0.3)
+    title = title or f"Sweep: {sweep.images} images per setting"
+    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s", title=title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    _save(fig, plt, path)
+    _save(fig, plt, ax, path)
     return True
 
 
@@ -4073,47 +4067,35 @@ def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
 
 @dataclass
 class _RunReport:
-    """Everything a run reports: the result and what it was measured with.
-
-    Attributes:
-        result: The job's result (every rank's, summed).
-        config: The run's settings, as the results file holds them.
-        env: Versions and hardware (:py:func:`environment`).
-        ranks: Each rank's share (one entry outside torchrun).
-        breakdown: The loader alone, the model alone, end-to-end (``--breakdown``).
-        breakdown_cut: Why the breakdown did not finish (an interrupt), if it did not.
-        pipeline_stats: SPDL's stage statistics (:py:meth:`PipelineStats.summary`).
-        decoder_check: The decoder against FFmpeg on the CPU, before the run.
-        parity: The loader against timm's reference transform, before the run.
-        world_size: The job's processes (torchrun's WORLD_SIZE).
-    """
+    """A run's result (every rank's, summed), its config as the results file holds it, the environment, each rank's."""
 
     result: RunResult
     config: dict
     env: dict
     ranks: list[dict]
     breakdown: _Breakdown | None = None
-    breakdown_cut: str | None = None
-    pipeline_stats: dict | None = None
+    breakdown_cut: str | None = None  # why the breakdown did not finish (an interrupt)
+    pipeline_stats: dict | None = None  # PipelineStats.summary()
     decoder_check: _DecoderCheck | None = None
     parity: _Parity | None = None
     world_size: int | None = None  # the job's processes (default: one per entry of ``ranks``)
 
     def to_dict(self) -> dict:
-        payload = {**self.result.to_dict(), "world_size": self.world_size or len(self.ranks), "ranks": self.ranks,
-                   "config": self.config, "env": self.env}  # fmt: skip
-        extras = {"breakdown": self.breakdown, "decoder_check": self.decoder_check, "parity": self.parity}
-        payload.update({k: asdict(v) for k, v in extras.items() if v is not None})
-        if self.breakdown_cut is not None:
-            payload["breakdown_cut"] = self.breakdown_cut
-        if self.pipeline_stats is not None:
-            payload["pipeline_stats"] = self.pipeline_stats
+        payload = {**self.result.to_dict(), "world_size": self.world_size or len(self.ranks), "ranks": self.ranks}
+        payload.update(config=self.config, env=self.env)
+        checks = {"breakdown": self.breakdown, "decoder_check": self.decoder_check, "parity": self.parity}
+        payload.update({name: asdict(check) for name, check in checks.items() if check is not None})
+        notes = {"breakdown_cut": self.breakdown_cut, "pipeline_stats": self.pipeline_stats}
+        payload.update({name: note for name, note in notes.items() if note is not None})
         return payload
+
+
+FALLBACK_WARNING = 0.05  # a share of images decoded on the CPU that makes a GPU decoder's figures mostly the CPU's
+COLD_RESIDUE = 0.05  # a share of the listed bytes still in memory after eviction that makes a cold run not cold
 
 
 def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
     """Print the design's FPS and accuracy lines, then the accounting of every listed image."""
-    file = file or sys.stdout
     if result.warmup_included:
         print(f"WARNING: only {result.batches} batch(es), not more than the warm-up: FPS includes it", file=file)
     over = result.fps_max_overstatement
@@ -4121,108 +4103,90 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
         lead = min(result.loader_lead or 0, result.batches_timed)
         had = "all of them" if lead == result.batches_timed else f"{lead}"
         bound = "FPS may be the model's rate alone" if over == math.inf else f"FPS may be up to {over:.0%} high"
-        print(f"WARNING: the FPS window holds {result.batches_timed} batches and the loader may have had "
-              f"{had} ready or under way when it opened: if the loader is the bottleneck, {bound}; "
-              f"list more images (repeating the list is fine)", file=file)  # fmt: skip
+        line = f"WARNING: the FPS window holds {result.batches_timed} batches and the loader may have had {had} "
+        line += f"ready or under way when it opened: if the loader is the bottleneck, {bound}; list more images "
+        print(line + "(repeating the list is fine)", file=file)
     print(f"FPS={result.fps:.2f} ({result.frames_timed}/{result.elapsed_s:.2f})", file=file)
     skipped = f", {result.failed} failed to decode" if result.failed else ""
     for k, correct, acc in (("1", result.top1_correct, result.top1), ("5", result.top5_correct, result.top5)):
         print(f"Accuracy (top{k})={acc:.2%} ({correct}/{result.classified}{skipped})", file=file)
-    print(
-        f"Images: listed={result.listed} classified={result.classified} failed={result.failed} "
-        f"not_reached={result.not_reached}{' (PARTIAL RUN)' if result.partial else ''}",
-        file=file,
-    )
+    line = f"Images: listed={result.listed} classified={result.classified} failed={result.failed} "
+    print(line + f"not_reached={result.not_reached}{' (PARTIAL RUN)' if result.partial else ''}", file=file)
     if result.decoder_fallbacks:
         share = result.decoder_fallbacks / result.classified if result.classified else 1.0
         note = "; the figures are mostly the CPU's" if share > FALLBACK_WARNING else ""
-        print(f"  {result.decoder_fallbacks} images ({share:.1%}) decoded on the CPU: the GPU decoder cannot "
-              f"take them{note}", file=file)  # fmt: skip
+        line = f"  {result.decoder_fallbacks} images ({share:.1%}) decoded on the CPU: the GPU decoder cannot "
+        print(f"{line}take them{note}", file=file)
     if result.decoder_backends:
         counts = ", ".join(f"{backend} {count}" for backend, count in sorted(result.decoder_backends.items()))
         print(f"  decoded on the GPU, per backend: {counts}", file=file)
     if result.page_cache is not None:
-        for line in _page_cache_lines(result.page_cache):
-            print(line, file=file)
+        print("\n".join(_page_cache_lines(result.page_cache)), file=file)
     for failure in result.failures[:10]:
         print(f"  failed: {failure['path']}: {failure['reason']}", file=file)
     if len(result.failures) > 10:
         print(f"  ... and {len(result.failures) - 10} more (all in the results file)", file=file)
 
 
-FALLBACK_WARNING = 0.05  # a share of images decoded on the CPU that makes a GPU decoder's figures mostly the CPU's
-COLD_RESIDUE = 0.05  # a share of the listed bytes still in memory after eviction that makes a cold run not cold
-
-
-def _size_text(count: int) -> str:
-    return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
-
-
 def _page_cache_lines(cache: _PageCache) -> list[str]:
     """The summary's lines on the page cache: cold or warm, and how much was in memory."""
+    size = f"{cache.bytes / 1e9:.2f} GB" if cache.bytes >= 1e9 else f"{cache.bytes / 1e6:.1f} MB"
     line = "Page cache: cold run (--cold-cache)" if cache.cold else "Page cache: warm run (no --cold-cache)"
-    listed = f"the listed {_size_text(cache.bytes)}"
-    if cache.resident is None or (cache.cold and cache.resident_after is None):
-        line += f"; how much of {listed} was in memory is unknown (mincore could not tell)"
+    after = cache.resident_after
+    if cache.resident is None or (cache.cold and after is None):
+        line += f"; how much of the listed {size} was in memory is unknown (mincore could not tell)"
     else:
-        line += f"; before it, {cache.resident:.1%} of {listed} was in memory"
-        line += f", {cache.resident_after:.1%} after eviction" if cache.resident_after is not None else ""
+        line += f"; before it, {cache.resident:.1%} of the listed {size} was in memory"
+        line += f", {after:.1%} after eviction" if after is not None else ""
     if cache.skipped:
         line += f"; {cache.skipped} listed paths not examined (not opened as regular files)"
-    lines = [line]
-    after = cache.resident_after
-    if cache.cold and after is not None and after > COLD_RESIDUE:
-        effect = "had no effect" if after >= (cache.resident or 0.0) else f"left {after:.1%} of the bytes in memory"
-        lines.append(f"  WARNING: eviction {effect}: the file system ignores it (tmpfs, some network file "
-                     "systems) or those pages are not yet written to disk (run sync first); they were read from "
-                     "memory")  # fmt: skip
-    return lines
+    if not (cache.cold and after is not None and after > COLD_RESIDUE):
+        return [line]
+    effect = "had no effect" if after >= (cache.resident or 0.0) else f"left {after:.1%} of the bytes in memory"
+    warning = f"  WARNING: eviction {effect}: the file system ignores it (tmpfs, some network file systems) or "
+    return [line, warning + "those pages are not yet written to disk (run sync first); they were read from memory"]
 
 
 def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
     """Print loader-only, model-only and end-to-end rates side by side, with the verdict."""
-    b, file = breakdown, file or sys.stdout
-    print(f"Breakdown (images/s): loader alone {b.loader_fps:.1f} | model alone {b.model_fps:.1f} | "
-          f"end-to-end {b.e2e_fps:.1f}", file=file)  # fmt: skip
+    b = breakdown
+    rates = f"loader alone {b.loader_fps:.1f} | model alone {b.model_fps:.1f} | end-to-end {b.e2e_fps:.1f}"
+    print(f"Breakdown (images/s): {rates}", file=file)
     if b.read_fps is not None:
         share = "unknown" if b.read_resident is None else f"{b.read_resident:.1%}"
         cache = f"{'cold' if b.read_cold else 'warm'}: {share} of the bytes in memory"
-        print(f"Reading alone (the loader's reads, as many batches at once, no decode; {cache}): "
-              f"{b.read_fps:.1f} images/s, {b.read_mb_s:.1f} MB/s", file=file)  # fmt: skip
-    noise = (
-        " (above 100 %: measurement noise, or a window too short for the loader's buffer)" if b.efficiency > 1 else ""
-    )
-    print(f"Bound {b.bound_fps:.1f} images/s, set by the {b.bottleneck}; end-to-end reaches "
-          f"{b.efficiency:.0%} of it{noise}", file=file)  # fmt: skip
+        line = f"Reading alone (the loader's reads, as many batches at once, no decode; {cache}): "
+        print(f"{line}{b.read_fps:.1f} images/s, {b.read_mb_s:.1f} MB/s", file=file)
+    noise = " (above 100 %: measurement noise, or a window too short for the loader's buffer)"
+    line = f"Bound {b.bound_fps:.1f} images/s, set by the {b.bottleneck}; end-to-end reaches {b.efficiency:.0%} of it"
+    print(line + (noise if b.efficiency > 1 else ""), file=file)
     if b.bottleneck == "disk" and b.read_fps and b.loader_fps <= b.read_fps:
-        print(f"The loader runs at {b.loader_fps / b.read_fps:.0%} of reading alone: the disk sets its pace, not "
-              "the decode (more threads help only while the disk has bandwidth to spare)", file=file)  # fmt: skip
+        line = f"The loader runs at {b.loader_fps / b.read_fps:.0%} of reading alone: the disk sets its pace, "
+        print(line + "not the decode (more threads help only while the disk has bandwidth to spare)", file=file)
     elif b.bottleneck == "disk":
-        print("Reading alone was slower than the loader, which reads the same files: the disk's rate changed "
-              "between the passes (other readers, pages cached in between)", file=file)  # fmt: skip
+        line = "Reading alone was slower than the loader, which reads the same files: the disk's rate changed "
+        print(line + "between the passes (other readers, pages cached in between)", file=file)
     if b.shared_fps is not None:
-        print(f"On the CPU the two share the cores: taking turns, with no overlap, they would reach "
-              f"{b.shared_fps:.1f} images/s", file=file)  # fmt: skip
+        line = "On the CPU the two share the cores: taking turns, with no overlap, they would reach "
+        print(f"{line}{b.shared_fps:.1f} images/s", file=file)
 
-
-def _pyplot() -> Any:
-    """matplotlib's pyplot drawing to files, or None where matplotlib is not installed."""
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 PLOT_HINT = "pip install matplotlib (or, in the checkout, pip install '.[plot]') to draw it"
 
 
+def _pyplot() -> Any:
+    """matplotlib's pyplot drawing to files, or None where matplotlib is not installed."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    plt.switch_backend("Agg")
+    return plt
+
+
 def _sliding_rate(ends: Sequence[float], images: Sequence[int], batches: int) -> list[float]:
-    """Images/s at each batch's end over the last ``batches`` batches (from the start, 0 s, for
-    the first ones): ``sum(images[i-k+1 .. i]) / (ends[i] - ends[i-k])``. 0 where no time passed."""
+    """Images/s at each batch's end over the last ``batches`` batches (from 0 s at first); 0 where no time passed."""
     rates = []
     for i, end in enumerate(ends):
         first = max(0, i - batches + 1)
@@ -4232,62 +4196,50 @@ def _sliding_rate(ends: Sequence[float], images: Sequence[int], batches: int) ->
 
 
 def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
-    """The run as it went: images/s over a sliding window of batches (a tenth of the run, 2 to
-    20 batches), the first batch (start-up, and compilation when on) and the warm-up shaded,
-    the FPS window and its rate marked, and the sink queue's occupancy per interval where
-    measured; every line in the legend. False where matplotlib is missing."""
+    """The run as it went: images/s over a sliding window of batches, the first batch and the warm-up shaded,
+    the FPS window, the sink queue's occupancy where measured. False where matplotlib is missing."""
     if (plt := _pyplot()) is None:
         return False
-    ends, images = timeline["batch_end_s"], timeline["batch_images"]
+    ends, images, warm, end = (timeline[k] for k in ("batch_end_s", "batch_images", "warmup_end_s", "end_s"))
     window = min(20, max(2, len(ends) // 10))
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    ax.plot(ends, _sliding_rate(ends, images, window), marker="." if len(ends) < 60 else None,
-            label=f"images/s over the last {window} batches")  # fmt: skip
+    rates = _sliding_rate(ends, images, window)
+    ax.plot(ends, rates, marker="." if len(ends) < 60 else None, label=f"images/s over the last {window} batches")
     if ends:
         ax.axvspan(0, ends[0], color="tab:red", alpha=0.15, label="first batch: start-up (and compilation)")
-    warm = timeline["warmup_end_s"]
     if warm > 0:
         ax.axvspan(ends[0] if ends else 0, warm, color="grey", alpha=0.2, label="warm-up: not in FPS")
-    timed = [(e, n) for e, n in zip(ends, images, strict=True) if e > warm]
-    if timed and timeline["end_s"] > warm:
-        fps = sum(n for _, n in timed) / (timeline["end_s"] - warm)
-        ax.hlines(fps, warm, timeline["end_s"], color="black", linestyle="--", label=f"FPS window: {fps:,.1f} images/s")
+    timed = sum(n for e, n in zip(ends, images, strict=True) if e > warm)
+    if timed and end > warm:
+        fps = timed / (end - warm)
+        ax.hlines(fps, warm, end, color="black", linestyle="--", label=f"FPS window: {fps:,.1f} images/s")
     ax.set(xlabel="seconds since the start", ylabel="images/s", title=title or "The run, batch by batch")
     ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
     handles = ax.get_legend_handles_labels()[0]
     if occupancy := timeline.get("sink_occupancy"):
-        twin = ax.twinx()
         interval = timeline["interval_s"]
-        handles += twin.step([i * interval for i in range(len(occupancy))], occupancy, where="post", alpha=0.6,
-                             color="tab:orange", label=f"a batch waiting (share of each {interval:g} s)")  # fmt: skip
+        twin = ax.twinx()
+        starts = [i * interval for i in range(len(occupancy))]
+        label = f"a batch waiting (share of each {interval:g} s)"
+        handles += twin.step(starts, occupancy, where="post", alpha=0.6, color="tab:orange", label=label)
         twin.set(ylim=(0, 1.05), ylabel="share of the time a batch was waiting")
     ax.legend(handles=handles, loc="lower right", fontsize=8)
-    _save(fig, plt, path)
+    _save(fig, plt, ax, path)
     return True
 
 
-def _save(fig: Any, plt: Any, path: Path | str) -> None:
-    """Save a figure as PNG, atomically (see ``_write_atomically``)."""
-    buffer = io.BytesIO()
+def _save(fig: Any, plt: Any, ax: Any, path: Path | str) -> None:
+    """Grid the axes, save the figure as PNG, atomically."""
+    ax.grid(True, alpha=0.3)
     fig.tight_layout()
+    buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
     _write_atomically(path, buffer.getvalue())
 
 
-def _queue_verdict(occupancy: float) -> str:
-    if occupancy >= 0.8:
-        return "the loader ran ahead of the model"
-    if occupancy <= 0.2:
-        return "the model waited for batches: loading is the bottleneck"
-    return "loader and model ran at about the same pace"
-
-
 def _print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
-    """Print :py:meth:`PipelineStats.summary`: each stage's average task time, then the sink
-    queue's occupancy read as SPDL's performance guide reads it."""
-    file = file or sys.stdout
+    """Print PipelineStats.summary(): each stage's task time, the sink queue's occupancy as SPDL's guide reads it."""
     stages = []
     for stage in stats["stages"]:
         failed = f" ({stage['failures']} failed)" if stage["failures"] else ""
@@ -4300,9 +4252,13 @@ def _print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
     if not sink["items"]:
         print("SPDL sink queue: no batch was taken in the FPS window", file=file)
         return
-    wait_ms = sink["ave_get_wait_s"] * 1e3
-    print(f"SPDL sink queue: a batch was waiting {sink['occupancy']:.0%} of the time, the model waited "
-          f"{wait_ms:.2f} ms per batch: {_queue_verdict(sink['occupancy'])}", file=file)  # fmt: skip
+    verdict = "loader and model ran at about the same pace"
+    if sink["occupancy"] >= 0.8:
+        verdict = "the loader ran ahead of the model"
+    elif sink["occupancy"] <= 0.2:
+        verdict = "the model waited for batches: loading is the bottleneck"
+    line = f"SPDL sink queue: a batch was waiting {sink['occupancy']:.0%} of the time, the model waited "
+    print(f"{line}{sink['ave_get_wait_s'] * 1e3:.2f} ms per batch: {verdict}", file=file)
 
 
 def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
@@ -4339,55 +4295,47 @@ def _device_name(device: torch.device) -> str:
 
 def _environment(device: torch.device) -> dict:
     """Versions and hardware that the numbers depend on."""
-    ffmpeg = spdl.io.utils.get_ffmpeg_versions()
-    env = {
-        "imagenet_classification": __version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "timm": _version("timm"),
-        "spdl": _version("spdl"),
-        "ffmpeg": {lib: ".".join(map(str, v)) for lib, v in ffmpeg.items()},
-        "device_name": _device_name(device),
-        "cpu_count": os.cpu_count(),
-    }
+    ffmpeg = {lib: ".".join(map(str, v)) for lib, v in spdl.io.utils.get_ffmpeg_versions().items()}
+    env = {"imagenet_classification": __version__, "python": platform.python_version(), "torch": torch.__version__}
+    env.update(timm=_version("timm"), spdl=_version("spdl"), ffmpeg=ffmpeg)
+    env.update(device_name=_device_name(device), cpu_count=os.cpu_count())
     if device.type == "cuda":
         env["cuda"] = torch.version.cuda
         env["cuda_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
     return env
 
 
-def _write_atomically(path: Path | str, text: str | bytes) -> None:
-    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over
-    ``path``: a reader sees the old file or the new one, never a part, and a failed write leaves
-    the old one. A symbolic link is followed, so the file it names is replaced.
+_UMASK = os.umask(0o022)  # read by setting it, and restored at once: at import, before any thread
+os.umask(_UMASK)
 
-    Raises:
-        OSError: the write failed (no space, the folder gone, no permission, not a regular file).
-    """
+
+def _write_atomically(path: Path | str, data: str | bytes) -> None:
+    """Write ``data`` beside ``path`` (a symbolic link's target), then rename it over ``path``: a
+    reader sees the old file or the new one. Raises OSError, the old file left whole."""
     if (problem := _not_a_file(path)) is not None:  # the start-up check's own test (_check_output_path)
         raise OSError(errno.EINVAL, problem, str(path))
+    if isinstance(data, str):  # surrogateescape: a name that is not UTF-8 is written as its bytes on disk
+        data = data.encode("utf-8", "surrogateescape")
     target = Path(os.path.realpath(path))
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~_UMASK  # as open() would
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            # surrogateescape: a name that is not UTF-8 (read with the file system's own
-            # surrogateescape) is written back as the bytes it has on disk, not refused
-            f.write(text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~_umask())
+        os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # the original error, not the clean-up's
             os.unlink(tmp)
         raise
 
 
 def _not_a_file(path: Path | str) -> str | None:
-    """Why ``path`` cannot take an output, or None: it names (links followed, ``/dev/stdout``'s
-    too) a folder, a device, a FIFO or a pipe, or the file this process's stdin, stdout or stderr
-    is (``--results-file /dev/stdout > run.log``: its link leads to run.log, and replacing that
-    would lose the summary)."""
+    """Why ``path`` cannot take an output, or None: it leads (links followed) to a folder, a device,
+    a FIFO, a pipe, /proc, or the file this process's stdin, stdout or stderr is
+    (``--results-file /dev/stdout > run.log``: replacing run.log would lose the summary)."""
     try:
         found = os.stat(path)
     except FileNotFoundError:  # /dev/stdout with stdout closed leads to /proc, where no file can be made
@@ -4402,22 +4350,8 @@ def _not_a_file(path: Path | str) -> str | None:
     return None
 
 
-def _umask() -> int:
-    """This process's umask, read without changing it (os.umask would, for every thread)."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        status = Path("/proc/self/status").read_text().splitlines()
-        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
-    return 0o022
-
-
 def _write_results(path: Path | str, report: _RunReport) -> None:
-    """Write the report as one JSON object, or for a ``.csv`` path one CSV row as timm's
-    validate.py and benchmark.py write theirs (see :py:func:`_results_row`); atomically (see
-    ``_write_atomically``).
-
-    Raises:
-        OSError: the file could not be written; an existing one is left as it was.
-    """
+    """Write the report as one JSON object or, for a ``.csv`` path, one CSV row; atomically. Raises OSError."""
     if str(path).lower().endswith(".csv"):
         row = _results_row(report.to_dict())
         _write_atomically(path, _csv_text([row], row))
@@ -4425,31 +4359,28 @@ def _write_results(path: Path | str, report: _RunReport) -> None:
         _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
 
 
+# The results row's columns after timm's: from the result, then from the config.
+_ROW_RESULTS = "fps elapsed_s frames_timed listed classified failed not_reached partial warmup_included".split()
+_ROW_RESULTS += ["fps_max_overstatement", "fps_window_may_be_buffered", "world_size"]
+_ROW_CONFIG = "device dtype compile weights loader decoder num_threads queue_size".split()
+
+
 def _results_row(payload: dict) -> dict:
-    """The results as one flat row: timm's column names where it has them, in its units (top-1
-    and top-5 in percent, as validate.py writes them; ``infer_*`` as benchmark.py does), then
-    this tool's figures (fractions and images/s, as in the JSON)."""
+    """The results as one row: timm's columns first, in its units (percent; ``infer_*`` as benchmark.py), then ours."""
     c = payload["config"]
     top1, top5 = 100 * payload["top1"], 100 * payload["top5"]
-    return {
-        "model": c["model"], "top1": round(top1, 4), "top1_err": round(100 - top1, 4), "top5": round(top5, 4),
-        "top5_err": round(100 - top5, 4), "img_size": c["input_size"][-1], "crop_pct": c["crop_pct"],
-        "interpolation": c["interpolation"], "infer_samples_per_sec": round(payload["fps"], 2),
-        "infer_batch_size": c["batch_size"], "fps": payload["fps"], "elapsed_s": payload["elapsed_s"],
-        "frames_timed": payload["frames_timed"], "listed": payload["listed"], "classified": payload["classified"],
-        "failed": payload["failed"], "not_reached": payload["not_reached"], "partial": payload["partial"],
-        "warmup_included": payload["warmup_included"], "fps_max_overstatement": payload["fps_max_overstatement"],
-        "fps_window_may_be_buffered": payload["fps_window_may_be_buffered"], "world_size": payload["world_size"],
-        "device": c["device"], "dtype": c["dtype"], "compile": c["compile"], "weights": c["weights"],
-        "loader": c["loader"], "decoder": c["decoder"], "num_threads": c["num_threads"],
-        "queue_size": c["queue_size"], "version": payload["env"]["imagenet_classification"],
-        "start_time": c["start_time"], "command": c["command"],
-    }  # fmt: skip
+    row = {"model": c["model"], "top1": round(top1, 4), "top1_err": round(100 - top1, 4)}
+    row |= {"top5": round(top5, 4), "top5_err": round(100 - top5, 4), "img_size": c["input_size"][-1]}
+    row |= {"crop_pct": c["crop_pct"], "interpolation": c["interpolation"]}
+    row |= {"infer_samples_per_sec": round(payload["fps"], 2), "infer_batch_size": c["batch_size"]}
+    row |= {key: payload[key] for key in _ROW_RESULTS}
+    row |= {key: c[key] for key in _ROW_CONFIG}
+    row |= {"version": payload["env"]["imagenet_classification"]}
+    return row | {"start_time": c["start_time"], "command": c["command"]}
 
 
 def _csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
-    """Rows as CSV under a header of ``columns`` (the header alone where there is no row); None
-    as an empty field."""
+    """Rows as CSV under a header of ``columns`` (the header alone without rows); None as empty."""
     import csv
 
     text = io.StringIO()
@@ -4459,23 +4390,22 @@ def _csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
     return text.getvalue()
 
 
+_PREDICTION_COLUMNS = ("path", "label", "label_name", "top5", "top5_names", "probs", "correct1", "correct5")
+
+
 def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
-    """Write one row per classified image: CSV for a ``.csv`` path, JSON Lines otherwise.
-
-    Columns: path, label, label_name, top5 (class indices, best first), top5_names (their
-    names; in CSV joined by `` | ``), probs (their softmax probabilities), correct1, correct5.
-
-    Raises:
-        OSError: the file could not be written.
-    """
-    if str(path).lower().endswith(".csv"):
-        flat = [{**r, "top5": " ".join(map(str, r["top5"])), "top5_names": " | ".join(r["top5_names"]),
-                 "probs": " ".join(map(str, r["probs"])), "correct1": int(r["correct1"]),
-                 "correct5": int(r["correct5"])} for r in rows]  # fmt: skip
-        columns = ("path", "label", "label_name", "top5", "top5_names", "probs", "correct1", "correct5")
-        _write_atomically(path, _csv_text(flat, columns))
-    else:
+    """Write one row per classified image (columns: _PREDICTION_COLUMNS) as JSON Lines or, for a
+    ``.csv`` path, CSV: top5 (class indices, best first) and probs (their softmax probabilities)
+    joined by spaces, top5_names by `` | ``, correct1 and correct5 as 0 or 1. Raises OSError."""
+    if not str(path).lower().endswith(".csv"):
         _write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
+        return
+    flat = []
+    for r in rows:
+        row = {**r, "top5": " ".join(map(str, r["top5"])), "top5_names": " | ".join(r["top5_names"])}
+        row.update(probs=" ".join(map(str, r["probs"])), correct1=int(r["correct1"]), correct5=int(r["correct5"]))
+        flat.append(row)
+    _write_atomically(path, _csv_text(flat, _PREDICTION_COLUMNS))
 
 
 def _run_title(report: _RunReport) -> str:

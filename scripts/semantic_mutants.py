@@ -113,10 +113,10 @@ MUTANTS: list[SemanticMutant] = [
       "        for i, image in zip(at, on_cpu, strict=True):\n            images[i] = image",
       PREDICTIONS),
     M("the predictions CSV's correct1 and correct5 columns swapped",
-      'int(r["correct1"]), int(r["correct5"])]', 'int(r["correct5"]), int(r["correct1"])]', PREDICTION_FILES),
+      'correct1=int(r["correct1"]), correct5=int(r["correct5"])',
+      'correct1=int(r["correct5"]), correct5=int(r["correct1"])', PREDICTION_FILES),
     M("the predictions CSV's probs column holds the classes",
-      '" ".join(map(str, r["top5"])), " ".join(map(str, r["probs"]))',
-      '" ".join(map(str, r["top5"])), " ".join(map(str, r["top5"]))', PREDICTION_FILES),
+      'probs=" ".join(map(str, r["probs"]))', 'probs=" ".join(map(str, r["top5"]))', PREDICTION_FILES),
     M("the predictions JSONL file loses its last row",
       'json.dumps(r) + "\\n" for r in rows)', 'json.dumps(r) + "\\n" for r in rows[:-1])', PREDICTION_FILES),
     # --- Decoding: every interpolation and crop mode ----------------------------------------
