@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from imagenet_classification import _Breakdown, _PipelineStats, _Progress, get_pipeline
-from tests.conftest import ROOT, TINY, read_json, run_cli
+from tests.conftest import ROOT, TINY, read_json, run_cli, run_main
 
 FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1"]
 
@@ -25,10 +25,10 @@ def test_breakdown_verdict_on_cpu_and_gpu():
     assert (gpu.bound_fps, gpu.bottleneck, gpu.efficiency, gpu.shared_fps) == (5000.0, "loader", 0.9, None)
 
 
-def test_breakdown_run_reports_three_rates(jpeg_set, tmp_path):
-    out = tmp_path / "r.json"
-    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--breakdown",
-                   "--results-file", out)  # fmt: skip
+def test_breakdown_run_reports_three_rates(jpeg_set, tmp_path, capfd):
+    out = tmp_path / "r.json"  # in this process: what the run reports is checked, not the process
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--breakdown",
+                    "--results-file", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "Breakdown (images/s): loader alone" in proc.stdout and "end-to-end reaches" in proc.stdout
     result = read_json(out)
@@ -44,9 +44,10 @@ def test_breakdown_run_reports_three_rates(jpeg_set, tmp_path):
     assert result["classified"] == 30  # the extra timings do not change the accounting
 
 
-def test_breakdown_of_a_run_shorter_than_the_warmup(jpeg_set):
-    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
-                   "--batch-size", "4", "--max-samples", "8", "--breakdown")  # fmt: skip
+def test_breakdown_of_a_run_shorter_than_the_warmup(jpeg_set, capfd):
+    # In this process: what the run reports is checked, not the process.
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
+                    "--batch-size", "4", "--max-samples", "8", "--breakdown")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "not more than the warm-up" in proc.stdout and "Breakdown (images/s): loader alone" in proc.stdout
 
