@@ -52,12 +52,13 @@ def test_breakdown_of_a_run_shorter_than_the_warmup(jpeg_set, capfd):
     assert "not more than the warm-up" in proc.stdout and "Breakdown (images/s): loader alone" in proc.stdout
 
 
-def test_torch_loader_does_the_same_work(demo_photos, lite0_checkpoint, tmp_path):
+def test_torch_loader_does_the_same_work(demo_photos, lite0_checkpoint, tmp_path, capfd):
     common = ["--input-flist", demo_photos, "--prefix", f"{demo_photos.parent}/", "--model", "efficientnet_lite0",
               "--checkpoint", lite0_checkpoint, "--device", "cpu", "--no-compile", "--batch-size", "4",
               "--num-threads", "2", "--warmup-batches", "1"]  # fmt: skip
-    spdl_run = run_cli(*common, "--results-file", tmp_path / "spdl.json")
-    torch_run = run_cli(*common, "--loader", "torch", "--results-file", tmp_path / "torch.json")
+    # In this process (the DataLoader's workers forked from it): the two runs' results are compared.
+    spdl_run = run_main(capfd, *common, "--results-file", tmp_path / "spdl.json")
+    torch_run = run_main(capfd, *common, "--loader", "torch", "--results-file", tmp_path / "torch.json")
     assert spdl_run.returncode == 0 and torch_run.returncode == 0, torch_run.stderr
     a, b = read_json(tmp_path / "spdl.json"), read_json(tmp_path / "torch.json")
     assert (b["config"]["loader"], a["config"]["loader"]) == ("torch", "spdl")
