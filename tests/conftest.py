@@ -84,3 +84,19 @@ def run_cli(*args: str, timeout: float = 300, cwd: Path = ROOT) -> subprocess.Co
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def run_main(capfd, *args) -> subprocess.CompletedProcess:
+    """``main(args)`` in this process, for a test about what a run reports (its results and
+    summary), not about the process itself (its exit, signals, what the interpreter prints):
+    no interpreter start and no imports of torch, timm and SPDL. The exit status (argparse's
+    too), stdout and stderr, as :py:func:`run_cli` gives them."""
+    from imagenet_classification import main
+
+    argv = [str(a) for a in args]
+    try:
+        status = main(argv)
+    except SystemExit as e:  # argparse
+        status = e.code
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(argv, status, out, err)

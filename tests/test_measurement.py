@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from imagenet_classification import _Breakdown, _PipelineStats, _Progress, get_pipeline
-from tests.conftest import ROOT, TINY, read_json, run_cli
+from tests.conftest import ROOT, TINY, read_json, run_cli, run_main
 
 FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1"]
 
@@ -25,10 +25,10 @@ def test_breakdown_verdict_on_cpu_and_gpu():
     assert (gpu.bound_fps, gpu.bottleneck, gpu.efficiency, gpu.shared_fps) == (5000.0, "loader", 0.9, None)
 
 
-def test_breakdown_run_reports_three_rates(jpeg_set, tmp_path):
-    out = tmp_path / "r.json"
-    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--breakdown",
-                   "--results-file", out)  # fmt: skip
+def test_breakdown_run_reports_three_rates(jpeg_set, tmp_path, capfd):
+    out = tmp_path / "r.json"  # in this process: what the run reports is checked, not the process
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--breakdown",
+                    "--results-file", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "Breakdown (images/s): loader alone" in proc.stdout and "end-to-end reaches" in proc.stdout
     result = read_json(out)
@@ -44,19 +44,21 @@ def test_breakdown_run_reports_three_rates(jpeg_set, tmp_path):
     assert result["classified"] == 30  # the extra timings do not change the accounting
 
 
-def test_breakdown_of_a_run_shorter_than_the_warmup(jpeg_set):
-    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
-                   "--batch-size", "4", "--max-samples", "8", "--breakdown")  # fmt: skip
+def test_breakdown_of_a_run_shorter_than_the_warmup(jpeg_set, capfd):
+    # In this process: what the run reports is checked, not the process.
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
+                    "--batch-size", "4", "--max-samples", "8", "--breakdown")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "not more than the warm-up" in proc.stdout and "Breakdown (images/s): loader alone" in proc.stdout
 
 
-def test_torch_loader_does_the_same_work(demo_photos, lite0_checkpoint, tmp_path):
+def test_torch_loader_does_the_same_work(demo_photos, lite0_checkpoint, tmp_path, capfd):
     common = ["--input-flist", demo_photos, "--prefix", f"{demo_photos.parent}/", "--model", "efficientnet_lite0",
               "--checkpoint", lite0_checkpoint, "--device", "cpu", "--no-compile", "--batch-size", "4",
               "--num-threads", "2", "--warmup-batches", "1"]  # fmt: skip
-    spdl_run = run_cli(*common, "--results-file", tmp_path / "spdl.json")
-    torch_run = run_cli(*common, "--loader", "torch", "--results-file", tmp_path / "torch.json")
+    # In this process (the DataLoader's workers forked from it): the two runs' results are compared.
+    spdl_run = run_main(capfd, *common, "--results-file", tmp_path / "spdl.json")
+    torch_run = run_main(capfd, *common, "--loader", "torch", "--results-file", tmp_path / "torch.json")
     assert spdl_run.returncode == 0 and torch_run.returncode == 0, torch_run.stderr
     a, b = read_json(tmp_path / "spdl.json"), read_json(tmp_path / "torch.json")
     assert (b["config"]["loader"], a["config"]["loader"]) == ("torch", "spdl")
@@ -68,7 +70,7 @@ def test_torch_loader_does_the_same_work(demo_photos, lite0_checkpoint, tmp_path
     assert a["timeline"]["batch_images"] == b["timeline"]["batch_images"] == [4] * 5
 
 
-def test_torch_loader_skips_and_counts_bad_images(tmp_path, jpeg_set):
+def test_torch_loader_skips_and_counts_bad_images(tmp_path, jpeg_set, capfd):
     lines = jpeg_set.read_text().splitlines()[:9]
     flist = tmp_path / "l.flist"
     (tmp_path / "val" / "n01440764").mkdir(parents=True)
@@ -76,8 +78,8 @@ def test_torch_loader_skips_and_counts_bad_images(tmp_path, jpeg_set):
     flist.write_text(
         "\n".join([f"{jpeg_set.parent}/{line}" for line in lines] + [f"{tmp_path}/val/n01440764/bad.JPEG"])
     )
-    out = tmp_path / "r.json"
-    proc = run_cli("--input-flist", flist, *FAST, "--loader", "torch", "--skip-bad", "--results-file", out)
+    out = tmp_path / "r.json"  # in this process: its results; the strict run below keeps its own, for the status
+    proc = run_main(capfd, "--input-flist", flist, *FAST, "--loader", "torch", "--skip-bad", "--results-file", out)
     assert proc.returncode == 0, proc.stderr
     result = read_json(out)
     assert (result["classified"], result["failed"], result["not_reached"]) == (9, 1, 0)
@@ -189,7 +191,7 @@ def test_sink_queue_window_leaves_out_the_warmup():
     assert windowed["stages"][0]["tasks"] == 16  # task times cover the whole run
 
 
-def test_run_reports_spdl_stage_stats(jpeg_set, tmp_path):
+def test_run_reports_spdl_stage_stats(jpeg_set, tmp_path, capfd):
     out = tmp_path / "r.json"
     proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--results-file", out)
     assert proc.returncode == 0, proc.stderr
@@ -205,7 +207,9 @@ def test_run_reports_spdl_stage_stats(jpeg_set, tmp_path):
     asked = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--stats-interval", "60")
     assert asked.returncode == 0, asked.stderr
     assert "Occupancy rate" in asked.stderr and "Ave task time" in asked.stderr
-    torch_run = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--loader", "torch",
-                        "--results-file", out)  # fmt: skip
+    # The baseline's run in this process: its summary and results file are checked. (The two above
+    # keep their processes: SPDL's log lines depend on the logging the process set up.)
+    torch_run = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--loader",
+                         "torch", "--results-file", out)  # fmt: skip
     assert torch_run.returncode == 0, torch_run.stderr
     assert "pipeline_stats" not in read_json(out) and "SPDL stages" not in torch_run.stdout

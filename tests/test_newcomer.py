@@ -19,7 +19,7 @@ from imagenet_classification import (
     benchmark,
     get_model,
 )
-from tests.conftest import TINY, read_json, run_cli
+from tests.conftest import TINY, read_json, run_cli, run_main
 
 
 def test_timms_flag_names_mean_what_they_mean_there(tmp_path):
@@ -92,10 +92,10 @@ def test_results_as_csv_one_row_with_timms_columns_and_the_run_recorded(jpeg_set
     json.dumps(r, allow_nan=False)  # valid JSON: no inf, no NaN
 
 
-def test_the_cpu_run_does_not_compile_by_default(jpeg_set, tmp_path):
-    out = tmp_path / "r.json"
-    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--max-samples", "8",
-                   "-b", "4", "--results-file", out)  # fmt: skip
+def test_the_cpu_run_does_not_compile_by_default(jpeg_set, tmp_path, capfd):
+    out = tmp_path / "r.json"  # in this process: what the run reports is checked, not the process
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--max-samples", "8",
+                    "-b", "4", "--results-file", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert read_json(out)["config"]["compile"] is False
 
@@ -114,17 +114,18 @@ def test_benchmark_says_when_its_warmup_is_in_the_fps():
             benchmark((_batch([1]) for _ in range(3)), _bundle(), listed=3, warmup_batches=2)  # 1 timed: no warning
 
 
-def test_predictions_in_list_order_with_class_names(jpeg_set, tmp_path):
+def test_predictions_in_list_order_with_class_names(jpeg_set, tmp_path, capfd):
     from imagenet_classification import ImageList, _in_list_order
 
     # Rows as batches finished out of order, one path listed twice: back in the list's order.
     images = ImageList(("a", "b", "c", "a"), (0, 1, 2, 0))
     rows = [{"path": p} for p in ("c", "a", "b", "a")]
     assert [r["path"] for r in _in_list_order(rows, images)] == ["a", "a", "b", "c"]
-    # A real run: 4 decode threads on batches of 2, so batches finish in any order.
+    # A real run (in this process: its predictions file is checked): 4 decode threads on batches
+    # of 2, so batches finish in any order.
     out = tmp_path / "p.csv"
-    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY[:-2], "-j", "4", "-b", "2",
-                   "--no-compile", "--predictions-file", out)  # fmt: skip
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY[:-2], "-j", "4", "-b",
+                    "2", "--no-compile", "--predictions-file", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader(out.open()))
     listed = [f"{jpeg_set.parent}/{line}" for line in jpeg_set.read_text().split()]

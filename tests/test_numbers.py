@@ -54,7 +54,7 @@ from imagenet_classification import (
     measure_loader,
     source,
 )
-from tests.conftest import CLASSES, ROOT, read_json, run_cli, write_jpeg
+from tests.conftest import CLASSES, ROOT, read_json, run_cli, run_main, write_jpeg
 
 # Classes by rank, 1 first: every image's logits order them so (the rest come after, class 0 last).
 RANKING = [281, 1, 2, 3, 636, 967]
@@ -128,10 +128,11 @@ def _run_ranked(flist: Path, checkpoint: Path, *args, timeout: float = 300) -> s
 # --- Accuracy, timing and accounting of a whole run, through the CLI ---------------------------
 
 
-def test_a_run_at_the_max_bad_limit_reports_exact_figures(ranked_set, ranked_checkpoint, tmp_path):
-    out = tmp_path / "r.json"
-    proc = _run_ranked(ranked_set, ranked_checkpoint, "--skip-bad", "--max-bad", str(BAD), "--breakdown",
-                       "--results-file", out)  # fmt: skip
+def test_a_run_at_the_max_bad_limit_reports_exact_figures(ranked_set, ranked_checkpoint, tmp_path, capfd):
+    out = tmp_path / "r.json"  # in this process: the figures reported are checked, not the process
+    proc = run_main(capfd, "--input-flist", ranked_set, "--prefix", f"{ranked_set.parent}/", *RUN, "--checkpoint",
+                    ranked_checkpoint, "--skip-bad", "--max-bad", str(BAD), "--breakdown",
+                    "--results-file", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr  # exactly at the limit: 3 failed, 3 allowed
     r = read_json(out)
     classified = len(GOOD_LABELS)
@@ -183,9 +184,10 @@ def test_one_past_the_max_bad_limit_stops_at_the_first_batch(ranked_set, ranked_
     assert "Images: listed=20 classified=0 failed=3 not_reached=17 (PARTIAL RUN)" in proc.stdout.splitlines()
 
 
-def test_exactly_at_the_max_bad_percentage_goes_on(ranked_set, ranked_checkpoint, tmp_path):
-    out = tmp_path / "r.json"
-    proc = _run_ranked(ranked_set, ranked_checkpoint, "--skip-bad", "--max-bad", "15%", "--results-file", out)
+def test_exactly_at_the_max_bad_percentage_goes_on(ranked_set, ranked_checkpoint, tmp_path, capfd):
+    out = tmp_path / "r.json"  # in this process: the figures reported are checked, not the process
+    proc = run_main(capfd, "--input-flist", ranked_set, "--prefix", f"{ranked_set.parent}/", *RUN, "--checkpoint",
+                    ranked_checkpoint, "--skip-bad", "--max-bad", "15%", "--results-file", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr  # 15% of 20 = 3 images allowed, 3 failed
     r = read_json(out)
     assert (r["classified"], r["failed"], r["not_reached"], r["top5_correct"]) == (17, 3, 0, TOP5_HITS)
@@ -516,7 +518,7 @@ def test_the_lead_and_the_loaders_rate_measured_when_the_window_opens():
     assert slow.fps <= slow.loader_min_fps * (1 + slow.fps_max_overstatement) * 1.001
 
 
-def test_a_run_states_its_loaders_lead_and_the_bound(tmp_path):
+def test_a_run_states_its_loaders_lead_and_the_bound(tmp_path, capfd):
     # SPDL's lead is the sink buffer plus the batches decoded at once: 3 + 2 here.
     flist = tmp_path / "val.flist"
     lines = []
@@ -525,9 +527,10 @@ def test_a_run_states_its_loaders_lead_and_the_bound(tmp_path):
         lines.append(f"val/n01440764/{i}.JPEG")
     flist.write_text("\n".join(lines) + "\n")
     out = tmp_path / "r.json"
-    proc = run_cli("--input-flist", flist, "--prefix", f"{tmp_path}/", "--model", "test_efficientnet", "--device",
-                   "cpu", "--no-pretrained", "--no-compile", "--no-bf16", "--batch-size", "1", "--num-threads", "2",
-                   "--queue-size", "3", "--warmup-batches", "2", "--results-file", out)  # fmt: skip
+    proc = run_main(capfd, "--input-flist", flist, "--prefix", f"{tmp_path}/", "--model", "test_efficientnet",
+                    "--device", "cpu", "--no-pretrained", "--no-compile", "--no-bf16", "--batch-size", "1",
+                    "--num-threads", "2", "--queue-size", "3", "--warmup-batches", "2",
+                    "--results-file", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     r = read_json(out)
     # Measured when the window opened: at most the capacity (3 + 3 + 2) and the window's 10 batches.

@@ -25,7 +25,7 @@ from imagenet_classification import (
     _PageCache,
     _print_breakdown,
 )
-from tests.conftest import CLASSES, ROOT, TINY, label_colour, read_json, run_cli, write_jpeg
+from tests.conftest import CLASSES, ROOT, TINY, label_colour, read_json, run_cli, run_main, write_jpeg
 
 
 def _file_system(path: Path) -> str:
@@ -217,14 +217,15 @@ ACCOUNTING = ("listed", "classified", "failed", "not_reached", "top1_correct", "
               "frames_timed", "batches", "partial")  # fmt: skip
 
 
-def test_a_cold_run_evicts_reports_the_read_ceiling_and_counts_the_same(evicting_dir):
+def test_a_cold_run_evicts_reports_the_read_ceiling_and_counts_the_same(evicting_dir, capfd):
     flist, readable, existing = _mixed_set(evicting_dir)
     common = ["--input-flist", flist, "--prefix", f"{evicting_dir}/", *TINY, "--no-compile", "--batch-size", "4",
               "--warmup-batches", "0", "--skip-bad", "--breakdown"]  # fmt: skip
     _read_all(existing)  # warm, so that the eviction has something to drop
-    warm = run_cli(*common, "--results-file", evicting_dir / "warm.json")
+    # In this process: what the runs report is checked, not the process.
+    warm = run_main(capfd, *common, "--results-file", evicting_dir / "warm.json")
     assert warm.returncode == 0, warm.stderr
-    cold = run_cli(*common, "--cold-cache", "--results-file", evicting_dir / "cold.json")
+    cold = run_main(capfd, *common, "--cold-cache", "--results-file", evicting_dir / "cold.json")
     assert cold.returncode == 0, cold.stderr
     w, c = read_json(evicting_dir / "warm.json"), read_json(evicting_dir / "cold.json")
     # The accounting, and accuracy's denominators, do not depend on the cache.
@@ -271,12 +272,12 @@ def test_cold_cache_under_torchrun_sums_every_rank_s_shard(demo_photos, lite0_ch
     assert r["classified"] == 11 and proc.stdout.count("Page cache: cold run (--cold-cache)") == 1
 
 
-def test_a_cold_run_of_a_folder(evicting_dir):
+def test_a_cold_run_of_a_folder(evicting_dir, capfd):
     _, _, existing = _mixed_set(evicting_dir)
     _read_all(existing)
-    out = evicting_dir / "r.json"
-    proc = run_cli("--data-dir", evicting_dir / "val", *TINY, "--no-compile", "--batch-size", "4", "--skip-bad",
-                   "--cold-cache", "--results-file", out)  # fmt: skip
+    out = evicting_dir / "r.json"  # in this process: what the run reports is checked, not the process
+    proc = run_main(capfd, "--data-dir", evicting_dir / "val", *TINY, "--no-compile", "--batch-size", "4",
+                    "--skip-bad", "--cold-cache", "--results-file", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     r = read_json(out)
     size = sum(p.stat().st_size for p in existing)

@@ -5,7 +5,7 @@ import json
 import torch
 
 from imagenet_classification import benchmark, get_decode_func, get_model, get_pipeline, source
-from tests.conftest import read_json, run_cli
+from tests.conftest import read_json, run_main
 
 
 def test_photos_get_their_class_in_top5(demo_photos, lite0_checkpoint):
@@ -31,24 +31,26 @@ def test_benchmark_accuracy_on_photos(demo_photos, lite0_checkpoint):
     assert result.top1_correct >= 19  # measured: 20/20 (planar RGB path; 19/20 with the earlier 4:4:4 YUV one)
 
 
-def test_cli_with_checkpoint_reports_real_accuracy(demo_photos, lite0_checkpoint, tmp_path):
+def test_cli_with_checkpoint_reports_real_accuracy(demo_photos, lite0_checkpoint, tmp_path, capfd):
     out = tmp_path / "r.json"
-    proc = run_cli("--input-flist", demo_photos, "--prefix", f"{demo_photos.parent}/", "--model", "efficientnet_lite0",
-                   "--checkpoint", lite0_checkpoint, "--device", "cpu", "--no-compile", "--batch-size", "8",
-                   "--num-threads", "2", "--warmup-batches", "1", "--results-file", out)  # fmt: skip
+    proc = run_main(capfd, "--input-flist", demo_photos, "--prefix", f"{demo_photos.parent}/", "--model",
+                    "efficientnet_lite0", "--checkpoint", lite0_checkpoint, "--device", "cpu", "--no-compile",
+                    "--batch-size", "8", "--num-threads", "2", "--warmup-batches", "1",
+                    "--results-file", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = read_json(out)
     assert result["config"]["weights"] == str(lite0_checkpoint)
     assert result["top5_correct"] == 20 and result["top1"] >= 0.9
 
 
-def test_parity_and_predictions_on_real_photos(demo_photos, lite0_checkpoint, tmp_path):
-    # The loader against timm's own validation transform, and one row per image in both formats.
+def test_parity_and_predictions_on_real_photos(demo_photos, lite0_checkpoint, tmp_path, capfd):
+    # The loader against timm's own validation transform, and one row per image in both formats
+    # (in this process: what the run reports, not the process, is checked).
     common = ["--input-flist", demo_photos, "--prefix", f"{demo_photos.parent}/", "--model", "efficientnet_lite0",
               "--checkpoint", lite0_checkpoint, "--device", "cpu", "--no-compile", "--dtype", "float32",
               "--batch-size", "8", "--num-threads", "2", "--warmup-batches", "1"]  # fmt: skip
     out = tmp_path / "r.json"
-    proc = run_cli(*common, "--parity", "20", "--predictions-file", tmp_path / "p.csv", "--results-file", out)
+    proc = run_main(capfd, *common, "--parity", "20", "--predictions-file", tmp_path / "p.csv", "--results-file", out)
     assert proc.returncode == 0, proc.stderr
     result = read_json(out)
     parity = result["parity"]
@@ -69,7 +71,7 @@ def test_parity_and_predictions_on_real_photos(demo_photos, lite0_checkpoint, tm
         assert row["correct5"] == str(int(int(row["label"]) in top5))
     assert sum(int(r["correct1"]) for r in rows) == result["top1_correct"]
     assert sum(int(r["correct5"]) for r in rows) == result["top5_correct"]
-    proc = run_cli(*common, "--predictions-file", tmp_path / "p.jsonl")
+    proc = run_main(capfd, *common, "--predictions-file", tmp_path / "p.jsonl")
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     by_path = {row["path"]: row for row in rows}

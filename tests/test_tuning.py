@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from imagenet_classification import _parse_sweep
-from tests.conftest import ROOT, TINY, read_json, run_cli
+from tests.conftest import ROOT, TINY, read_json, run_cli, run_main
 
 FAST = [*TINY, "--no-compile", "--dtype", "float32"]
 
@@ -79,10 +79,10 @@ def test_sweep_without_matplotlib_still_prints_the_table(jpeg_set, tmp_path):
     assert not (tmp_path / "s.png").exists()
 
 
-def test_timeline_sums_to_the_images_and_is_drawn(jpeg_set, tmp_path):
-    out, plot = tmp_path / "r.json", tmp_path / "t.png"
-    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--batch-size", "4",
-                   "--warmup-batches", "2", "--results-file", out, "--plot", plot)  # fmt: skip
+def test_timeline_sums_to_the_images_and_is_drawn(jpeg_set, tmp_path, capfd):
+    out, plot = tmp_path / "r.json", tmp_path / "t.png"  # in this process: the run's report is checked
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--batch-size", "4",
+                    "--warmup-batches", "2", "--results-file", out, "--plot", plot)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = read_json(out)
     t = result["timeline"]
