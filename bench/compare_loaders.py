@@ -295,18 +295,19 @@ print(statistics.median(rates), resource.getrusage(resource.RUSAGE_SELF).ru_maxr
 """
 
 
-def scaling_check(flist: Path, threads: int, repeats: int) -> dict:
-    """SPDL loader over 1k and 8k listed images, each in fresh processes, interleaved ``repeats``
-    times: median steady-state throughput (:py:func:`steady_loader_rate`) and median peak RSS
-    (KiB). A 1k process goes over its list 8 times (the median pass counts)."""  # fmt: skip
+def scaling_check(flist: Path, threads: int, repeats: int, sizes: tuple[int, int] = (1000, 8000)) -> dict:
+    """SPDL loader over ``sizes`` (1k and 8k) listed images, each in fresh processes, interleaved
+    ``repeats`` times: median steady-state throughput (:py:func:`steady_loader_rate`) and median
+    peak RSS (KiB). The smaller list is gone over as often as the larger one's images need (the
+    median pass counts)."""
     lines = flist.read_text().splitlines()
-    runs: dict[int, list[tuple[float, int]]] = {1000: [], 8000: []}
+    runs: dict[int, list[tuple[float, int]]] = {n: [] for n in sizes}
     for _ in range(repeats):
         for n in runs:
             sub = flist.with_name(f"scaling{n}.flist")
             sub.write_text("\n".join((lines * (n // len(lines) + 1))[:n]) + "\n")
             code = SCALING_CHILD.format(root=str(ROOT), bench=str(ROOT / "bench"), flist=str(sub), threads=threads,
-                                        passes=max(1, 8000 // n))  # fmt: skip
+                                        passes=max(1, max(sizes) // n))  # fmt: skip
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
             rate, rss = out.split()
             runs[n].append((float(rate), int(rss)))
@@ -346,6 +347,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--model", default="mobilenetv3_large_100")
     parser.add_argument("--model-images", type=int, default=256, help="images for model-only and end-to-end")
+    parser.add_argument("--scaling-sizes", type=int, nargs=2, default=[1000, 8000], metavar=("SMALL", "LARGE"),
+                        help="the two list lengths of the scaling check (default 1000 8000)")
     parser.add_argument("--no-plot", action="store_false", dest="plot", help="skip the PNG (no matplotlib needed)")
     parser.add_argument("--mix", choices=sorted(MIXES), default="default",
                         help="the set's sizes and kinds: default, or imagenet (see bench/README.md)")  # fmt: skip
@@ -370,7 +373,7 @@ def main() -> None:
     subset = flist.with_name("model_subset.flist")
     subset.write_text("\n".join(flist.read_text().splitlines()[: args.model_images]) + "\n")
     results["model"] = model_rates(subset, args.model, args.batch_size, args.max_threads, 1)
-    results["scaling"] = scaling_check(flist, args.max_threads, args.repeats)
+    results["scaling"] = scaling_check(flist, args.max_threads, args.repeats, tuple(args.scaling_sizes))
     results["env"] = ic._environment(torch.device("cpu"))
 
     med = {name: {t: statistics.median(results[name][str(t)]) for t in threads}
@@ -378,7 +381,7 @@ def main() -> None:
     top = threads[-1]
     spdl_rate = statistics.median(results["loaders"]["spdl"][str(top)])
     torch_rate = statistics.median(results["loaders"]["torch"][str(top)])
-    scale = results["scaling"]
+    scale, (small, large) = results["scaling"], args.scaling_sizes
 
     def paired(loader_threads: int, yardstick: str, yardstick_threads: int, times: int = 1) -> float:
         """Median over the repeats of the loader's rate over the yardstick's measured just before
@@ -397,8 +400,8 @@ def main() -> None:
         "spdl_1thread_over_decode_as_loader": paired(1, "decode_only_as_loader", 1),
         "spdl_over_decode_as_loader_at_max_threads": paired(top, "decode_only_as_loader", top),
         "spdl_over_torch_at_max_threads": spdl_rate / torch_rate,
-        "scaling_fps_8k_over_1k": scale[8000]["fps"] / scale[1000]["fps"],
-        "scaling_rss_8k_over_1k": scale[8000]["peak_rss_kib"] / scale[1000]["peak_rss_kib"],
+        "scaling_fps_8k_over_1k": scale[large]["fps"] / scale[small]["fps"],
+        "scaling_rss_8k_over_1k": scale[large]["peak_rss_kib"] / scale[small]["peak_rss_kib"],
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:
