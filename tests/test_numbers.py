@@ -652,9 +652,9 @@ def test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_fi
     policy = BadImagePolicy(skip=True)
 
     def loader():
-        yield _Batch(*_batch([AT_RANK_1, AT_RANK_5]), fallbacks=1)
+        yield _Batch(*_batch([AT_RANK_1, AT_RANK_5]), fallbacks=1, decoded_by={"hardware": 1})
         yield _Batch(*_batch([AT_RANK_6]), failures=[ImageDecodeError("bad1.JPEG", "empty file (0 bytes)")],
-                     fallbacks=2)  # fmt: skip
+                     fallbacks=2, decoded_by={"hardware": 1, "cuda": 1})  # fmt: skip
         cut = ImageDecodeError("bad2.JPEG", "truncated JPEG (no end-of-image marker)")
         yield _Batch(*_batch([]), failures=[cut])  # every image of this batch failed
 
@@ -667,6 +667,7 @@ def test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_fi
     assert (result.listed, result.classified, result.failed, result.not_reached) == (8, 3, 2, 3)
     assert (result.decoder_fallbacks, result.partial, result.top1_correct, result.top5_correct) == (3, True, 1, 2)
     assert [f["path"] for f in result.failures] == ["bad1.JPEG", "bad2.JPEG"]
+    assert result.decoder_backends == {"hardware": 2, "cuda": 1}  # each batch's, added up
     summary = io.StringIO()
     _print_summary(result, summary)
     lines = summary.getvalue().splitlines()
