@@ -988,12 +988,9 @@ def _check_imagenet_head(model_name: str, num_classes: int | None) -> None:
 
 @dataclass(frozen=True)
 class EvalTransform:
-    """The standard evaluation transform: the shorter side resized to ``floor(size / crop_pct)``
-    (``crop_mode="squash"``: both sides), then a centred ``size x size`` crop.
-
-    ``interpolation`` is bicubic, bilinear, nearest or lanczos; ``mean`` and ``std`` are per RGB
-    channel on the 0-1 scale.
-    """
+    """The evaluation transform: the shorter side (``crop_mode="squash"``: both) resized to
+    ``floor(size / crop_pct)`` with ``interpolation`` (bicubic, bilinear, nearest or lanczos), then
+    a centred ``size x size`` crop; ``mean`` and ``std`` per RGB channel, on the 0-1 scale."""
 
     size: int = 224
     crop_pct: float = 0.875
@@ -1033,14 +1030,8 @@ class EvalTransform:
             reasons.append(f"its crop mode {crop_mode!r} is neither center nor squash")
         if reasons:
             raise InputError(f"its evaluation transform cannot be reproduced here: {'; '.join(reasons)}", "--model")
-        return cls(
-            size=int(width),
-            crop_pct=float(cfg["crop_pct"]),
-            interpolation=interpolation,
-            mean=tuple(float(v) for v in cfg["mean"]),
-            std=tuple(float(v) for v in cfg["std"]),
-            crop_mode=crop_mode,
-        )
+        mean, std = (tuple(float(v) for v in cfg[key]) for key in ("mean", "std"))
+        return cls(int(width), float(cfg["crop_pct"]), interpolation, mean, std, crop_mode)
 
     @property
     def resize_short(self) -> int:
@@ -1092,15 +1083,13 @@ REGION_TOLERANCE = 0.06  # source pixels
 
 
 def _resize_region(length: int, resized: int, offset: int, crop: int) -> tuple[int, int, int, int]:
-    """Along one side, the part of a frame to resize so that the crop comes out as if the whole
-    frame had been resized: ``(start, source length, resized length, pad)``, the crop taken ``pad``
-    pixels into the resized region; ``(0, length, resized, offset)`` for the whole side.
+    """Along one side, the part of a frame to resize for a crop as if the whole frame were resized:
+    ``(start, source length, resized length, pad)``, the crop ``pad`` pixels into the resized region.
 
-    Crop pixel ``k`` samples the source at ``(offset + k + 0.5) * length / resized - 0.5``. The
-    smallest region (even start and length, so 4:2:0 chroma stays aligned) whose crop samples
-    within :py:data:`REGION_TOLERANCE` of that, with at least 4 resized pixels either side for the
-    filter's support, wins; with none (or an enlarged side, where the filter reaches further),
-    the whole side is resized.
+    Crop pixel ``k`` samples the source at ``(offset + k + 0.5) * length / resized - 0.5``: the
+    smallest region (even start and length: 4:2:0 chroma stays aligned) whose crop samples within
+    :py:data:`REGION_TOLERANCE` of that, 4 resized pixels either side for the filter, wins; with none,
+    or an enlarged side (the filter reaches further), the whole side: ``(0, length, resized, offset)``.
     """
     whole = (0, length, resized, offset)
     ratio = length / resized
@@ -1111,10 +1100,8 @@ def _resize_region(length: int, resized: int, offset: int, crop: int) -> tuple[i
 
 @functools.lru_cache(maxsize=8192)
 def _best_region(length: int, resized: int, offset: int, crop: int, ratio: float) -> tuple[int, int, int, int] | None:
-    """:py:func:`_resize_region`'s search, every candidate at once (the same float operations in the
-    same order as a loop): per ``pad``, the smallest qualifying resized length; the smallest over
-    the pads wins, the first on a tie; None if none is under ``resized``. Cached: ImageNet's sizes
-    share their sides."""
+    """:py:func:`_resize_region`'s search over every candidate at once: per ``pad`` the smallest
+    qualifying length, the smallest over the pads (the first on a tie), or None. Cached: sizes share sides."""
     import numpy as np
 
     pads = np.arange(4, 17)[:, None]
@@ -1246,10 +1233,9 @@ _SOF_FIELDS = struct.Struct(">BHHB")  # after a start-of-frame segment's length:
 
 
 class _JpegHeader(NamedTuple):
-    """A JPEG's frame header: ``frame_type`` its start-of-frame marker (0xC0 baseline, 0xC1
-    extended, 0xC2 progressive, …), ``width`` and ``height`` in pixels, ``components`` (1 grey,
-    3 YCbCr, 4 CMYK or YCCK), ``sampling`` each component's factors (a byte ``h << 4 | v`` each),
-    ``end`` the offset of the segment after it."""
+    """A JPEG's frame header: its marker (0xC0 baseline, 0xC1 extended, 0xC2 progressive, …),
+    pixels, components (1 grey, 3 YCbCr, 4 CMYK), each component's sampling factors (``h << 4 | v``),
+    and where the next segment starts."""
 
     frame_type: int
     width: int
@@ -1259,8 +1245,7 @@ class _JpegHeader(NamedTuple):
     end: int
 
     @property
-    def chroma_420(self) -> bool:
-        """YCbCr, chroma at half the resolution both ways."""
+    def chroma_420(self) -> bool:  # YCbCr, chroma at half the resolution both ways
         return self.sampling == b"\x22\x11\x11"
 
 
@@ -1314,14 +1299,10 @@ _PNG_START = b"\x89PNG\r\n\x1a\n"
 
 
 class _FilterGraphCache:
-    """Per-thread FFmpeg filter graphs for one transform, one per input size and pixel format.
-
-    A graph's set-up costs about as much as decoding a typical ImageNet JPEG, so each thread feeds
-    the graphs of the sizes it meets again frame after frame (output identical to a new graph per
-    image). A size's graph is kept only from its second image on, so that ImageNet's long tail of
-    sizes met once never pushes out the common sizes' graphs; beyond ``capacity`` per thread the
-    least recently used is dropped, and the last ``remembered`` sizes met once are remembered.
-    """
+    """Per-thread FFmpeg filter graphs of one transform, by input size and pixel format: a graph's
+    set-up costs about a decode, so each thread feeds a size's graph frame after frame (the same
+    output). Kept from a size's second image on, so that the long tail of sizes met once never pushes
+    out the common ones; at most ``capacity`` per thread (LRU), ``remembered`` sizes met once."""
 
     def __init__(self, transform: EvalTransform, capacity: int = 32, remembered: int = 4096) -> None:
         self.transform, self.capacity, self.remembered = transform, capacity, remembered
@@ -1353,8 +1334,8 @@ class _FilterGraphCache:
 
 
 def _filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.FilterGraph:
-    """A filter graph through ``chain``, set up by SPDL's ``make_filter_graph``, which releases the
-    GIL while FFmpeg configures it (about 1 ms); ``spdl.io.FilterGraph(desc)`` holds it (``bench/gil.py``)."""
+    # SPDL's make_filter_graph releases the GIL while FFmpeg configures the graph (about 1 ms);
+    # spdl.io.FilterGraph(desc) holds it all that time (SPDL 0.8; bench/gil.py).
     source = f"buffer=video_size={width}x{height}:pix_fmt={pix_fmt}:time_base=1/25:pixel_aspect=1/1"
     return _libspdl.make_filter_graph(f"{source},{chain},buffersink")
 
@@ -1443,13 +1424,10 @@ def _check_size(path: str, size: tuple[int, int] | None, transform: EvalTransfor
 def _crop_on_cpu(
     path: str, data: bytes, header: _JpegHeader | None, graphs: _FilterGraphCache
 ) -> spdl.io.VideoFrames | Any:
-    """One image decoded, resized and cropped on the CPU (``header``: its :py:func:`_parse_jpeg_header`).
-
-    FFmpeg decodes JPEG and still PNG to an RGB frame. PIL, the reference, takes the rest (a numpy
-    array): arithmetic-coded JPEG, which FFmpeg lacks; an animated PNG, whose frame FFmpeg picks
-    otherwise; other containers, which FFmpeg may decode to a frame that is not the image (a
-    JPEG-compressed TIFF comes out black).
-    """
+    """One image decoded, resized and cropped on the CPU (``header``: its :py:func:`_parse_jpeg_header`):
+    an RGB frame from FFmpeg for JPEG and still PNG; a numpy array from PIL, the reference, for
+    arithmetic-coded JPEG (FFmpeg lacks it), animated PNG (FFmpeg picks another frame) and other
+    containers (FFmpeg may decode a frame that is not the image: a JPEG-compressed TIFF is black)."""
     if data.startswith(_JPEG_START) and (header is None or header.frame_type not in _ARITHMETIC_SOF):
         size = (header.width, header.height) if header else None
     elif data.startswith(_PNG_START) and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) == -1:
@@ -1474,14 +1452,6 @@ def _image_tensor(image: spdl.io.VideoFrames | Any) -> Tensor:
     return torch.from_numpy(image.copy())
 
 
-def _decode_cpu_image(
-    path: str, data: bytes, header: _JpegHeader | None, graphs: _FilterGraphCache, device: torch.device
-) -> Tensor:
-    """One image decoded as the FFmpeg loader decodes it, uint8 ``3 x S x S`` on ``device``: a GPU
-    decoder's fallback. Raises ImageDecodeError."""
-    return _image_tensor(_crop_on_cpu(path, data, header, graphs)).permute(2, 0, 1).to(device)
-
-
 ################################################################################
 # Batches: items -> (images, labels) on the device, bad images listed with their batch
 ################################################################################
@@ -1489,17 +1459,10 @@ def _decode_cpu_image(
 
 class _Batch(tuple):
     """A decoded batch, unpacked as ``images, labels = batch``: images uint8 ``N x 3 x S x S``
-    (RGB, channels-last in memory), labels int64 ``N x 1``, both on the device.
-
-    ``paths`` names each row's image; ``failures`` are the batch's bad images, left out; a GPU
-    decoder's ``fallbacks`` are the images it left to the CPU, ``decoded_by`` those each of its
-    backends decoded. :py:func:`benchmark` records them, once, as it receives the batch.
-    """
-
-    paths: tuple[str, ...]
-    failures: tuple[ImageDecodeError, ...]
-    fallbacks: int
-    decoded_by: dict[str, int]
+    (RGB, channels-last in memory), labels int64 ``N x 1``, both on the device. ``paths`` names
+    each row's image; ``failures`` are its bad images, left out; a GPU decoder's ``fallbacks`` are
+    the images it left to the CPU, ``decoded_by`` those each backend decoded. :py:func:`benchmark`
+    records them, once, as it receives the batch."""
 
     def __new__(cls, images: Tensor, labels: Tensor, paths: Sequence[str] = (),
                 failures: Sequence[ImageDecodeError] = (), fallbacks: int = 0,
@@ -1563,10 +1526,9 @@ def _decode_items(
     policy: BadImagePolicy | None,
     failures: list[ImageDecodeError],
 ) -> tuple[list[Any], list[int], list[str]]:
-    """Decode each item: ``(decoded images, their labels, their paths)``. A bad image is added to
-    ``failures`` and left out, or raised without a policy. An error that is not the image's fault
-    (out of memory, a bug) is raised with the image's path in its ``_while_decoding`` (see
-    :py:func:`_loader_failed`). Each image is marked in :py:data:`_DECODING` while it is decoded."""
+    """``(decoded images, their labels, their paths)``: a bad image added to ``failures`` and left
+    out (raised without a policy); another error (out of memory, a bug) raised with its image's path
+    in ``_while_decoding``, for :py:func:`_loader_failed`. Each image is marked in :py:data:`_DECODING`."""
     decoded, labels, paths = [], [], []
     marks, key = _DECODING, threading.get_ident()
     try:
@@ -1972,10 +1934,11 @@ def _fall_back(
     path: str, data: bytes, header: _JpegHeader | None, graphs: _FilterGraphCache, device: torch.device,
     policy: BadImagePolicy | None, failures: list[ImageDecodeError],
 ) -> Tensor | None:  # fmt: skip
-    """An image a GPU decoder left, decoded on the CPU; None if it is a bad image."""
+    """An image a GPU decoder left, decoded on the CPU as the FFmpeg loader decodes it: uint8
+    ``3 x S x S`` on ``device``; None if it is a bad image."""
 
     def decode(p: str) -> Tensor:
-        return _decode_cpu_image(p, data, header, graphs, device)
+        return _image_tensor(_crop_on_cpu(p, data, header, graphs)).permute(2, 0, 1).to(device)
 
     decoded, _, _ = _decode_items([(path, 0)], decode, policy, failures)
     return decoded[0] if decoded else None

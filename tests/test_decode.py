@@ -19,8 +19,8 @@ from imagenet_classification import (
     EvalTransform,
     ImageDecodeError,
     _check_gpu_decoder,
-    _decode_cpu_image,
     _decode_frames,
+    _fall_back,
     _FilterGraphCache,
     _nvdec_can_take,
     _parse_jpeg_header,
@@ -413,7 +413,8 @@ def test_gpu_fallback_image_equals_the_ffmpeg_batch(jpeg_set):
     transform = EvalTransform()
     path, label = _items(jpeg_set)[0]
     data = Path(path).read_bytes()
-    image = _decode_cpu_image(path, data, _parse_jpeg_header(data), _FilterGraphCache(transform), torch.device("cpu"))
+    graphs = _FilterGraphCache(transform)
+    image = _fall_back(path, data, _parse_jpeg_header(data), graphs, torch.device("cpu"), None, [])
     batch, _ = get_decode_func("cpu", transform)([(path, label)])
     assert image.shape == (3, 224, 224) and torch.equal(image, batch[0])
 
