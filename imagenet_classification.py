@@ -1158,11 +1158,13 @@ class BadImagePolicy:
         if not failures:
             return
         if not self.skip:
-            raise RunStopped(f"cannot decode {failures[0].path}: {failures[0].reason}", "bad_image",
-                             "--skip-bad skips such images")
+            raise RunStopped(
+                f"cannot decode {failures[0].path}: {failures[0].reason}", "bad_image", "--skip-bad skips such images"
+            )
         if (limit := self.limit(listed)) is not None and len(failures) > limit:
-            raise RunStopped(f"{len(failures)} images failed to decode, more than --max-bad allows ({limit})",
-                             "too_many_bad")
+            raise RunStopped(
+                f"{len(failures)} images failed to decode, more than --max-bad allows ({limit})", "too_many_bad"
+            )
 
 
 # What decoders raise for data they cannot take: SPDL (FFmpeg's errors, and its InternalError,
