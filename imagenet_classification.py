@@ -58,7 +58,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import asdict, dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 if __name__ == "__main__":  # a signal while the libraries below load: one line, not a traceback
 
@@ -835,16 +835,12 @@ def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> _PageCache
 # chroma bilinearly before its bicubic resize, which blurs chroma more than a bicubic from the
 # half-size planes does; bench/parity.py measures it (closer to PIL, no slower).
 _FFMPEG_SCALE_FLAGS = {"bilinear": "bilinear", "bicubic": "bicublin", "nearest": "neighbor", "lanczos": "lanczos"}
+_PIL_RESAMPLE = {"bilinear": 2, "bicubic": 3, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
 
 
 def _pretrained_config(model_name: str) -> dict:
-    """timm's pretrained config of a model name (``name``, ``name.tag``, ``hf-hub:…`` or
-    ``local-dir:…``), read without building the model: input size, crop, interpolation,
-    normalisation, number of classes. An ``hf-hub:`` name needs the hub (or its cache).
-
-    Raises:
-        InputError: not a timm model, or a source whose config cannot be read.
-    """
+    """timm's pretrained config of ``name``, ``name.tag``, ``hf-hub:…`` or ``local-dir:…``, read
+    without building the model. Raises InputError: not a timm model, or its config is unreadable."""
     import timm
     from timm.models import _hub, get_pretrained_cfg
 
@@ -875,16 +871,9 @@ def _check_imagenet_head(model_name: str, num_classes: int | None) -> None:
 
 @dataclass(frozen=True)
 class EvalTransform:
-    """The standard evaluation transform: resize the shorter side, then centre-crop a square.
-
-    Attributes:
-        size: Side of the square crop fed to the model, in pixels.
-        crop_pct: The shorter side is resized to ``floor(size / crop_pct)`` before cropping.
-        interpolation: ``bicubic``, ``bilinear``, ``nearest`` or ``lanczos``.
-        mean, std: Per-channel normalisation on the 0-1 scale, RGB order.
-        crop_mode: ``center`` (keep the aspect ratio) or ``squash`` (both sides resized to
-            ``floor(size / crop_pct)``), as timm's configs say.
-    """
+    """The evaluation transform: the shorter side (``crop_mode="squash"``: both) resized to
+    ``floor(size / crop_pct)`` with ``interpolation`` (bicubic, bilinear, nearest or lanczos), then
+    a centred ``size x size`` crop; ``mean`` and ``std`` per RGB channel, on the 0-1 scale."""
 
     size: int = 224
     crop_pct: float = 0.875
@@ -895,20 +884,16 @@ class EvalTransform:
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, overrides: dict | None = None) -> EvalTransform:
-        """Read size, crop_pct, interpolation, mean and std from a timm model's pretrained config;
-        ``overrides`` as timm's ``resolve_data_config`` takes them (``img_size``, ``crop_pct``,
-        ``interpolation``, ``mean``, ``std``; None leaves the config's)."""
+        """From a timm model's pretrained config; ``overrides`` as timm's ``resolve_data_config``
+        takes them (``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``)."""
         import timm.data
 
         return cls._from_data_config(timm.data.resolve_data_config(overrides or {}, model=model))
 
     @classmethod
     def from_model_name(cls, model_name: str, overrides: dict | None = None) -> EvalTransform:
-        """The same, from timm's pretrained config for a model name, without building the model.
-
-        Raises:
-            InputError: not a timm model, or a transform this loader does not reproduce.
-        """
+        """The same from a model's name, without building the model. Raises InputError: not a timm
+        model, or a transform this loader does not reproduce."""
         import timm.data
 
         config = _pretrained_config(model_name)
@@ -916,7 +901,6 @@ class EvalTransform:
 
     @classmethod
     def _from_data_config(cls, cfg: dict) -> EvalTransform:
-        """From timm's resolved data config; InputError for a transform this loader does not do."""
         height, width = cfg["input_size"][-2:]
         crop_mode = cfg.get("crop_mode") or "center"
         interpolation = str(cfg["interpolation"])
@@ -929,27 +913,16 @@ class EvalTransform:
             reasons.append(f"its crop mode {crop_mode!r} is neither center nor squash")
         if reasons:
             raise InputError(f"its evaluation transform cannot be reproduced here: {'; '.join(reasons)}", "--model")
-        return cls(
-            size=int(width),
-            crop_pct=float(cfg["crop_pct"]),
-            interpolation=interpolation,
-            mean=tuple(float(v) for v in cfg["mean"]),
-            std=tuple(float(v) for v in cfg["std"]),
-            crop_mode=crop_mode,
-        )
+        mean, std = (tuple(float(v) for v in cfg[key]) for key in ("mean", "std"))
+        return cls(int(width), float(cfg["crop_pct"]), interpolation, mean, std, crop_mode)
 
     @property
     def resize_short(self) -> int:
         return math.floor(self.size / self.crop_pct)
 
     def geometry(self, width: int, height: int) -> tuple[int, int, int, int]:
-        """Return ``(resized width, resized height, crop left, crop top)`` for an input size.
-
-        Rounding follows torchvision's ``Resize(int)`` and ``CenterCrop``, which timm uses.
-
-        Raises:
-            ValueError: a size is not positive (a corrupt image header).
-        """
+        """``(resized width, resized height, crop left, crop top)``, rounded as torchvision's
+        ``Resize(int)`` and ``CenterCrop`` (timm's) round. ValueError: a size is not positive."""
         if width <= 0 or height <= 0:
             raise ValueError(f"invalid image size {width}x{height}")
         short = self.resize_short
@@ -962,19 +935,15 @@ class EvalTransform:
         return new_w, new_h, _crop_start(new_w, self.size), _crop_start(new_h, self.size)
 
     def ffmpeg_filter(self, width: int, height: int) -> str:
-        """FFmpeg filter chain from a decoded frame to the ``size x size`` RGB crop.
-
-        Only the part of the frame that the crop needs is resized (see :py:func:`resize_region`),
-        in one swscale pass that also converts to planar RGB (chroma upsampled and colour
-        converted in the same pass); then the crop is packed to RGB24. For any decoded pixel
-        format (YUV, grey, RGB). ``bench/decode_paths.py`` compares it with other chains.
-        """
+        """FFmpeg's filter chain from a decoded frame of any pixel format to the RGB24 crop: only
+        the region the crop needs (:py:func:`_resize_region`) is resized, in one swscale pass
+        that also converts to planar RGB. ``bench/decode_paths.py`` compares other chains."""
         new_w, new_h, left, top = self.geometry(width, height)
         flags = f"{_FFMPEG_SCALE_FLAGS[self.interpolation]}+full_chroma_int"
         if min(new_w, new_h) < self.size:  # crop_pct > 1: the crop is padded with black, as torchvision pads it
             inside = f"crop={min(new_w, self.size)}:{min(new_h, self.size)}:{max(left, 0)}:{max(top, 0)}"
-            return (f"scale={new_w}:{new_h}:flags={flags}:in_range=full,format=gbrp,{inside},"
-                    f"pad={self.size}:{self.size}:{max(-left, 0)}:{max(-top, 0)}:color=black,format=rgb24")  # fmt: skip
+            pad = f"pad={self.size}:{self.size}:{max(-left, 0)}:{max(-top, 0)}:color=black"
+            return f"scale={new_w}:{new_h}:flags={flags}:in_range=full,format=gbrp,{inside},{pad},format=rgb24"
         x0, src_w, out_w, pad_x = _resize_region(width, new_w, left, self.size)
         y0, src_h, out_h, pad_y = _resize_region(height, new_h, top, self.size)
         # exact=1: keep an odd full side as it is (the other side's region is even-sized).
@@ -988,9 +957,8 @@ class EvalTransform:
 
 
 def _crop_start(length: int, crop: int) -> int:
-    """Where torchvision's ``CenterCrop`` starts a crop along a side: ``round((length - crop) / 2)``;
-    a crop longer than the side (``crop_pct`` > 1, as volo_d4_448's) first pads the side with
-    ``(crop - length) // 2`` black pixels before it, so it starts that far before the image."""
+    """Where torchvision's ``CenterCrop`` starts along a side; a crop longer than the side first
+    pads it with ``(crop - length) // 2`` black pixels before it (``crop_pct`` > 1, volo_d4_448's)."""
     return round((length - crop) / 2) if length >= crop else -((crop - length) // 2)
 
 
@@ -998,20 +966,13 @@ REGION_TOLERANCE = 0.06  # source pixels
 
 
 def _resize_region(length: int, resized: int, offset: int, crop: int) -> tuple[int, int, int, int]:
-    """Along one side: the part of a frame to resize so that a crop of the resized frame comes
-    out as if the whole frame had been resized, with less work.
+    """Along one side, the part of a frame to resize for a crop as if the whole frame were resized:
+    ``(start, source length, resized length, pad)``, the crop ``pad`` pixels into the resized region.
 
-    Resizing ``length`` source pixels to ``resized`` and keeping ``crop`` pixels from ``offset``
-    samples the source at ``(offset + k + 0.5) * length / resized - 0.5`` for crop pixel ``k``.
-    This finds a source region (even start and length, so 4:2:0 chroma stays aligned) and its
-    resized length such that the crop, taken ``pad`` pixels into the resized region, samples the
-    source within :py:data:`REGION_TOLERANCE` of those positions, with at least 4 resized pixels
-    either side for the filter's support. The smallest such region wins; when there is none (or
-    the image is enlarged, where the filter reaches further), the whole side is resized.
-
-    Returns:
-        ``(start, source length, resized length, pad)``; ``(0, length, resized, offset)`` for the
-        whole side.
+    Crop pixel ``k`` samples the source at ``(offset + k + 0.5) * length / resized - 0.5``: the
+    smallest region (even start and length: 4:2:0 chroma stays aligned) whose crop samples within
+    :py:data:`REGION_TOLERANCE` of that, 4 resized pixels either side for the filter, wins; with none,
+    or an enlarged side (the filter reaches further), the whole side: ``(0, length, resized, offset)``.
     """
     whole = (0, length, resized, offset)
     ratio = length / resized
@@ -1022,11 +983,8 @@ def _resize_region(length: int, resized: int, offset: int, crop: int) -> tuple[i
 
 @functools.lru_cache(maxsize=8192)
 def _best_region(length: int, resized: int, offset: int, crop: int, ratio: float) -> tuple[int, int, int, int] | None:
-    """:py:func:`resize_region`'s search, every candidate at once with numpy (the same float
-    operations in the same order as a loop over them, so the same result): per ``pad``, the
-    smallest resized length that qualifies; the smallest of those over the pads wins, the first
-    pad on a tie; None if none is under ``resized``. Cached: a side's length and geometry recur
-    across sizes (ImageNet's sizes met once share a side with others)."""
+    """:py:func:`_resize_region`'s search over every candidate at once: per ``pad`` the smallest
+    qualifying length, the smallest over the pads (the first on a tie), or None. Cached: sizes share sides."""
     import numpy as np
 
     pads = np.arange(4, 17)[:, None]
@@ -1047,34 +1005,26 @@ def _best_region(length: int, resized: int, offset: int, crop: int, ratio: float
     return int(start[row, k[row]]), int(src_len[row, k[row]]), int(smallest[row]), row + 4
 
 
+@dataclass(frozen=True)
 class BadImagePolicy:
-    """What a run does with images that cannot be decoded, and the record of those it met.
+    """What a run does with images that cannot be decoded.
 
-    Strict (the default): the run stops at the first bad image (a RunStopped of kind ``bad_image``). With
-    ``skip=True``, each bad image is left out of its batch alone (its batch-mates are kept,
-    labels stay aligned) and counted; ``max_bad`` (a count) or ``max_bad_percent`` (of the images
-    listed, rounded down) then stop the run (``too_many_bad``) once more failed.
-
-    Decode functions record here, from their threads, each failure, each image a GPU decoder
-    handed to FFmpeg, and the image each thread is on (which says where a stalled run is stuck);
-    :py:func:`benchmark` enforces the policy after each batch. Give both the same object.
+    Strict (the default): the run stops at the first bad image (RunStopped ``bad_image``). With
+    ``skip=True`` each bad image is left out of its batch alone (labels stay aligned) and counted;
+    ``max_bad`` (a count) or ``max_bad_percent`` (of the images listed, rounded down) then stop the
+    run (``too_many_bad``) once more failed. Decode functions list a batch's bad images in
+    ``batch.failures``; :py:func:`benchmark` records them and applies the policy.
     """
 
-    def __init__(self, skip: bool = False, max_bad: int | None = None, max_bad_percent: float | None = None) -> None:
-        if not skip and (max_bad is not None or max_bad_percent is not None):
+    skip: bool = False
+    max_bad: int | None = None
+    max_bad_percent: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.skip and (self.max_bad is not None or self.max_bad_percent is not None):
             raise ValueError("a limit on bad images applies only when they are skipped (skip=True)")
-        if max_bad is not None and max_bad_percent is not None:
+        if self.max_bad is not None and self.max_bad_percent is not None:
             raise ValueError("give max_bad or max_bad_percent, not both")
-        self.skip, self.max_bad, self.max_bad_percent = skip, max_bad, max_bad_percent
-        self._lock = threading.Lock()
-        self._failures: list[ImageDecodeError] = []
-        # Thread ident -> (path, time.monotonic() when it began) of the image that thread is on,
-        # None between batches. Each thread stores only its own entry, one dict store that is
-        # atomic under the GIL, so marking an image takes no lock (it happens for every image).
-        self._in_progress: dict[int, tuple[str, float] | None] = {}
-        self._fallbacks = 0
-        self._decoded_by: dict[str, int] = {}
-        self.unexpected: tuple[str, BaseException] | None = None
 
     def limit(self, listed: int | None) -> int | None:
         """How many bad images the run may meet, for ``listed`` images; None for no limit."""
@@ -1085,86 +1035,19 @@ class BadImagePolicy:
 
         return math.floor(Fraction(str(self.max_bad_percent)) * listed / 100)
 
-    def record_failure(self, error: ImageDecodeError) -> None:
-        with self._lock:
-            self._failures.append(error)
-
-    def record_unexpected(self, path: str, error: BaseException) -> None:
-        """Keep the first error that is not the image's fault (out of memory, a bug), which stops
-        the run, so that the run's error can say where it happened."""
-        with self._lock:
-            if self.unexpected is None:
-                self.unexpected = (path, error)
-
-    def record_fallback(self) -> None:
-        """Count an image that a GPU decoder could not take, decoded on the CPU instead."""
-        with self._lock:
-            self._fallbacks += 1
-
-    def record_decoded(self, counts: dict[str, int]) -> None:
-        """Count the images each backend of a GPU decoder decoded (see :py:attr:`decoded_by`)."""
-        with self._lock:
-            for backend, count in counts.items():
-                if count:
-                    self._decoded_by[backend] = self._decoded_by.get(backend, 0) + count
-
-    @property
-    def decoded_by(self) -> dict[str, int]:
-        """Images decoded on the GPU, per backend: nvImageCodec's ``hardware``, ``cuda`` or
-        ``hybrid``, ``torchvision`` or ``nvdec``. Those a GPU decoder left to the CPU are
-        :py:attr:`fallbacks`."""
-        with self._lock:
-            return dict(self._decoded_by)
-
-    @property
-    def failed(self) -> int:
-        with self._lock:
-            return len(self._failures)
-
-    @property
-    def fallbacks(self) -> int:
-        with self._lock:
-            return self._fallbacks
-
-    def failures(self) -> list[ImageDecodeError]:
-        with self._lock:
-            return list(self._failures)
-
-    def check(self, listed: int | None = None, seen: Sequence[ImageDecodeError] | None = None) -> None:
-        """Raise RunStopped (``bad_image``, ``too_many_bad``) if the run must stop.
-
-        Args:
-            listed: The images listed, for a limit in percent.
-            seen: The failures to judge (those of the batches the run has received); default
-                every failure recorded so far.
-        """
-        failures = self.failures() if seen is None else seen
+    def check(self, failures: Sequence[ImageDecodeError], listed: int | None = None) -> None:
+        """Raise RunStopped (``bad_image``, ``too_many_bad``) if ``failures``, the bad images met so
+        far in the order met, must stop the run; ``listed``: the images listed, for a percentage."""
         if not failures:
             return
         if not self.skip:
-            raise RunStopped(f"cannot decode {failures[0].path}: {failures[0].reason}", "bad_image",
-                             "--skip-bad skips such images")
+            raise RunStopped(
+                f"cannot decode {failures[0].path}: {failures[0].reason}", "bad_image", "--skip-bad skips such images"
+            )
         if (limit := self.limit(listed)) is not None and len(failures) > limit:
-            raise RunStopped(f"{len(failures)} images failed to decode, more than --max-bad allows ({limit})",
-                             "too_many_bad")
-
-    @contextlib.contextmanager
-    def working_on(self, path: str) -> Iterator[None]:
-        """Mark ``path`` as being read or decoded by this thread for the duration."""
-        key = threading.get_ident()
-        self._in_progress[key] = (path, time.monotonic())
-        try:
-            yield
-        finally:
-            self._in_progress[key] = None
-
-    def oldest_in_progress(self) -> tuple[str, float] | None:
-        """``(path, seconds)`` of the image in progress for the longest time, or None."""
-        marks = [mark for mark in list(self._in_progress.values()) if mark is not None]  # list(): one step
-        if not marks:
-            return None
-        path, started = min(marks, key=lambda mark: mark[1])
-        return path, time.monotonic() - started
+            raise RunStopped(
+                f"{len(failures)} images failed to decode, more than --max-bad allows ({limit})", "too_many_bad"
+            )
 
 
 # What decoders raise for data they cannot take: SPDL (FFmpeg's errors, and its InternalError,
@@ -1187,16 +1070,9 @@ def _decoder_errors(path: str, decoder: str, also: tuple[type[BaseException], ..
 
 
 def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
-    """Read one image file whole, after checking that it is one.
-
-    Only a regular file is read (a folder, a FIFO or a device such as ``/dev/zero`` is refused
-    before any read), at most ``max_bytes`` of it. A JPEG without its end is refused too:
-    FFmpeg would decode its top and fill the rest with grey, with only a log line, which would
-    count a damaged image in the accuracy; PIL refuses it as well.
-
-    Raises:
-        ImageDecodeError: what makes the file unusable, in words.
-    """
+    """One image file, whole. Raises ImageDecodeError: not a regular file (a folder, a FIFO, a
+    device such as ``/dev/zero``: refused before any read), over ``max_bytes``, empty, or a JPEG
+    without its end (FFmpeg would fill the rest with grey, with only a log line; PIL refuses it)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except IsADirectoryError:
@@ -1235,58 +1111,33 @@ def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
 ################################################################################
 
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start of frame; not DHT, JPG, DAC
+_ARITHMETIC_SOF = frozenset({0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})  # arithmetic coding, which FFmpeg lacks
 _SOS = 0xDA  # start of scan
+_SEGMENT = struct.Struct(">BBH")  # a segment's 0xFF, marker and length
+_SOF_FIELDS = struct.Struct(">BHHB")  # after a start-of-frame segment's length: precision, height, width, components
 
 
-@dataclass(frozen=True)
-class _JpegHeader:
-    """What a JPEG's frame header says.
-
-    Attributes:
-        frame_type: The start-of-frame marker: 0xC0 baseline, 0xC1 extended sequential,
-            0xC2 progressive, 0xC3 lossless, …
-        width, height: Pixels.
-        components: 1 (greyscale), 3 (YCbCr) or 4 (CMYK / YCCK).
-        sampling: ``(horizontal, vertical)`` sampling factors of each component.
-    """
+class _JpegHeader(NamedTuple):
+    """A JPEG's frame header: its marker (0xC0 baseline, 0xC1 extended, 0xC2 progressive, …),
+    pixels, components (1 grey, 3 YCbCr, 4 CMYK), each component's sampling factors (``h << 4 | v``),
+    and where the next segment starts."""
 
     frame_type: int
     width: int
     height: int
     components: int
-    sampling: tuple[tuple[int, int], ...]
+    sampling: bytes
+    end: int
 
     @property
-    def chroma_420(self) -> bool:
-        """Three components, chroma at half the resolution both ways (4:2:0)."""
-        return self.components == 3 and self.sampling == ((2, 2), (1, 1), (1, 1))
+    def chroma_420(self) -> bool:  # YCbCr, chroma at half the resolution both ways
+        return self.sampling == b"\x22\x11\x11"
 
 
-def _jpeg_segments(data: bytes) -> Iterator[tuple[int, int]]:
-    """``(marker, offset)`` of each segment of JPEG data after its start-of-image marker, up to
-    and including the first start of scan. Walks the segments by their lengths, so the markers
-    of an EXIF thumbnail inside an APP1 segment are skipped. Stops early where the data ends or
-    is no longer a chain of segments."""
-    i = 2
-    while i + 4 <= len(data) and data[i] == 0xFF:
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        yield marker, i
-        if marker == _SOS:
-            return
-        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
-
-
-_SEGMENT = struct.Struct(">BBH")  # a segment's 0xFF, marker and length
-_SOF_FIELDS = struct.Struct(">BHHB")  # after a start-of-frame segment's length: precision, height, width, components
-
-
-def _jpeg_frame(data: bytes) -> tuple[int, int, int, int, int] | None:
-    """``(start-of-frame marker, its offset, width, height, components)`` of JPEG data, or None
-    as :py:func:`parse_jpeg_header` says. The segments walked as :py:func:`_jpeg_segments` walks
-    them, in one loop: this runs for every image the CPU decodes."""
+def _parse_jpeg_header(data: bytes) -> _JpegHeader | None:
+    """The frame header of JPEG data, or None: not JPEG, or no frame header before the first scan
+    (corrupt). Parsed once per image, and passed on. The segments are walked by their lengths, so
+    the markers of an EXIF thumbnail inside APP1 are skipped."""
     if data[:2] != b"\xff\xd8":
         return None
     i, end = 2, len(data) - 4
@@ -1300,32 +1151,28 @@ def _jpeg_frame(data: bytes) -> tuple[int, int, int, int, int] | None:
             if i + 10 > len(data):
                 return None
             _, height, width, components = _SOF_FIELDS.unpack_from(data, i + 4)
-            return marker, i, width, height, components
+            sampling = data[i + 11 : i + 10 + 3 * components : 3]  # each component: id, sampling, table
+            return _JpegHeader(marker, width, height, components, sampling, i + 2 + length)
         else:
             i += 2 + length
     return None
 
 
-def _parse_jpeg_header(data: bytes) -> _JpegHeader | None:
-    """The frame header of JPEG data, or None if the data is not JPEG or has no frame header
-    before its first scan (corrupt)."""
-    frame = _jpeg_frame(data)
-    if frame is None:
-        return None
-    marker, offset, width, height, components = frame
-    table = data[offset + 10 : offset + 10 + 3 * components]
-    sampling = tuple((table[i + 1] >> 4, table[i + 1] & 15) for i in range(0, len(table) - 2, 3))
-    return _JpegHeader(marker, width, height, components, sampling)
+def _jpeg_scan(data: bytes, i: int = 2) -> int:
+    """The offset of JPEG data's first start of scan, the segments walked from offset ``i`` (a
+    header's ``end`` goes on from there); 2 if the data ends or stops being segments first."""
+    while i + 4 <= len(data) and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == _SOS:
+            return i
+        i += 1 if marker == 0xFF else 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return 2
 
 
 def _jpeg_truncated(data: bytes) -> bool:
-    """Whether JPEG data ends before its image does: it does not end with the end-of-image
-    marker, and none follows the start of the image's first scan. Data after the image's end (a
-    camera's trailer, a second image) is fine, as PIL has it."""
-    if data.endswith(b"\xff\xd9"):  # almost every file: no walk
-        return False
-    scan = next((offset for marker, offset in _jpeg_segments(data) if marker == _SOS), 2)
-    return data.find(b"\xff\xd9", scan) == -1
+    """JPEG data that ends before its image does: no end-of-image marker after its first scan
+    starts. Data after the image's end (a camera's trailer, a second image) is fine, as in PIL."""
+    return not data.endswith(b"\xff\xd9") and data.find(b"\xff\xd9", _jpeg_scan(data)) == -1
 
 
 ################################################################################
@@ -1337,16 +1184,10 @@ _PNG_START = b"\x89PNG\r\n\x1a\n"
 
 
 class _FilterGraphCache:
-    """Per-thread FFmpeg filter graphs for one transform, one per input size and pixel format.
-
-    Setting up a filter graph costs about as much as decoding a typical ImageNet JPEG, so each
-    thread keeps the graphs of the sizes it meets again and feeds them frame after frame (output
-    identical to a new graph per image). ImageNet's images come in a few common sizes and a long
-    tail of sizes met once, so a size's graph is kept only from its second image on: the first
-    image of a size gets a graph of its own, used once, and sizes met once never push the common
-    sizes' graphs out. The least recently used graph beyond ``capacity`` per thread is dropped,
-    so memory does not grow with the list; the last ``remembered`` sizes met once are remembered.
-    """
+    """Per-thread FFmpeg filter graphs of one transform, by input size and pixel format: a graph's
+    set-up costs about a decode, so each thread feeds a size's graph frame after frame (the same
+    output). Kept from a size's second image on, so that the long tail of sizes met once never pushes
+    out the common ones; at most ``capacity`` per thread (LRU), ``remembered`` sizes met once."""
 
     def __init__(self, transform: EvalTransform, capacity: int = 32, remembered: int = 4096) -> None:
         self.transform, self.capacity, self.remembered = transform, capacity, remembered
@@ -1378,29 +1219,21 @@ class _FilterGraphCache:
 
 
 def _filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.FilterGraph:
-    """A filter graph from frames of this size and pixel format through ``chain``.
-
-    Set up by SPDL's ``make_filter_graph``, which releases the GIL while FFmpeg parses and
-    configures the graph (about 1 ms, as long as a decode); ``spdl.io.FilterGraph(desc)`` makes
-    the same graph holding the GIL all that time (SPDL 0.8's bindings; ``bench/gil.py``)."""
+    # SPDL's make_filter_graph releases the GIL while FFmpeg configures the graph (about 1 ms);
+    # spdl.io.FilterGraph(desc) holds it all that time (SPDL 0.8; bench/gil.py).
     source = f"buffer=video_size={width}x{height}:pix_fmt={pix_fmt}:time_base=1/25:pixel_aspect=1/1"
     return _libspdl.make_filter_graph(f"{source},{chain},buffersink")
 
 
 @functools.cache
 def _ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig]:
-    """How JPEG data is demuxed and decoded. Made on first use, not at import: making a config
-    loads SPDL's native library.
+    """How JPEG data is demuxed and decoded (made on first use: a config loads SPDL's native library).
 
-    - FFmpeg's JPEG demuxer is named: no format probe.
-    - Without FFmpeg's JPEG parser (``fflags=noparse``), the whole file is one packet, as PIL
-      reads it: the decoder stops at the first image's end, so a file with a second image after
-      it (an MPO, or a phone photo's HDR gain map) decodes to its primary image, where the
-      parser splits it in two and SPDL fails on "multiple frames".
-    - On x86-64, FFmpeg's Xvid IDCT (SSE2), faster than the default and closer to PIL's
-      (libjpeg's accurate integer IDCT); elsewhere (ARM has no SIMD Xvid IDCT) FFmpeg picks.
-    - ``err_detect=explode``: damaged scan data (bytes changed, a cut scan with an end marker put
-      back) makes the decode fail instead of giving a frame of garbage that would be classified.
+    - The JPEG demuxer is named: no format probe.
+    - ``fflags=noparse``: the whole file is one packet, as PIL reads it, so a second image after the
+      first (an MPO, a phone photo's gain map) is not split off into a frame SPDL refuses.
+    - On x86-64, the Xvid IDCT (SSE2): faster than the default and closer to PIL's libjpeg.
+    - ``err_detect=explode``: damaged scan data fails, instead of a frame of garbage classified.
     """
     demux_config = spdl.io.demux_config(format="jpeg_pipe", format_options={"fflags": "noparse"})
     options = {"err_detect": "explode"}
@@ -1410,15 +1243,8 @@ def _ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig]:
 
 
 def _decode_frames(data: bytes) -> spdl.io.ImageFrames:
-    """Demux and decode one image's JPEG or PNG data with FFmpeg, in the image's own pixel format.
-
-    JPEG data goes straight to FFmpeg's JPEG demuxer as one packet and is decoded as
-    :py:func:`ffmpeg_jpeg_configs` says; other data is probed. A file of several frames (an
-    animated PNG) gives its first, as PIL does.
-
-    Raises:
-        RuntimeError, ValueError, IndexError, AssertionError: what SPDL raises for bad data.
-    """
+    """One image's JPEG or PNG data decoded by FFmpeg in its own pixel format; the first frame of
+    several (an animated PNG), as PIL. Raises what SPDL raises for bad data (:py:data:`_DECODER_ERRORS`)."""
     # SPDL's native calls, as spdl.io.demux_image and decode_packets make them, without their
     # Python wrappers (a Demuxer object, a context manager, a usage log) around each image.
     demux_config, decode_config = _ffmpeg_jpeg_configs() if data.startswith(_JPEG_START) else (None, None)
@@ -1430,17 +1256,10 @@ def _decode_frames(data: bytes) -> spdl.io.ImageFrames:
     return _libspdl.decode_packets(packets, decode_config=decode_config, filter_desc=None, num_frames=1)
 
 
-_PIL_RESAMPLE = {"bilinear": 2, "bicubic": 3, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
-
-
 def _decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) -> Any:
-    """Decode one image with PIL, resize and crop it as ``transform`` says: uint8 ``size x size x 3``
-    (a numpy array). This is what timm's validation does; it is also the decoder for the
-    containers FFmpeg is not used for, and the DataLoader baseline's.
-
-    Raises:
-        ImageDecodeError: the file is unusable, or PIL cannot decode it.
-    """
+    """One image decoded by PIL, resized and cropped as timm's validation does: a uint8
+    ``size x size x 3`` numpy array. Raises ImageDecodeError: the file is unusable, or PIL cannot
+    decode it."""
     import numpy as np
     from PIL import Image
 
@@ -1458,30 +1277,22 @@ def _decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) 
     return np.asarray(resized.crop((left, top, left + transform.size, top + transform.size)))
 
 
-def _ffmpeg_takes(data: bytes, frame_type: int | None) -> bool:
-    """FFmpeg decodes JPEG (but not arithmetic-coded JPEG, which it lacks) and still PNG; PIL,
-    the reference decoder, takes the rest: FFmpeg decodes some other containers to a frame that
-    is not the image (a JPEG-compressed TIFF comes out black), and an animated PNG to another
-    frame than PIL's. ``frame_type``: the data's start-of-frame marker, if JPEG data has one."""
-    if data.startswith(_JPEG_START):
-        return frame_type not in _ARITHMETIC_SOF
-    return data.startswith(_PNG_START) and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) == -1
+def _pil_rgb(image: Any) -> Any:
+    """A PIL image in RGB, 16- and 32-bit grey scaled to 8 bits (PIL's conversion clips them: white)."""
+    import numpy as np
+    from PIL import Image
 
-
-_ARITHMETIC_SOF = frozenset({0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
-
-
-def _image_size(data: bytes) -> tuple[int, int] | None:
-    """``(width, height)`` from a JPEG's frame header or a PNG's IHDR, before any decoding."""
-    if data.startswith(_PNG_START) and len(data) >= 24:
-        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    header = _parse_jpeg_header(data)
-    return (header.width, header.height) if header else None
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+        return Image.fromarray((np.asarray(image, dtype=np.uint16) >> 8).astype(np.uint8)).convert("RGB")
+    if image.mode == "I":  # 32-bit integers, as PIL opens 16-bit PNGs and TIFFs
+        pixels = np.asarray(image, dtype=np.int64)
+        return Image.fromarray((np.clip(pixels, 0, 65535) >> 8).astype(np.uint8)).convert("RGB")
+    return image.convert("RGB")
 
 
 def _check_size(path: str, size: tuple[int, int] | None, transform: EvalTransform) -> None:
-    """Refuse, before it is decoded, an image too large to decode (a decompression bomb: a small
-    file declaring a huge image) or whose resize would be huge (a 65500 x 1 strip)."""
+    """Refuse before decoding an image too large to decode (a small file declaring a huge image)
+    or whose resize would be huge (a 65500 x 1 strip)."""
     if size is None or min(size) <= 0:
         return
     width, height = size
@@ -1495,27 +1306,20 @@ def _check_size(path: str, size: tuple[int, int] | None, transform: EvalTransfor
         raise ImageDecodeError(path, f"a {width} x {height} image would be resized to {new_w} x {new_h}")
 
 
-def _pil_rgb(image: Any) -> Any:
-    """A PIL image in RGB; 16- and 32-bit greyscale scaled to 8 bits (PIL's own conversion clips
-    them, so that a 16-bit image comes out white)."""
-    import numpy as np
-    from PIL import Image
-
-    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
-        return Image.fromarray((np.asarray(image, dtype=np.uint16) >> 8).astype(np.uint8)).convert("RGB")
-    if image.mode == "I":  # 32-bit integers, as PIL opens 16-bit PNGs and TIFFs
-        pixels = np.asarray(image, dtype=np.int64)
-        return Image.fromarray((np.clip(pixels, 0, 65535) >> 8).astype(np.uint8)).convert("RGB")
-    return image.convert("RGB")
-
-
-def _crop_on_cpu(path: str, data: bytes, graphs: _FilterGraphCache) -> spdl.io.VideoFrames | Any:
-    """One image decoded, resized and cropped on the CPU: an RGB frame from FFmpeg, or a numpy
-    array from PIL for the data FFmpeg is not used for (see :py:func:`_ffmpeg_takes`)."""
-    frame = _jpeg_frame(data)  # the header read once: which decoder, and the size to check
-    if not _ffmpeg_takes(data, frame and frame[0]):
+def _crop_on_cpu(
+    path: str, data: bytes, header: _JpegHeader | None, graphs: _FilterGraphCache
+) -> spdl.io.VideoFrames | Any:
+    """One image decoded, resized and cropped on the CPU (``header``: its :py:func:`_parse_jpeg_header`):
+    an RGB frame from FFmpeg for JPEG and still PNG; a numpy array from PIL, the reference, for
+    arithmetic-coded JPEG (FFmpeg lacks it), animated PNG (FFmpeg picks another frame) and other
+    containers (FFmpeg may decode a frame that is not the image: a JPEG-compressed TIFF is black)."""
+    if data.startswith(_JPEG_START) and (header is None or header.frame_type not in _ARITHMETIC_SOF):
+        size = (header.width, header.height) if header else None
+    elif data.startswith(_PNG_START) and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) == -1:
+        size = (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) if len(data) >= 24 else None
+    else:
         return _decode_pil(path, graphs.transform, data)
-    _check_size(path, frame[2:4] if frame else _image_size(data), graphs.transform)
+    _check_size(path, size, graphs.transform)
     try:  # what _decoder_errors does, without a context manager's objects for every image
         frames = _decode_frames(data)
         # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion.
@@ -1526,54 +1330,44 @@ def _crop_on_cpu(path: str, data: bytes, graphs: _FilterGraphCache) -> spdl.io.V
         raise ImageDecodeError(path, f"FFmpeg cannot decode it: {_spdl_reason(e)}") from None
 
 
-def _to_hwc(images: list[spdl.io.VideoFrames | Any]) -> Tensor:
-    """Stack cropped images into one uint8 ``N x S x S x 3`` CPU tensor: one FFmpeg conversion
-    for a batch of frames, or one at a time when PIL decoded some of them."""
-    if all(isinstance(image, _libspdl.VideoFrames) for image in images):
-        return to_torch(convert_frames(images)).squeeze(1)
-    return torch.stack([_image_tensor(image) for image in images])
-
-
 def _image_tensor(image: spdl.io.VideoFrames | Any) -> Tensor:
+    """A cropped image as a uint8 ``S x S x 3`` CPU tensor."""
     if isinstance(image, _libspdl.VideoFrames):
         return to_torch(convert_frames([image]))[0, 0]
     return torch.from_numpy(image.copy())
 
 
-def _decode_cpu_image(path: str, graphs: _FilterGraphCache, device: torch.device, data: bytes | None = None) -> Tensor:
-    """One image decoded on the CPU (as the FFmpeg loader decodes it) as uint8 ``3 x size x size``
-    on ``device``: a GPU decoder's fallback for images it cannot take.
-
-    Raises:
-        ImageDecodeError: the image cannot be read or decoded.
-    """
-    data = _read_image_bytes(path) if data is None else data
-    return _image_tensor(_crop_on_cpu(path, data, graphs)).permute(2, 0, 1).to(device)
-
-
 ################################################################################
-# Batches: items -> (images, labels) on the device, bad images per the policy
+# Batches: items -> (images, labels) on the device, bad images listed with their batch
 ################################################################################
 
 
 class _Batch(tuple):
     """A decoded batch, unpacked as ``images, labels = batch``: images uint8 ``N x 3 x S x S``
     (RGB, channels-last in memory), labels int64 ``N x 1``, both on the device. ``paths`` names
-    the image of each row; ``failures`` are the batch's images that could not be decoded, left
-    out (:py:func:`benchmark` enforces the policy on the failures of the batches it received)."""
+    each row's image; ``failures`` are its bad images, left out; a GPU decoder's ``fallbacks`` are
+    the images it left to the CPU, ``decoded_by`` those each backend decoded. :py:func:`benchmark`
+    records them, once, as it receives the batch."""
 
-    paths: tuple[str, ...]
-    failures: tuple[ImageDecodeError, ...]
-
-    def __new__(
-        cls, images: Tensor, labels: Tensor, paths: Sequence[str] = (), failures: Sequence[ImageDecodeError] = ()
-    ) -> _Batch:
+    def __new__(cls, images: Tensor, labels: Tensor, paths: Sequence[str] = (),
+                failures: Sequence[ImageDecodeError] = (), fallbacks: int = 0,
+                decoded_by: dict[str, int] | None = None) -> _Batch:  # fmt: skip
         batch = super().__new__(cls, (images, labels))
         batch.paths, batch.failures = tuple(paths), tuple(failures)
+        batch.fallbacks, batch.decoded_by = fallbacks, decoded_by or {}
         return batch
 
     def __reduce__(self) -> tuple:  # from a --decode-processes worker (its tensors through shared memory)
-        return type(self), (*self, self.paths, self.failures)
+        return type(self), (*self, self.paths, self.failures, self.fallbacks, self.decoded_by)
+
+
+def _record_batch(batch: tuple, result: RunResult, failures: list[ImageDecodeError]) -> None:
+    """What :py:func:`benchmark` takes from each batch it receives: its bad images into ``failures``
+    (in the order met), its GPU fallbacks and backends into ``result``."""
+    failures += getattr(batch, "failures", ())
+    result.decoder_fallbacks += getattr(batch, "fallbacks", 0)
+    for backend, count in getattr(batch, "decoded_by", {}).items():
+        result.decoder_backends[backend] = result.decoder_backends.get(backend, 0) + count
 
 
 def _label_tensor(labels: list[int], device: torch.device) -> Tensor:
@@ -1585,18 +1379,43 @@ def _empty_batch(transform: EvalTransform, device: torch.device, failures: Seque
     return _Batch(images.permute(0, 3, 1, 2), _label_tensor([], device), (), failures)
 
 
+# The stall registry: thread ident -> (path, time.monotonic() when it began) of the image that
+# decode thread is on, None between batches. Each thread stores only its own entry, one dict store
+# (atomic under the GIL): no lock per image. A stalled run names the oldest (_oldest_in_progress).
+_DECODING: dict[int, tuple[str, float] | None] = {}
+
+
+@contextlib.contextmanager
+def _working_on(path: str) -> Iterator[None]:
+    """Mark ``path`` as this thread's image for the duration (a GPU decoder's batched call)."""
+    key = threading.get_ident()
+    _DECODING[key] = (path, time.monotonic())
+    try:
+        yield
+    finally:
+        _DECODING[key] = None
+
+
+def _oldest_in_progress() -> tuple[str, float] | None:
+    """``(path, seconds)`` of the image a decode thread has been on the longest, or None."""
+    marks = [mark for mark in list(_DECODING.values()) if mark is not None]  # list(): one step
+    if not marks:
+        return None
+    path, started = min(marks, key=lambda mark: mark[1])
+    return path, time.monotonic() - started
+
+
 def _decode_items(
     items: Sequence[tuple[str, int]],
     decode_one: Callable[[str], Any],
     policy: BadImagePolicy | None,
     failures: list[ImageDecodeError],
 ) -> tuple[list[Any], list[int], list[str]]:
-    """Decode each item: ``(decoded images, their labels, their paths)``. A bad image is recorded
-    in ``policy`` and ``failures`` and left out, or raises ImageDecodeError without a policy.
-    Each image is marked in the policy as this thread's (:py:meth:`BadImagePolicy.working_on`)
-    while it is decoded, with one dict store: no lock, no context manager per image."""
+    """``(decoded images, their labels, their paths)``: a bad image added to ``failures`` and left
+    out (raised without a policy); another error (out of memory, a bug) raised with its image's path
+    in ``_while_decoding``, for :py:func:`_loader_failed`. Each image is marked in :py:data:`_DECODING`."""
     decoded, labels, paths = [], [], []
-    marks, key = (policy._in_progress, threading.get_ident()) if policy is not None else ({}, 0)
+    marks, key = _DECODING, threading.get_ident()
     try:
         for path, label in items:
             marks[key] = (path, time.monotonic())
@@ -1605,12 +1424,10 @@ def _decode_items(
             except ImageDecodeError as e:
                 if policy is None:
                     raise
-                policy.record_failure(e)
                 failures.append(e)
                 continue
-            except Exception as e:  # not the image's fault (out of memory, a bug): the run stops, naming it
-                if policy is not None:
-                    policy.record_unexpected(path, e)
+            except Exception as e:
+                e._while_decoding = path
                 raise
             labels.append(label)
             paths.append(path)
@@ -1626,18 +1443,20 @@ def _ffmpeg_decode_func(
     graphs = _FilterGraphCache(transform)
 
     def decode_one(path: str) -> Any:
-        return _crop_on_cpu(path, _read_image_bytes(path, max_bytes), graphs)
+        data = _read_image_bytes(path, max_bytes)
+        return _crop_on_cpu(path, data, _parse_jpeg_header(data), graphs)
 
     def decode_batch_ffmpeg(items: Sequence[tuple[str, int]]) -> _Batch:
         failures: list[ImageDecodeError] = []
         crops, labels, paths = _decode_items(items, decode_one, policy, failures)
         if not crops:
             return _empty_batch(transform, device, failures)
-        if cuda_config is not None and all(isinstance(c, _libspdl.VideoFrames) for c in crops):
-            buffer = transfer_buffer(convert_frames(crops), device_config=cuda_config)
-            images = to_torch(buffer).squeeze(1)
-        else:
-            images = _to_hwc(crops).to(device)
+        if all(isinstance(crop, _libspdl.VideoFrames) for crop in crops):  # one conversion for the batch
+            buffer = convert_frames(crops)
+            images = to_torch(buffer if cuda_config is None else transfer_buffer(buffer, device_config=cuda_config))
+            images = images.squeeze(1).to(device)
+        else:  # PIL decoded some of them
+            images = torch.stack([_image_tensor(crop) for crop in crops]).to(device)
         # NHWC memory seen as NCHW: the channels-last layout convolutions prefer.
         return _Batch(images.permute(0, 3, 1, 2), _label_tensor(labels, device), paths, failures)
 
@@ -1748,20 +1567,18 @@ def _nvjpeg_can_take(header: _JpegHeader | None) -> bool:
     return header is not None and header.frame_type in (0xC0, 0xC1, 0xC2) and header.components in (1, 3)
 
 
-def _nvjpeg_takes(data: bytes, transform: EvalTransform) -> bool:
+def _nvjpeg_takes(header: _JpegHeader | None, transform: EvalTransform) -> bool:
     """What nvJPEG can take within the size limits (the CPU refuses the rest, naming the limit)."""
-    header = _parse_jpeg_header(data)
     if not _nvjpeg_can_take(header) or min(header.width, header.height) <= 0:
         return False
     new_w, new_h, _, _ = transform.geometry(header.width, header.height)
     return max(header.width * header.height, new_w * new_h) <= MAX_IMAGE_PIXELS
 
 
-def _first_jpeg_image(data: bytes) -> bytes:
+def _first_jpeg_image(data: bytes, start: int = 2) -> bytes:
     """The data up to its first image's end: NVDEC gets no second image (an MPO, a gain map) and
-    no trailer, as FFmpeg decodes only the first."""
-    scan = next((offset for marker, offset in _jpeg_segments(data) if marker == _SOS), 2)
-    end = data.find(b"\xff\xd9", scan)
+    no trailer, as FFmpeg decodes only the first. ``start``: where the scan is looked for from."""
+    end = data.find(b"\xff\xd9", _jpeg_scan(data, start))
     return data if end == -1 else data[: end + 2]
 
 
@@ -1842,15 +1659,16 @@ def _nvimgcodec_tensor(image: Any) -> Tensor:
 
 
 def _decode_nvimgcodec(
-    datas: list[bytes], transform: EvalTransform, decoders: list[tuple[str, Any]], stream: int
+    datas: list[bytes], headers: list[_JpegHeader | None], transform: EvalTransform, decoders: list[tuple[str, Any]],
+    stream: int,
 ) -> tuple[list[Tensor | None], dict[str, int]]:
     """Decode the JPEGs nvJPEG takes, one batched call per decoder (each given what those before it
     left) on ``stream`` (a ``cudaStream_t``, 0 on the CPU), then resize and crop them by size.
     Returns uint8 ``3 x S x S`` per image (None: left to the CPU) and each backend's image count."""
     nvimgcodec, _ = _nvimgcodec()
     code_streams = {}
-    for i, data in enumerate(datas):
-        if _nvjpeg_takes(data, transform):
+    for i, (data, header) in enumerate(zip(datas, headers, strict=True)):
+        if _nvjpeg_takes(header, transform):
             with contextlib.suppress(RuntimeError):  # "Failed to get image info": left to the CPU
                 code_streams[i] = nvimgcodec.CodeStream(data)  # a reference to the bytes, not a copy
     decoded: list[Tensor | None] = [None] * len(datas)
@@ -1869,13 +1687,13 @@ def _decode_nvimgcodec(
 
 
 def _decode_nvjpeg(
-    datas: list[bytes], transform: EvalTransform, device: torch.device
+    datas: list[bytes], headers: list[_JpegHeader | None], transform: EvalTransform, device: torch.device
 ) -> tuple[list[Tensor | None], dict[str, int]]:
     """:py:func:`_decode_nvimgcodec` with torchvision's decoder (one batched call, behind its lock)."""
     import torchvision.io
 
     decoded: list[Tensor | None] = [None] * len(datas)
-    takes = [i for i, data in enumerate(datas) if _nvjpeg_takes(data, transform)]
+    takes = [i for i, header in enumerate(headers) if _nvjpeg_takes(header, transform)]
     if not takes:
         return decoded, {}
     encoded = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in takes]
@@ -1894,16 +1712,18 @@ def _decode_nvjpeg(
     return _resize_crop_groups(decoded, transform), {"torchvision": sum(image is not None for image in images)}
 
 
-def _decode_nvdec(data: bytes, transform: EvalTransform, config: spdl.io.CUDAConfig, bound: Any) -> Tensor | None:
+def _decode_nvdec(
+    data: bytes, header: _JpegHeader | None, transform: EvalTransform, config: spdl.io.CUDAConfig, bound: Any
+) -> Tensor | None:
     """One JPEG through NVDEC: uint8 ``3 x S x S``, or None if NVDEC cannot take it or fails on it.
     SPDL's cached per-thread decoder keeps the CUDA config (stream, allocator) of its first use
     (``NvDecDecoderCore::init_decoder``), so it is made afresh for a config other than
     ``bound.nvdec_config``. NV12 comes at the size made even (SPDL refuses odd sizes); the resize
     has the original size's geometry, antialiased (NVDEC's own scaler is not)."""
-    if not _nvdec_can_take(_parse_jpeg_header(data)):
+    if not _nvdec_can_take(header):
         return None
     try:
-        packets = spdl.io.demux_video(_first_jpeg_image(data))
+        packets = spdl.io.demux_video(_first_jpeg_image(data, header.end))
         width, height = packets.width, packets.height
         even_w, even_h = width + width % 2, height + height % 2
         decoder = spdl.io.nvdec_decoder(
@@ -1939,15 +1759,19 @@ def _gpu_decode_func(
     # concurrent calls), the config its NVDEC decoder was made with.
     local = threading.local()
 
-    def decode_on_gpu(datas: list[bytes], stream: Any, config: Any) -> tuple[list[Tensor | None], dict[str, int]]:
+    def decode_on_gpu(
+        datas: list[bytes], headers: list[_JpegHeader | None], stream: Any, config: Any
+    ) -> tuple[list[Tensor | None], dict[str, int]]:
         if decoder == "nvdec":
-            images = [_decode_nvdec(data, transform, config, local) for data in datas]
+            pairs = zip(datas, headers, strict=True)
+            images = [_decode_nvdec(data, header, transform, config, local) for data, header in pairs]
             return images, {"nvdec": sum(image is not None for image in images)}
         if library == "torchvision":
-            return _decode_nvjpeg(datas, transform, device)
+            return _decode_nvjpeg(datas, headers, transform, device)
         if not hasattr(local, "decoders"):
             local.decoders = _nvimgcodec_decoders(device)
-        return _decode_nvimgcodec(datas, transform, local.decoders, 0 if stream is None else stream.cuda_stream)
+        cuda_stream = 0 if stream is None else stream.cuda_stream
+        return _decode_nvimgcodec(datas, headers, transform, local.decoders, cuda_stream)
 
     decode_batch = _with_cpu_fallback(decode_on_gpu, transform, device, policy, max_bytes)
 
@@ -1974,32 +1798,34 @@ def _with_cpu_fallback(
     policy: BadImagePolicy | None,
     max_bytes: int,
 ) -> Callable[..., _Batch]:
-    """Read the files; ``decode_on_gpu(datas, stream, config)`` decodes those it takes and counts
-    each backend's; the CPU decodes the rest, each counted as a fallback; a bad image as the policy says."""
+    """Read the files and parse each header once; ``decode_on_gpu(datas, headers, stream, config)``
+    decodes those it takes and counts each backend's; the CPU decodes the rest, each a fallback; a
+    bad image is listed in the batch's ``failures`` (raised without a policy)."""
     graphs = _FilterGraphCache(transform)
 
     def decode_batch(items: Sequence[tuple[str, int]], stream: Any, config: Any) -> _Batch:
         failures: list[ImageDecodeError] = []
         datas, labels, paths = _decode_items(items, lambda path: _read_image_bytes(path, max_bytes), policy, failures)
-        with policy.working_on(paths[0]) if policy and paths else contextlib.nullcontext():
-            images, counts = decode_on_gpu(datas, stream, config)
-        if policy is not None:
-            policy.record_decoded(counts)
-        data_of = dict(zip(paths, datas, strict=True))
-        left = [(paths[i], i) for i, image in enumerate(images) if image is None]
-        on_cpu, at, _ = _decode_items(
-            left, lambda path: _decode_cpu_image(path, graphs, device, data_of[path]), policy, failures
-        )
-        for i, image in zip(at, on_cpu, strict=True):
+        headers = [_parse_jpeg_header(data) for data in datas]
+        with _working_on(paths[0]) if paths else contextlib.nullcontext():
+            images, counts = decode_on_gpu(datas, headers, stream, config)
+        left = {paths[i]: i for i, image in enumerate(images) if image is None}
+
+        def on_cpu(path: str) -> Tensor:
+            i = left[path]
+            return _image_tensor(_crop_on_cpu(path, datas[i], headers[i], graphs)).permute(2, 0, 1).to(device)
+
+        decoded, at, _ = _decode_items(list(left.items()), on_cpu, policy, failures)
+        for i, image in zip(at, decoded, strict=True):
             images[i] = image
-            if policy is not None:
-                policy.record_fallback()
         kept = [i for i, image in enumerate(images) if image is not None]
         if not kept:
             return _empty_batch(transform, device, failures)
         # The FFmpeg path's memory layout for every batch: a compiled model would recompile for another.
         batch = torch.stack([images[i] for i in kept]).contiguous(memory_format=torch.channels_last)
-        return _Batch(batch, _label_tensor([labels[i] for i in kept], device), [paths[i] for i in kept], failures)
+        labels_kept, paths_kept = _label_tensor([labels[i] for i in kept], device), [paths[i] for i in kept]
+        decoded_by = {backend: count for backend, count in counts.items() if count}
+        return _Batch(batch, labels_kept, paths_kept, failures, len(decoded), decoded_by)
 
     return decode_batch
 
@@ -2063,11 +1889,12 @@ def _check_gpu_decoder(decoder: str, device: torch.device) -> str:
         with tempfile.NamedTemporaryFile(suffix=".JPEG") as f:
             f.write(probe.getvalue())
             f.flush()
-            images, _ = get_decode_func(device, transform, decoder, policy)([(f.name, 0)])
+            batch = get_decode_func(device, transform, decoder, policy)([(f.name, 0)])
     except _DECODER_ERRORS as e:
         message = f"{flag} cannot decode a JPEG on {_device_name(device)}: {_spdl_reason(e)}"
         raise InputError(message, flag, _FFMPEG_ADVICE) from None
-    if policy.failed or policy.fallbacks or not len(images):
+    images = batch[0]
+    if batch.failures or batch.fallbacks or not len(images):
         raise InputError(f"{flag} cannot decode a plain JPEG on {_device_name(device)}", flag, _FFMPEG_ADVICE)
     colour = images.float().mean(dim=(0, 2, 3)).tolist()
     if max(abs(c - e) for c, e in zip(colour, (200, 80, 40), strict=True)) > 4:
@@ -2395,7 +2222,7 @@ def _decode_worker_init() -> None:
 class _ProcessDecode:
     """The FFmpeg decode function, made in the worker process that runs it (a closure cannot be
     pickled to a spawned worker): batches come back on the CPU, bad images left out and listed
-    in ``Batch.failures``, which :py:func:`_received` records in the main process's policy."""
+    in ``Batch.failures``, which travel back with the batch to :py:func:`benchmark`."""
 
     def __init__(self, transform: EvalTransform, max_image_bytes: int) -> None:
         self.transform, self.max_image_bytes = transform, max_image_bytes
@@ -2405,30 +2232,27 @@ class _ProcessDecode:
         return {"transform": self.transform, "max_image_bytes": self.max_image_bytes, "_decode": None}
 
     def __call__(self, items: Sequence[tuple[str, int]]) -> _Batch:
-        if self._decode is None:  # once per worker; the worker's own policy only collects
+        if self._decode is None:  # once per worker; a skipping policy lists the bad images
             self._decode = get_decode_func("cpu", self.transform, "ffmpeg", BadImagePolicy(skip=True),
                                            max_image_bytes=self.max_image_bytes)  # fmt: skip
         return self._decode(items)
 
 
-def _received(batches: Iterator[_Batch], policy: BadImagePolicy, device: torch.device) -> Iterator[_Batch]:
-    """Batches from ``--decode-processes`` workers: each failure recorded once, here, as the batch
-    that lists it arrives (so none counts twice, and those of batches never received are not
-    reached), and the batch copied to ``device`` in this process, where the model is. While it
-    waits for a batch, the policy's stall record says so (a worker's images are not known here)."""
-    marks = policy._in_progress
+def _received(batches: Iterator[_Batch], device: torch.device) -> Iterator[_Batch]:
+    """Batches from ``--decode-processes`` workers, copied to ``device`` in this process, where the
+    model is. While it waits for a batch, the stall registry says so (a worker's images are not
+    known here)."""
+    marks = _DECODING
     while True:
         marks[-1] = ("a batch in a --decode-processes worker", time.monotonic())  # -1: no thread's ident
         batch = next(batches, None)
         marks[-1] = None
         if batch is None:
             return
-        for failure in batch.failures:
-            policy.record_failure(failure)
         if device.type != "cpu":
             images, labels = batch
-            batch = _Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), batch.paths,
-                          batch.failures)  # fmt: skip
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            batch = _Batch(images, labels, batch.paths, batch.failures)
         yield batch
 
 
@@ -2505,10 +2329,8 @@ def _torch_loader_batches(
                 f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})", "loader"
             ) from None
         errors = [ImageDecodeError(path, reason) for path, reason in failures]
-        for error in errors:
-            if policy is None:
-                raise error
-            policy.record_failure(error)
+        if errors and policy is None:
+            raise errors[0]
         yield _Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths, errors)
 
 
@@ -3101,7 +2923,7 @@ def benchmark(
         model: From :py:func:`get_model`.
         listed: How many images the loader was given, for the accounting.
         warmup_batches: Batches left out of the FPS window.
-        policy: The bad-image policy the decode function records into; enforced after each batch.
+        policy: The bad-image policy, applied to the failures of each batch as it is received.
         sync_clocks: Called just before each clock start (loop start, end of warm-up), e.g. a
             barrier so that every rank of a distributed run starts its clock together.
         progress: Called after each batch with the images classified so far and the running
@@ -3119,20 +2941,18 @@ def benchmark(
     """
     policy = policy or BadImagePolicy()
     loop = _Loop(model, RunResult(listed=listed, loader_lead=loader_lead), warmup_batches, sync_clocks, predictions)
-    seen: list[ImageDecodeError] | None = []  # None once a batch does not say its failures
+    failures: list[ImageDecodeError] = []  # the one record of the bad images, in the order received
     try:
-        with _stopped_runs(loop.result, policy), torch.inference_mode():
+        with _stopped_runs(loop.result), torch.inference_mode():
             for batch in loader:
-                if seen is not None:
-                    seen = None if getattr(batch, "failures", None) is None else [*seen, *batch.failures]
-                policy.check(listed, seen)
+                _record_batch(batch, loop.result, failures)
+                policy.check(failures, listed)
                 loop.classify(batch)
                 if progress is not None:
                     progress(loop.result.classified, loop.top1)
-            policy.check(listed)
-            _check_delivered(loop.result.classified + policy.failed, listed)
+            _check_delivered(loop.result.classified + len(failures), listed)
     finally:
-        loop.close(policy, seen or [])
+        loop.close(failures)
     if loop.result.warmup_included and warmup_batches:  # the command line's summary says it itself
         warnings.warn(f"only {loop.result.batches} batch(es), not more than warmup_batches={warmup_batches}: the "
                       "FPS window includes the warm-up (compilation, caches, thread start-up); pass more images "
@@ -3145,7 +2965,7 @@ class WarmupIncluded(UserWarning):
 
 
 @contextlib.contextmanager
-def _stopped_runs(result: RunResult, policy: BadImagePolicy) -> Iterator[None]:
+def _stopped_runs(result: RunResult) -> Iterator[None]:
     """Whatever ends the loop early leaves as a RunStopped (or RunInterrupted) that carries the
     partial result: the loader's time-out and failure become RunStopped (stalled, loader)."""
     try:
@@ -3159,7 +2979,7 @@ def _stopped_runs(result: RunResult, policy: BadImagePolicy) -> Iterator[None]:
     except (PipelineFailure, TimeoutError) as e:
         result.partial = True
         error: RunStopped = (
-            _stalled(policy.oldest_in_progress()) if isinstance(e, TimeoutError) else _loader_failed(e, policy)
+            _stalled(_oldest_in_progress()) if isinstance(e, TimeoutError) else _loader_failed(e)
         )
         error.result = result
         raise error from None
@@ -3199,19 +3019,14 @@ class _Loop:
         self.result.classified += n
         self.window.add(n)
 
-    def close(self, policy: BadImagePolicy, seen: Sequence[ImageDecodeError]) -> None:
+    def close(self, failures: Sequence[ImageDecodeError]) -> None:
         """Fill the result from the loop's state, whether the loop ended or stopped."""
         result, window = self.result, self.window
         result.frames_timed, result.elapsed_s, result.warmup_included = window.close()
         result.batches = window.batches
         result.batches_timed = window.batches if result.warmup_included else window.batches - window.warmup_batches
         result.top1_correct, result.top5_correct = int(self.top1), int(self.top5)
-        # The failures of the batches received first, in that order (the one that stopped a
-        # strict run leads), then those of batches decoded but not received.
-        first = {id(f) for f in seen}
-        result.record_failures([*seen, *(f for f in policy.failures() if id(f) not in first)])
-        result.decoder_fallbacks = policy.fallbacks
-        result.decoder_backends = policy.decoded_by
+        result.record_failures(failures)
         result.timeline = window.timeline()
         if self.kept is not None:
             result.predictions = self.kept.rows()
@@ -3232,12 +3047,16 @@ def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
     return RunStopped(f"out of memory on {device} with a batch of {batch_size} images; {advice}", "out_of_memory")
 
 
-def _loader_failed(error: BaseException, policy: BadImagePolicy) -> RunStopped:
+def _loader_failed(error: BaseException) -> RunStopped:
     """What a pipeline failure was: out of memory while decoding an image, another error there
     (named), or something else (SPDL's log above says what)."""
-    if policy.unexpected is None:
+    # A stage's error is SPDL's "failed N times", raised from the first error of the stage's
+    # function: the one _decode_items named the image of.
+    causes = [e.__cause__ or e for e in getattr(error, "exceptions", ())]
+    cause = next((e for e in causes if hasattr(e, "_while_decoding")), None)
+    if cause is None:
         return RunStopped(f"the loading pipeline failed: {error} (the log above says why)", "loader")
-    path, cause = policy.unexpected
+    path = cause._while_decoding
     if isinstance(cause, MemoryError):
         return RunStopped(f"out of memory while decoding {path}; fewer --num-threads need less", "loader")
     return RunStopped(f"the loading pipeline failed on {path}: {type(cause).__name__}: {cause}", "loader")
@@ -4718,7 +4537,7 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
     # Not SPDL's auto_stop: its one timeout is set as it starts, and an interrupt's stop cannot wait.
     pipeline.start()
     batches = pipeline.get_iterator(timeout=config.timeout)
-    loader = _Loader(_received(batches, policy, config.device) if config.decode_processes else batches, stats)
+    loader = _Loader(_received(batches, config.device) if config.decode_processes else batches, stats)
     try:
         yield loader
     finally:

@@ -176,7 +176,7 @@ def image_kinds(data: bytes) -> list[str]:
     header = ic._parse_jpeg_header(data)
     kinds = ["whole mix", "progressive" if header.frame_type == 0xC2 else "baseline"]
     if header.components == 3:
-        kinds.append("colour 4:2:0" if header.chroma_420 else "colour 4:4:4" if header.sampling[0] == (1, 1)
+        kinds.append("colour 4:2:0" if header.chroma_420 else "colour 4:4:4" if header.sampling[0] == 0x11
                      else "colour, other chroma")  # fmt: skip
     else:
         kinds.append({1: "greyscale", 4: "CMYK"}.get(header.components, f"{header.components} components"))
@@ -195,7 +195,7 @@ def _decode_and_load_s(path: str, data: bytes, graphs: ic._FilterGraphCache, loa
         spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=None)
 
     def load() -> None:
-        ic._crop_on_cpu(path, data, graphs)
+        ic._crop_on_cpu(path, data, ic._parse_jpeg_header(data), graphs)
 
     spent = {}
     for step in (load, decode) if load_first else (decode, load):

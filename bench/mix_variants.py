@@ -139,8 +139,8 @@ def _grey_kept_filter(transform: ic.EvalTransform, width: int, height: int) -> s
 
 
 def _lowres_decode(data: bytes) -> spdl.io.ImageFrames:
-    size = ic._image_size(data)
-    if not data.startswith(b"\xff\xd8") or size is None or min(size) < 2 * ic.EvalTransform().resize_short:
+    header = ic._parse_jpeg_header(data)
+    if header is None or min(header.width, header.height) < 2 * ic.EvalTransform().resize_short:
         return CURRENT_DECODE(data)
     options = {"err_detect": "explode", "lowres": "1"} | ({"idct": "xvid"} if ic.platform.machine() == "x86_64" else {})
     packets = spdl.io.demux_image(data, demux_config=ic._ffmpeg_jpeg_configs()[0])
@@ -196,7 +196,8 @@ def pil_agreement(paths: list[str]) -> dict[str, float]:
     resize and crop, with the module as patched now."""
     transform, graphs, mads = ic.EvalTransform(), ic._FilterGraphCache(ic.EvalTransform()), []
     for path in paths:
-        crop = ic._crop_on_cpu(path, Path(path).read_bytes(), graphs)
+        data = Path(path).read_bytes()
+        crop = ic._crop_on_cpu(path, data, ic._parse_jpeg_header(data), graphs)
         ours = spdl.io.to_numpy(spdl.io.convert_frames([crop]))[0, 0].astype(np.int16)
         mads.append(float(np.abs(ours - ic._decode_pil(path, transform).astype(np.int16)).mean()))
     return {"mean": float(np.mean(mads)), "max": max(mads)}

@@ -105,6 +105,7 @@ GROUPS: dict[str, Group] = {
         [
             "_TimingWindow",
             "benchmark",
+            "_record_batch",
             "_Loop",
             "_timed_rate",
             "measure_loader",
@@ -253,8 +254,8 @@ KNOWN_EDITS = [
     (
         "decoder_fallbacks always 0",
         "timing",
-        "result.decoder_fallbacks = policy.fallbacks",
-        "result.decoder_fallbacks = 0",
+        'result.decoder_fallbacks += getattr(batch, "fallbacks", 0)',
+        "result.decoder_fallbacks += 0",
     ),
     (
         "FPS bound without the loader's buffer",

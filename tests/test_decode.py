@@ -19,8 +19,8 @@ from imagenet_classification import (
     ImageDecodeError,
     InputError,
     _check_gpu_decoder,
-    _decode_cpu_image,
     _decode_frames,
+    _fall_back,
     _FilterGraphCache,
     _nvdec_can_take,
     _parse_jpeg_header,
@@ -262,11 +262,12 @@ def test_skipping_keeps_batch_mates_and_alignment(tmp_path, jpeg_set):
     missing = (str(tmp_path / "n01440764_missing.JPEG"), 0)
     items = [good[0], missing, good[1], good[2], (str(tmp_path), 0), good[3], good[4]]
     policy = BadImagePolicy(skip=True)
-    images, labels = get_decode_func("cpu", policy=policy)(items)
+    batch = get_decode_func("cpu", policy=policy)(items)
+    images, labels = batch
     assert labels[:, 0].tolist() == [label for _, label in good]
     assert images.shape[0] == 5
-    assert [f.path for f in policy.failures()] == [missing[0], str(tmp_path)]
-    assert "No such file" in policy.failures()[0].reason and "directory" in policy.failures()[1].reason
+    assert [f.path for f in batch.failures] == [missing[0], str(tmp_path)]
+    assert "No such file" in batch.failures[0].reason and "directory" in batch.failures[1].reason
 
 
 def test_zero_size_in_jpeg_header_is_reported(tmp_path, jpeg_set):
@@ -277,15 +278,16 @@ def test_zero_size_in_jpeg_header_is_reported(tmp_path, jpeg_set):
     path = tmp_path / "zero-width.JPEG"
     path.write_bytes(bytes(data))
     policy = BadImagePolicy(skip=True)
-    images, _ = get_decode_func("cpu", policy=policy)([(str(path), 0)])
-    assert images.shape[0] == 0 and policy.failed == 1
-    assert "FFmpeg cannot decode it" in policy.failures()[0].reason
+    batch = get_decode_func("cpu", policy=policy)([(str(path), 0)])
+    assert batch[0].shape[0] == 0 and len(batch.failures) == 1
+    assert "FFmpeg cannot decode it" in batch.failures[0].reason
 
 
 def test_all_failed_batch_is_empty_not_an_error(tmp_path):
     policy = BadImagePolicy(skip=True)
-    images, labels = get_decode_func("cpu", policy=policy)([(str(tmp_path / "a.JPEG"), 0)])
-    assert images.shape == (0, 3, 224, 224) and labels.shape == (0, 1) and policy.failed == 1
+    batch = get_decode_func("cpu", policy=policy)([(str(tmp_path / "a.JPEG"), 0)])
+    images, labels = batch
+    assert images.shape == (0, 3, 224, 224) and labels.shape == (0, 1) and len(batch.failures) == 1
 
 
 def test_jpeg_with_a_second_image_appended_decodes_to_its_primary_image(tmp_path, demo_photos):
@@ -369,9 +371,9 @@ def test_truncated_jpeg_is_reported_even_with_a_thumbnails_end_marker_inside(tmp
     whole.write_bytes(data)
     cut.write_bytes(data[: len(data) - 100])  # ends inside the main image's scan
     policy = BadImagePolicy(skip=True)
-    _, labels = get_decode_func("cpu", policy=policy)([(str(whole), 0), (str(cut), 1)])
-    assert labels.tolist() == [[0]] and policy.failed == 1
-    assert "truncated JPEG" in policy.failures()[0].reason
+    batch = get_decode_func("cpu", policy=policy)([(str(whole), 0), (str(cut), 1)])
+    assert batch[1].tolist() == [[0]] and len(batch.failures) == 1
+    assert "truncated JPEG" in batch.failures[0].reason
 
 
 def test_grayscale_jpeg_decodes_to_rgb(tmp_path):
@@ -410,7 +412,9 @@ def test_which_images_nvdec_can_take(tmp_path):
 def test_gpu_fallback_image_equals_the_ffmpeg_batch(jpeg_set):
     transform = EvalTransform()
     path, label = _items(jpeg_set)[0]
-    image = _decode_cpu_image(path, _FilterGraphCache(transform), torch.device("cpu"), Path(path).read_bytes())
+    data = Path(path).read_bytes()
+    graphs = _FilterGraphCache(transform)
+    image = _fall_back(path, data, _parse_jpeg_header(data), graphs, torch.device("cpu"), None, [])
     batch, _ = get_decode_func("cpu", transform)([(path, label)])
     assert image.shape == (3, 224, 224) and torch.equal(image, batch[0])
 

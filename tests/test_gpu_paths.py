@@ -124,8 +124,8 @@ def test_nvjpeg_path_routes_batches_and_falls_back_per_image(demo_photos, tmp_pa
     assert labels[:, 0].tolist() == [0, 1, 2, 3, 4]  # junk and missing left out, the rest aligned
     assert [Path(p).name for p in batch.paths] == ["baseline.JPEG", "progressive.JPEG", "grey.JPEG", "cmyk.JPEG",
                                                    "png-data.JPEG"]  # fmt: skip
-    assert policy.fallbacks == 2  # CMYK and PNG data, decoded on the CPU
-    assert sorted(Path(f.path).name for f in policy.failures()) == ["junk.JPEG", "missing.JPEG"]
+    assert batch.fallbacks == 2  # CMYK and PNG data, decoded on the CPU
+    assert sorted(Path(f.path).name for f in batch.failures) == ["junk.JPEG", "missing.JPEG"]
     assert images.shape == (5, 3, 224, 224) and images.is_contiguous(memory_format=torch.channels_last)
     reference, _ = get_decode_func("cpu", transform)([item for item in items if item[1] < 10])
     mads = (images.float() - reference.float()).abs().mean(dim=(1, 2, 3))

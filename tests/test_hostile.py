@@ -307,8 +307,9 @@ def test_damaged_jpegs_and_bombs_are_counted_failures(demo_photos, tmp_path):
         (tmp_path / f"{name}.JPEG").write_bytes(blob)
         items.append((str(tmp_path / f"{name}.JPEG"), 0))
     policy = ic.BadImagePolicy(skip=True)
-    images, _ = ic.get_decode_func("cpu", policy=policy)(items)
-    reasons = {Path(f.path).stem: f.reason for f in policy.failures()}
+    batch = ic.get_decode_func("cpu", policy=policy)(items)
+    images, _ = batch
+    reasons = {Path(f.path).stem: f.reason for f in batch.failures}
     assert images.shape[0] == 0 and set(reasons) == set(files), reasons
     assert "over the limit of 178,956,970" in reasons["bomb"] and "would be resized to" in reasons["strip"]
     for path, _ in items[2:]:  # the DataLoader baseline's decoder refuses them too

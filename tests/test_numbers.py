@@ -29,6 +29,7 @@ import timm
 import timm.data
 import torch
 from PIL import Image
+from spdl.pipeline import PipelineFailure
 
 from imagenet_classification import (
     BadImagePolicy,
@@ -38,15 +39,19 @@ from imagenet_classification import (
     ModelBundle,
     Preprocessing,
     RunResult,
+    _Batch,
     _Breakdown,
     _decode_items,
+    _loader_failed,
     _measure_model,
+    _oldest_in_progress,
     _print_breakdown,
     _print_summary,
     _resize_region,
     _RunReport,
     _Shard,
     _TimingWindow,
+    _working_on,
     _write_results,
     benchmark,
     get_decode_func,
@@ -201,16 +206,23 @@ def test_bad_image_policy_bookkeeping_by_hand():
     with pytest.raises(ValueError, match="not both"):
         BadImagePolicy(skip=True, max_bad=3, max_bad_percent=10.0)
     policy = BadImagePolicy(skip=True)
-    # The first error that is not an image's fault is the one the run's error names.
-    policy.record_unexpected("a.JPEG", MemoryError())
-    policy.record_unexpected("b.JPEG", RuntimeError())
-    assert policy.unexpected[0] == "a.JPEG" and isinstance(policy.unexpected[1], MemoryError)
+    # The first error that is not an image's fault is the one the run's error names: each carries
+    # its image's path, and SPDL raises each failed stage's error from the first of them.
+    stage_errors = []
+    for path, cause in (("a.JPEG", MemoryError()), ("b.JPEG", RuntimeError())):
+        cause._while_decoding = path
+        try:
+            raise RuntimeError("The pipeline stage (decode) failed 1 times") from cause
+        except RuntimeError as e:
+            stage_errors.append(e)
+    stopped = _loader_failed(PipelineFailure([("decode", stage_errors[0]), ("other", stage_errors[1])]))
+    assert "out of memory while decoding a.JPEG" in str(stopped)
     # A stalled run names the image in progress for the longest time, and for how long.
-    assert policy.oldest_in_progress() is None
+    assert _oldest_in_progress() is None
     entered, release = [threading.Event(), threading.Event()], threading.Event()
 
     def work(path: str, i: int) -> None:
-        with policy.working_on(path):
+        with _working_on(path):
             entered[i].set()
             release.wait(10)
 
@@ -221,17 +233,21 @@ def test_bad_image_policy_bookkeeping_by_hand():
     threads.append(threading.Thread(target=work, args=("later.JPEG", 1)))
     threads[1].start()
     entered[1].wait(10)
-    path, seconds = policy.oldest_in_progress()
+    path, seconds = _oldest_in_progress()
     release.set()
     for thread in threads:
         thread.join()
     assert path == "slow.JPEG" and 0.3 <= seconds < 5
-    assert policy.oldest_in_progress() is None  # each thread's mark is gone once it is done
+    assert _oldest_in_progress() is None  # each thread's mark is gone once it is done
+    # The decode loop marks each image as its thread's while it decodes it.
+    marked = []
+    _decode_items([("ok.JPEG", 0)], lambda path: marked.append(_oldest_in_progress()[0]), policy, [])
+    assert marked == ["ok.JPEG"] and _oldest_in_progress() is None
     # An error that is not the image's fault, in a decode function with a policy: raised, and named.
-    fresh = BadImagePolicy(skip=True)
-    with pytest.raises(ZeroDivisionError):
-        _decode_items([("ok.JPEG", 0), ("bug.JPEG", 1)], lambda path: 1 / (path == "ok.JPEG"), fresh, [])
-    assert fresh.unexpected[0] == "bug.JPEG" and fresh.failed == 0
+    failures = []
+    with pytest.raises(ZeroDivisionError) as info:
+        _decode_items([("ok.JPEG", 0), ("bug.JPEG", 1)], lambda path: 1 / (path == "ok.JPEG"), policy, failures)
+    assert info.value._while_decoding == "bug.JPEG" and failures == []
 
 
 @pytest.mark.parametrize(
@@ -588,11 +604,11 @@ def test_benchmark_defaults_to_the_clis_warmup_and_to_stopping_at_a_bad_image():
     result = benchmark((_batch([AT_RANK_1]) for _ in range(20)), _bundle(), listed=20)
     assert (result.frames_timed, result.warmup_included) == (20, True)
     # And stops at a bad image unless told to skip, naming the first of them.
-    policy = BadImagePolicy()
-    policy.record_failure(ImageDecodeError("bad.JPEG", "empty file (0 bytes)"))
-    policy.record_failure(ImageDecodeError("worse.JPEG", "is a directory, not an image file"))
+    failures = [ImageDecodeError("bad.JPEG", "empty file (0 bytes)"),
+                ImageDecodeError("worse.JPEG", "is a directory, not an image file")]  # fmt: skip
     with pytest.raises(Exception, match="cannot decode bad.JPEG: empty file") as info:
-        benchmark(iter([_batch([AT_RANK_1])]), _bundle(), listed=3, policy=policy)
+        benchmark(iter([_Batch(*_batch([AT_RANK_1]), failures=failures)]), _bundle(), listed=3,
+                  policy=BadImagePolicy())  # fmt: skip
     assert (info.value.result.classified, info.value.result.failed, info.value.result.not_reached) == (0, 2, 1)
 
 
@@ -634,19 +650,16 @@ def test_results_and_their_rates_by_hand(tmp_path):
 
 
 def test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_file(tmp_path):
-    # The decode function records failures and GPU-decoder fallbacks as batches are made; on this
-    # CPU-only machine a generator stands in for it, writing to a real policy.
+    # The decode function lists each batch's failures and GPU-decoder fallbacks with the batch; on
+    # this CPU-only machine a generator stands in for it.
     policy = BadImagePolicy(skip=True)
 
     def loader():
-        policy.record_fallback()
-        yield _batch([AT_RANK_1, AT_RANK_5])
-        policy.record_failure(ImageDecodeError("bad1.JPEG", "empty file (0 bytes)"))
-        policy.record_fallback()
-        policy.record_fallback()
-        yield _batch([AT_RANK_6])
-        policy.record_failure(ImageDecodeError("bad2.JPEG", "truncated JPEG (no end-of-image marker)"))
-        yield _batch([])  # every image of this batch failed
+        yield _Batch(*_batch([AT_RANK_1, AT_RANK_5]), fallbacks=1, decoded_by={"hardware": 1})
+        yield _Batch(*_batch([AT_RANK_6]), failures=[ImageDecodeError("bad1.JPEG", "empty file (0 bytes)")],
+                     fallbacks=2, decoded_by={"hardware": 1, "cuda": 1})  # fmt: skip
+        cut = ImageDecodeError("bad2.JPEG", "truncated JPEG (no end-of-image marker)")
+        yield _Batch(*_batch([]), failures=[cut])  # every image of this batch failed
 
     # 8 listed, 3 classified, 2 failed: the loader ended 3 images short.
     model = RankedLogits()
@@ -657,6 +670,7 @@ def test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_fi
     assert (result.listed, result.classified, result.failed, result.not_reached) == (8, 3, 2, 3)
     assert (result.decoder_fallbacks, result.partial, result.top1_correct, result.top5_correct) == (3, True, 1, 2)
     assert [f["path"] for f in result.failures] == ["bad1.JPEG", "bad2.JPEG"]
+    assert result.decoder_backends == {"hardware": 2, "cuda": 1}  # each batch's, added up
     summary = io.StringIO()
     _print_summary(result, summary)
     lines = summary.getvalue().splitlines()

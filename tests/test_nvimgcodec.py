@@ -84,7 +84,7 @@ def test_the_nvimgcodec_path_agrees_with_ffmpeg_on_real_photos(demo_photos):
     assert torch.equal(labels, reference_labels) and list(batch.paths) == [p for p, _ in items]
     mads = _mad(images, reference)
     assert mads.mean().item() < 2 and mads.max().item() < 3, mads
-    assert policy.decoded_by == {"cpu": len(items)} and policy.fallbacks == 0 and not policy.failed
+    assert batch.decoded_by == {"cpu": len(items)} and batch.fallbacks == 0 and not batch.failures
 
 
 def _awkward_batch(demo_photos: Path, root: Path) -> list[tuple[str, int]]:
@@ -118,9 +118,9 @@ def test_images_nvjpeg_cannot_take_go_to_ffmpeg_counted_and_labels_stay_aligned(
     assert labels[:, 0].tolist() == [0, 1, 2, 3, 4]
     assert [Path(p).name for p in batch.paths] == ["baseline.JPEG", "cmyk.JPEG", "png-data.JPEG", "progressive.JPEG",
                                                    "grey.JPEG"]  # fmt: skip
-    assert sorted(Path(f.path).name for f in policy.failures()) == ["missing.JPEG", "no-scan.JPEG"]
-    assert policy.fallbacks == 2  # CMYK and PNG data, decoded by FFmpeg
-    assert policy.decoded_by == {"cpu" if library == "nvimgcodec" else "torchvision": 3}
+    assert sorted(Path(f.path).name for f in batch.failures) == ["missing.JPEG", "no-scan.JPEG"]
+    assert batch.fallbacks == 2  # CMYK and PNG data, decoded by FFmpeg
+    assert batch.decoded_by == {"cpu" if library == "nvimgcodec" else "torchvision": 3}
     assert images.shape == (5, 3, 224, 224) and images.is_contiguous(memory_format=torch.channels_last)
     reference, _ = get_decode_func("cpu", transform)([item for item in items if item[1] < 10])
     assert _mad(images, reference).max().item() < 2
@@ -185,6 +185,6 @@ def test_an_image_whose_resize_would_be_huge_is_refused_before_nvjpeg_decodes_it
     policy = BadImagePolicy(skip=True)
     decode = ic._gpu_decode_func("nvjpeg", EvalTransform(), torch.device("cpu"), policy, 64 << 20, library=library)
     batch = decode(items)
-    assert batch[1][:, 0].tolist() == [1] and policy.fallbacks == 0
-    assert [f.reason for f in policy.failures()] == ["a 30000 x 8 image would be resized to 960000 x 256"]
-    assert sum(policy.decoded_by.values()) == 1
+    assert batch[1][:, 0].tolist() == [1] and batch.fallbacks == 0
+    assert [f.reason for f in batch.failures] == ["a 30000 x 8 image would be resized to 960000 x 256"]
+    assert sum(batch.decoded_by.values()) == 1
