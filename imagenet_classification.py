@@ -3478,26 +3478,6 @@ class _Parity:
         )
 
 
-def _check_parity(config: _RunConfig, model: ModelBundle) -> _Parity | None:
-    """``--parity N``: the run's own decode of the first N images against timm's, on rank 0
-    (before the run; None without the flag). Bad images are skipped, not counted."""
-    if not config.parity or config.shard.rank != 0:
-        return None
-    policy = BadImagePolicy(skip=True)
-    if config.loader != "torch":
-        decode = get_decode_func(config.device, config.transform, config.decoder, policy,
-                                 max_image_bytes=config.max_image_bytes)  # fmt: skip
-    else:  # the DataLoader's decode: PIL, here in this process
-
-        def decode(items: Sequence[tuple[str, int]]) -> _Batch:
-            images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
-            batches = _PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
-            return next(_torch_loader_batches(iter(batches), config.device, policy))
-
-    items = list(config.images.head(config.parity))
-    return _measure_parity(items, decode, model, min(config.batch_size, config.parity))
-
-
 def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform) -> dict[str, Tensor]:
     """Each image as timm's validation reads it (``Image.open(...).convert("RGB")``) and
     transforms it, up to the crop: uint8 ``3 x S x S`` by path; images PIL cannot decode are
