@@ -1791,6 +1791,13 @@ def _gpu_decode_func(
     return decode_batch_gpu
 
 
+def _cpu_fallback(
+    path: str, data: bytes, header: _JpegHeader | None, graphs: _FilterGraphCache, device: torch.device
+) -> Tensor:
+    """An image a GPU decoder left, decoded as the FFmpeg loader decodes it: uint8 ``3 x S x S`` on ``device``."""
+    return _image_tensor(_crop_on_cpu(path, data, header, graphs)).permute(2, 0, 1).to(device)
+
+
 def _with_cpu_fallback(
     decode_on_gpu: Callable,
     transform: EvalTransform,
@@ -1812,8 +1819,7 @@ def _with_cpu_fallback(
         left = {paths[i]: i for i, image in enumerate(images) if image is None}
 
         def on_cpu(path: str) -> Tensor:
-            i = left[path]
-            return _image_tensor(_crop_on_cpu(path, datas[i], headers[i], graphs)).permute(2, 0, 1).to(device)
+            return _cpu_fallback(path, datas[left[path]], headers[left[path]], graphs, device)
 
         decoded, at, _ = _decode_items(list(left.items()), on_cpu, policy, failures)
         for i, image in zip(at, decoded, strict=True):

@@ -19,8 +19,8 @@ from imagenet_classification import (
     ImageDecodeError,
     InputError,
     _check_gpu_decoder,
+    _cpu_fallback,
     _decode_frames,
-    _fall_back,
     _FilterGraphCache,
     _nvdec_can_take,
     _parse_jpeg_header,
@@ -414,7 +414,7 @@ def test_gpu_fallback_image_equals_the_ffmpeg_batch(jpeg_set):
     path, label = _items(jpeg_set)[0]
     data = Path(path).read_bytes()
     graphs = _FilterGraphCache(transform)
-    image = _fall_back(path, data, _parse_jpeg_header(data), graphs, torch.device("cpu"), None, [])
+    image = _cpu_fallback(path, data, _parse_jpeg_header(data), graphs, torch.device("cpu"))
     batch, _ = get_decode_func("cpu", transform)([(path, label)])
     assert image.shape == (3, 224, 224) and torch.equal(image, batch[0])
 
