@@ -109,7 +109,7 @@ def test_bench_script_runs_and_writes_its_outputs(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "compare_loaders.py"), "--out", str(tmp_path), "--images", "80",
          "--repeats", "1", "--max-threads", "2", "--batch-size", "8", "--model", "test_efficientnet",
-         "--model-images", "32", "--scaling-sizes", "100", "800", "--no-plot"],
+         "--model-images", "32", "--scaling-sizes", "400", "800", "--no-plot"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
