@@ -1816,12 +1816,13 @@ def _with_cpu_fallback(
         headers = [_parse_jpeg_header(data) for data in datas]
         with _working_on(paths[0]) if paths else contextlib.nullcontext():
             images, counts = decode_on_gpu(datas, headers, stream, config)
-        left = {paths[i]: i for i, image in enumerate(images) if image is None}
+        left = [(paths[i], i) for i, image in enumerate(images) if image is None]
+        index_of = {path: i for path, i in left}  # a path listed twice: the same bytes and header
 
         def on_cpu(path: str) -> Tensor:
-            return _cpu_fallback(path, datas[left[path]], headers[left[path]], graphs, device)
+            return _cpu_fallback(path, datas[index_of[path]], headers[index_of[path]], graphs, device)
 
-        decoded, at, _ = _decode_items(list(left.items()), on_cpu, policy, failures)
+        decoded, at, _ = _decode_items(left, on_cpu, policy, failures)
         for i, image in zip(at, decoded, strict=True):
             images[i] = image
         kept = [i for i, image in enumerate(images) if image is not None]

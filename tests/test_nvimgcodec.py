@@ -188,3 +188,14 @@ def test_an_image_whose_resize_would_be_huge_is_refused_before_nvjpeg_decodes_it
     assert batch[1][:, 0].tolist() == [1] and batch.fallbacks == 0
     assert [f.reason for f in batch.failures] == ["a 30000 x 8 image would be resized to 960000 x 256"]
     assert sum(batch.decoded_by.values()) == 1
+
+
+def test_an_image_listed_twice_that_the_gpu_leaves_is_decoded_on_the_cpu_both_times(tmp_path):
+    # CMYK: nvJPEG leaves it to the CPU. A list may name one file twice (a set gone over twice).
+    Image.new("CMYK", (64, 48), (10, 20, 30, 0)).save(tmp_path / "cmyk.JPEG")
+    path = str(tmp_path / "cmyk.JPEG")
+    decode = ic._gpu_decode_func("nvjpeg", EvalTransform(), torch.device("cpu"), BadImagePolicy(skip=True), 64 << 20,
+                                 library="nvimgcodec")  # fmt: skip
+    batch = decode([(path, 0), (path, 1)])
+    assert batch[1].view(-1).tolist() == [0, 1] and batch.fallbacks == 2 and not batch.failures
+    assert torch.equal(batch[0][0], batch[0][1])
