@@ -2402,14 +2402,9 @@ class Classification(torch.nn.Module):
 
 
 class ModelBundle(torch.nn.Module):
-    """Preprocessing, the timm model and Classification in one module.
-
-    Attributes:
-        transform: The evaluation transform the model expects.
-        dtype: The model's precision.
-        batch_size: If set (when compiled), smaller batches are padded to it so that the compiled
-            graph is reused; the padded rows' outputs are dropped.
-    """
+    """Preprocessing, the timm model (in ``dtype``) and Classification in one module, with the
+    evaluation ``transform`` the model expects. With ``batch_size`` (when compiled), smaller
+    batches are padded to it so that the compiled graph is reused; the padded rows are dropped."""
 
     def __init__(
         self,
@@ -2441,8 +2436,8 @@ class ModelBundle(torch.nn.Module):
 
 
 def _resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """``auto`` is ``cuda:LOCAL_RANK`` if CUDA is available, else ``cpu``; ``cuda`` alone is
-    ``cuda:LOCAL_RANK``. InputError for what is not a device this machine has."""
+    """``auto`` and ``cuda`` are ``cuda:LOCAL_RANK`` (``auto``: ``cpu`` without CUDA); InputError
+    for what is not a device this machine has."""
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -2464,8 +2459,8 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 
 def _auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tuple[torch.dtype, str]:
-    """The precision that suits the hardware, and why. On a CPU without native bfloat16 it is
-    emulated, many times slower."""
+    """The precision that suits the hardware, and why (a CPU without native bfloat16 emulates it,
+    many times slower)."""
     if cuda_capability is not None:
         major, minor = cuda_capability
         if cuda_capability >= (8, 0):
@@ -2490,8 +2485,8 @@ _CHECKPOINT_ERRORS = (OSError, RuntimeError, ValueError, EOFError, LookupError, 
 
 
 def _unreadable(path: Path, error: Exception) -> str:
-    """Why a file is no checkpoint, in one line (timm's message for a refused pickle advises
-    weights_only=False, which would run its code: not shown)."""
+    """Why a file is no checkpoint, in one line (not timm's advice of weights_only=False, which
+    would run its code)."""
     if isinstance(error.__cause__, pickle.UnpicklingError):
         with contextlib.suppress(*_CHECKPOINT_ERRORS):
             if unsafe := torch.serialization.get_unsafe_globals_in_checkpoint(path):
@@ -2503,15 +2498,15 @@ def _unreadable(path: Path, error: Exception) -> str:
     if isinstance(error, AttributeError):  # timm's clean_state_dict found no dict: a list, a tensor, ...
         return f"not a state dict ({error})"
     first = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines()[0] if str(error) else ""
-    detail = f"{type(error).__name__}: {first}" if len(first) > 8 else "neither torch.save's archive nor a pickle"
-    return f"not a PyTorch checkpoint ({detail})"
+    if len(first) <= 8:
+        return "not a PyTorch checkpoint (neither torch.save's archive nor a pickle)"
+    return f"not a PyTorch checkpoint ({type(error).__name__}: {first})"
 
 
-def _read_checkpoint(path: Path) -> dict[str, Tensor]:
-    """The state dict in a checkpoint, found by timm's ``load_state_dict``: a plain state dict,
-    timm's training checkpoint (its ``state_dict``, as timm's validate.py takes it), torchvision's
-    ``{'model': ...}`` or a ``.safetensors`` file. Pickles load weights only (timm allows the
-    training arguments' argparse.Namespace). InputError for anything else."""
+def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
+    """Load a local checkpoint into ``model``: what timm's ``load_state_dict`` finds in it (a state
+    dict, timm's training checkpoint, torchvision's ``{'model': ...}``, a ``.safetensors`` file),
+    weights only. InputError for anything else, naming the first key that does not fit."""
     import timm.models
     from safetensors import SafetensorError
 
@@ -2527,43 +2522,33 @@ def _read_checkpoint(path: Path) -> dict[str, Tensor]:
     except (*_CHECKPOINT_ERRORS, SafetensorError) as e:
         raise fail(_unreadable(path, e)) from None
     for key, value in state.items():
-        if not isinstance(value, Tensor) or value.layout != torch.strided:
-            kind = f"a {value.layout} tensor" if isinstance(value, Tensor) else f"a {type(value).__name__}"
-            raise fail(f"{key!r} is {kind}, not a dense tensor")
-    return state
-
-
-def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
-    """Load a local checkpoint into ``model``, naming the first key that does not fit."""
-    state = _read_checkpoint(path)
+        if not isinstance(value, Tensor):
+            raise fail(f"{key!r} is a {type(value).__name__}, not a dense tensor")
+        if value.layout != torch.strided:
+            raise fail(f"{key!r} is a {value.layout} tensor, not a dense tensor")
     expected = model.state_dict()
     for key, value in expected.items():
         if key not in state:
             raise InputError(f"{path}: checkpoint lacks {key!r}, which {type(model).__name__} needs", "--checkpoint")
         if state[key].shape != value.shape:
-            raise InputError(
-                f"{path}: {key!r} has shape {tuple(state[key].shape)} in the checkpoint, "
-                f"the model expects {tuple(value.shape)}",
-                "--checkpoint",
-            )
+            shapes = f"{tuple(state[key].shape)} in the checkpoint, the model expects {tuple(value.shape)}"
+            raise InputError(f"{path}: {key!r} has shape {shapes}", "--checkpoint")
     if extra := [k for k in state if k not in expected]:
         message = f"{path}: checkpoint has {len(extra)} key(s) the model lacks, first {extra[0]!r}"
         raise InputError(message, "--checkpoint")
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        raise InputError(
-            f"{path}: cannot load checkpoint ({str(e).splitlines()[-1].strip()})", "--checkpoint"
-        ) from None
+        raise fail(str(e).splitlines()[-1].strip()) from None
 
 
 HUB_CHECK_S = 3.0  # seconds to wait for the model hub's server before calling it out of reach
 
 
 def _hub_unreachable(config: dict) -> str | None:
-    """Why the Hugging Face hub, where timm fetches these weights, cannot be reached in one
-    connection attempt, or None: it answers, the weights come from elsewhere, the user set
-    ``HF_HUB_OFFLINE`` (the cache alone), or a proxy stands between."""
+    """Why the Hugging Face hub, where timm fetches these weights, does not answer one connection
+    attempt; None when it does, or the weights come from elsewhere, or ``HF_HUB_OFFLINE`` is set,
+    or a proxy stands between."""
     import socket
     import urllib.parse
 
@@ -2580,30 +2565,20 @@ def _hub_unreachable(config: dict) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _hub_offline() -> Iterator[None]:
-    """What ``HF_HUB_OFFLINE=1`` sets, for the block: the cache alone, without the minute of
-    retries huggingface_hub spends on a hub out of reach."""
-    from huggingface_hub import constants
-
-    before, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True
-    try:
-        yield
-    finally:
-        constants.HF_HUB_OFFLINE = before
-
-
 def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
     import timm
+    from huggingface_hub import constants
 
     config = _pretrained_config(model_name)
     _check_imagenet_head(model_name, config.get("num_classes"))
     hub_log = logging.getLogger("huggingface_hub")
     hub_log.propagate = not hub_log.handlers
     unreachable = _hub_unreachable(config) if pretrained else None
+    offline = constants.HF_HUB_OFFLINE
+    # A hub out of reach: the cache alone, as HF_HUB_OFFLINE=1, without a minute of retries.
+    constants.HF_HUB_OFFLINE = offline or unreachable is not None
     try:
-        with _hub_offline() if unreachable else contextlib.nullcontext():
-            model = timm.create_model(model_name, pretrained=pretrained)
+        model = timm.create_model(model_name, pretrained=pretrained)
     except OSError:  # the hub is out of reach and the weights are not in its cache
         where = f"the model hub is out of reach ({unreachable})" if unreachable else "OSError"
         message = f"{model_name}: cannot get its pretrained weights ({where}, and they are not in its cache)"
@@ -2612,6 +2587,8 @@ def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
         first = str(e).splitlines()[0] if str(e) else ""
         message = f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: {first})"
         raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
+    finally:
+        constants.HF_HUB_OFFLINE = offline
     _check_imagenet_head(model_name, getattr(model, "num_classes", None))
     return model
 
@@ -2634,7 +2611,7 @@ def get_model(
         model_name: Any name ``timm.create_model`` accepts.
         device: Where the model runs.
         pretrained: Load timm's pretrained weights (from the model hub or its cache).
-        checkpoint: A local checkpoint to load instead (see :py:func:`_read_checkpoint`); no hub access.
+        checkpoint: A local checkpoint to load instead (see :py:func:`_load_checkpoint`); no hub access.
         compile: ``torch.compile`` the model and the normalisation: True for mode
             :py:data:`COMPILE_MODE`, or one of :py:data:`COMPILE_MODES`.
         dtype: The model's precision: a torch dtype, its name, or ``auto`` (what suits the hardware).
@@ -2658,13 +2635,13 @@ def get_model(
         transform = EvalTransform.from_model(model, transform)
     model = model.eval().to(device=device, dtype=dtype)
     preprocessing = Preprocessing(transform.mean, transform.std).to(device)
-    if compile:
-        mode = COMPILE_MODE if compile is True else compile
-        if mode not in COMPILE_MODES:
-            raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
-        model = torch.compile(model, mode=mode)
-        preprocessing = torch.compile(preprocessing, mode=mode)
-    batch_size = batch_size if compile else None
+    if not compile:
+        return ModelBundle(preprocessing, model, Classification(), dtype, transform)
+    mode = COMPILE_MODE if compile is True else compile
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
+    model = torch.compile(model, mode=mode)
+    preprocessing = torch.compile(preprocessing, mode=mode)
     return ModelBundle(preprocessing, model, Classification(), dtype, transform, batch_size)
 
 
@@ -2675,25 +2652,17 @@ def get_model(
 
 @dataclass
 class RunResult:
-    """What a run measured. ``classified + failed + not_reached == listed`` always holds.
+    """What a run measured. ``classified + failed + not_reached == listed`` always holds
+    (``listed`` is None for an iterator of unknown length).
 
-    Attributes:
-        listed: Images in the list (after ``--max-samples``); None for an iterator of unknown length.
-        classified, failed: Images that went through the model, and that could not be decoded.
-        top1_correct, top5_correct: Hits among ``classified``.
-        frames_timed, elapsed_s, batches_timed: Images, seconds and batches in the FPS window
-            (after the warm-up); ``warmup_included`` when the run had no more batches than the warm-up.
-        batches: Batches that went through the model.
-        decoder_fallbacks: Images a GPU decoder could not take, decoded on the CPU instead.
-        decoder_backends: Images each backend of a GPU decoder decoded, warm-up included; empty for FFmpeg.
-        loader_lead: Batches the loader can hold decoded or in progress ahead of the model, when
-            known; after an SPDL run, what it held when the window opened.
-        loader_min_fps: Images/s the loader is known to have reached in the window (from its sink queue).
-        partial, stop_reason: The run stopped before every listed image was classified or failed, and why.
-        failures: Path and reason of each image that failed.
-        timeline: Per-second images and the FPS window (see :py:meth:`_TimingWindow.timeline`).
-        page_cache: The listed files' share in the page cache before the run; None when not examined.
-        predictions: One row per classified image when asked for (not in :py:meth:`to_dict`).
+    FPS is ``frames_timed / elapsed_s`` over the ``batches_timed`` batches after the warm-up, or
+    over all of them (``warmup_included``) when there were no more. ``decoder_fallbacks``: images a
+    GPU decoder left to the CPU; ``decoder_backends``: images each of its backends decoded, warm-up
+    included. ``loader_lead``: batches the loader can hold ahead of the model (after an SPDL run,
+    what it held when the window opened); ``loader_min_fps``: a rate it is known to have reached in
+    the window. ``timeline``: see :py:meth:`_TimingWindow.timeline`. ``page_cache``: the listed
+    files' share in memory before the run. ``predictions``: one row per image classified, when asked
+    for (not in :py:meth:`to_dict`).
     """
 
     listed: int | None
@@ -2731,13 +2700,10 @@ class RunResult:
 
     @property
     def fps_max_overstatement(self) -> float | None:
-        """How much FPS can overstate a loader-bound rate, as a share (0.1: up to 10 %).
-
-        A window of T batches that opens with ``lead`` already buffered needs only T - lead from
-        the loader: FPS is at most T / (T - lead) times the loader's rate (inf: all buffered). A
-        loader known to reach ``loader_min_fps`` bounds it by FPS / loader_min_fps - 1. None when
-        the lead is unknown or the window includes the start (nothing buffered yet).
-        """
+        """How much FPS can overstate a loader-bound rate, as a share (0.1: up to 10 %; inf: the
+        window was all buffered). A window of T batches that opens with ``lead`` buffered needs
+        only T - lead from the loader; a loader known to reach ``loader_min_fps`` bounds it too.
+        None when the lead is unknown or the window includes the start (nothing buffered yet)."""
         if self.loader_lead is None or self.warmup_included or not self.batches_timed:
             return None
         lead = min(self.loader_lead, self.batches_timed)
@@ -2755,14 +2721,17 @@ class RunResult:
         return self.top5_correct / self.classified if self.classified else 0.0
 
     def to_dict(self) -> dict:
-        fields = {k: v for k, v in asdict(self).items() if k != "predictions"}
-        fields["page_cache"] = self.page_cache.to_dict() if self.page_cache is not None else None  # with its shares
         over = self.fps_max_overstatement
-        fields["not_reached"], fields["fps"] = self.not_reached, self.fps
-        fields["fps_max_overstatement"] = None if over == math.inf else over  # a number or null: valid JSON
-        fields["fps_window_may_be_buffered"] = over == math.inf
-        fields["top1"], fields["top5"] = self.top1, self.top5
-        return fields
+        return {
+            **{k: v for k, v in asdict(self).items() if k != "predictions"},
+            "page_cache": self.page_cache.to_dict() if self.page_cache is not None else None,  # with its shares
+            "not_reached": self.not_reached,
+            "fps": self.fps,
+            "fps_max_overstatement": None if over == math.inf else over,  # a number or null: valid JSON
+            "fps_window_may_be_buffered": over == math.inf,
+            "top1": self.top1,
+            "top5": self.top5,
+        }
 
 
 class _TimingWindow:
@@ -2817,11 +2786,12 @@ class _TimingWindow:
             times = [self._start_mark.elapsed_time(event) / 1e3 for event, _ in self.marks]
         else:
             times = [t - self._start_mark for t, _ in self.marks]
+        counts = [frames for _, frames in self.marks]
         # As many bins as the run's span has (the sink queue's occupancy gets as many), and one
         # more only for a batch marked past the end (a GPU's events and the host clock differ).
         last = int(max(times, default=0.0) // interval) + 1
         images = [0] * max(_bin_count(self.t_end - self.t_start, interval), last)
-        for t, frames in zip(times, (f for _, f in self.marks), strict=True):
+        for t, frames in zip(times, counts, strict=True):
             images[int(t // interval)] += frames
         timed = self.batches > self.warmup_batches
         return {
@@ -2829,7 +2799,7 @@ class _TimingWindow:
             "images": images,
             "images_per_s": [n / interval for n in images],
             "batch_end_s": [round(t, 6) for t in times],
-            "batch_images": [frames for _, frames in self.marks],
+            "batch_images": counts,
             "warmup_end_s": (self.t_warm - self.t_start) if timed else 0.0,
             "end_s": self.t_end - self.t_start,
             "started_at": self.started_at,  # time.monotonic() at the start, to align other traces
@@ -2841,15 +2811,19 @@ def _bin_count(span_s: float, interval: float) -> int:
     return max(1, math.ceil(span_s / interval))
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
-    return tensor.device if tensor is not None else torch.device("cpu")
+def _model_device(model: ModelBundle) -> torch.device:
+    return next(model.preprocessing.buffers()).device
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch.OutOfMemoryError | MemoryError):
         return True
     return "can't allocate memory" in str(error) or "out of memory" in str(error).lower()
+
+
+def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
+    advice = f"try --batch-size {max(1, batch_size // 2)}"
+    return RunStopped(f"out of memory on {device} with a batch of {batch_size} images; {advice}", "out_of_memory")
 
 
 @contextlib.contextmanager
@@ -2866,46 +2840,14 @@ def _out_of_memory_stops(device: torch.device, batch_size: int) -> Iterator[None
 def _logits(model: ModelBundle, images: Tensor) -> Tensor:
     """The bundle's logits for one batch; RunStopped (out_of_memory, loader, model) if that fails."""
     try:
-        return model.logits(images)
-    except (RuntimeError, MemoryError) as e:
-        if _is_out_of_memory(e):
-            raise _out_of_memory(images.device, images.shape[0]) from None
+        with _out_of_memory_stops(images.device, images.shape[0]):
+            return model.logits(images)
+    except RuntimeError as e:
         first = str(e).splitlines()[0] if str(e) else ""
         if _DATALOADER_DIED in str(e):  # torch raises it from its SIGCHLD handler, wherever the loop is
             raise RunStopped(f"the DataLoader failed: {first.strip()}", "loader") from None
         message = f"the model failed on a batch of {images.shape[0]} images: {first}"
         raise RunStopped(message, "model", "--debug shows where; --no-compile if torch.compile failed") from e
-
-
-class _Predictions:
-    """Per-image top-5 classes and probabilities, kept on the device until the run ends."""
-
-    def __init__(self) -> None:
-        self.batches: list[tuple[Tensor, Tensor, Tensor, tuple[str, ...]]] = []
-
-    def add(self, logits: Tensor, labels: Tensor, paths: Sequence[str]) -> None:
-        probs, classes = logits.softmax(dim=-1).topk(min(5, logits.shape[-1]), dim=-1)
-        self.batches.append((classes, probs, labels[:, 0], tuple(paths)))
-
-    def rows(self) -> list[dict]:
-        rows = []
-        for classes, probs, labels, paths in self.batches:
-            labels = labels.tolist()
-            names = paths if len(paths) == len(labels) else [None] * len(labels)
-            for path, label, top, p in zip(names, labels, classes.tolist(), probs.tolist(), strict=True):
-                rows.append(
-                    {
-                        "path": path,
-                        "label": label,
-                        "label_name": _class_name(label) if label >= 0 else None,
-                        "top5": top,
-                        "top5_names": [_class_name(c) for c in top],
-                        "probs": [round(x, 6) for x in p],
-                        "correct1": top[0] == label,
-                        "correct5": label in top,
-                    }
-                )
-        return rows
 
 
 def benchmark(
@@ -2923,7 +2865,8 @@ def benchmark(
     """Run the model over every batch and measure throughput and accuracy.
 
     The first ``warmup_batches`` batches count towards accuracy but not towards FPS; if the
-    run has no more batches than that, FPS covers all of them (``warmup_included``).
+    run has no more batches than that, FPS covers all of them (``warmup_included``, and a
+    WarmupIncluded warning).
 
     Args:
         loader: Yields ``(images, labels)`` batches, e.g. a pipeline's iterator.
@@ -2934,17 +2877,13 @@ def benchmark(
         sync_clocks: Called just before each clock start (loop start, end of warm-up), e.g. a
             barrier so that every rank of a distributed run starts its clock together.
         progress: Called after each batch with the images classified so far and the running
-            top-1 count (a device tensor), e.g. a :py:class:`Progress`.
+            top-1 count (a device tensor), e.g. a :py:class:`_Progress`.
         predictions: Keep each image's top-5 classes and probabilities (``result.predictions``).
-        loader_lead: Batches the loader can hold ahead of the model (the CLI passes
-            :py:attr:`RunConfig.loader_lead`), for ``result.fps_max_overstatement``.
-
-    Returns:
-        A RunResult, with its ``timeline``.
+        loader_lead: Batches the loader can hold ahead of the model, for ``result.fps_max_overstatement``.
 
     Raises:
-        RunStopped: (a subclass saying why) the run ended early; ``error.result`` holds the
-            partial result. RunInterrupted likewise for SIGINT / SIGTERM / Ctrl-C.
+        RunStopped: the run ended early (``kind`` says why); ``error.result`` holds the partial
+            result. RunInterrupted likewise for SIGINT / SIGTERM / Ctrl-C.
     """
     policy = policy or BadImagePolicy()
     loop = _Loop(model, RunResult(listed=listed, loader_lead=loader_lead), warmup_batches, sync_clocks, predictions)
@@ -2961,9 +2900,11 @@ def benchmark(
     finally:
         loop.close(failures)
     if loop.result.warmup_included and warmup_batches:  # the command line's summary says it itself
-        warnings.warn(f"only {loop.result.batches} batch(es), not more than warmup_batches={warmup_batches}: the "
-                      "FPS window includes the warm-up (compilation, caches, thread start-up); pass more images "
-                      "or a smaller warmup_batches", WarmupIncluded, stacklevel=2)  # fmt: skip
+        message = (
+            f"only {loop.result.batches} batch(es), not more than warmup_batches={warmup_batches}: the FPS window "
+            "includes the warm-up (compilation, caches, thread start-up); pass more images or a smaller warmup_batches"
+        )
+        warnings.warn(message, WarmupIncluded, stacklevel=2)
     return loop.result
 
 
@@ -2985,16 +2926,14 @@ def _stopped_runs(result: RunResult) -> Iterator[None]:
         raise RunInterrupted(getattr(e, "signum", signal.SIGINT), result) from None
     except (PipelineFailure, TimeoutError) as e:
         result.partial = True
-        error: RunStopped = (
-            _stalled(_oldest_in_progress()) if isinstance(e, TimeoutError) else _loader_failed(e)
-        )
+        error = _loader_failed(e) if isinstance(e, PipelineFailure) else _stalled()
         error.result = result
         raise error from None
 
 
 class _Loop:
     """The timed loop's state: hit counts kept on the device (reading them each batch would
-    stall the GPU's queue), the timing window, and the predictions when asked for."""
+    stall the GPU's queue), the timing window, and each batch's top 5 when predictions are kept."""
 
     def __init__(
         self,
@@ -3009,7 +2948,7 @@ class _Loop:
         self.top1 = torch.zeros((), dtype=torch.int64, device=device)
         self.top5 = torch.zeros((), dtype=torch.int64, device=device)
         self.window = _TimingWindow(device, warmup_batches, sync_clocks)
-        self.kept = _Predictions() if predictions else None
+        self.kept: list[tuple[Tensor, Tensor, Tensor, tuple[str, ...]]] | None = [] if predictions else None
 
     def classify(self, batch: tuple[Tensor, Tensor]) -> None:
         images, labels = batch
@@ -3021,8 +2960,9 @@ class _Loop:
                 b1, b5 = self.model.classification(logits, labels)
                 self.top1 += b1
                 self.top5 += b5
-            if self.kept is not None:
-                self.kept.add(logits, labels, getattr(batch, "paths", ()))
+            if self.kept is not None:  # on the device until the run ends
+                probs, classes = logits.softmax(dim=-1).topk(min(5, logits.shape[-1]), dim=-1)
+                self.kept.append((classes, probs, labels[:, 0], tuple(getattr(batch, "paths", ()))))
         self.result.classified += n
         self.window.add(n)
 
@@ -3036,22 +2976,33 @@ class _Loop:
         result.record_failures(failures)
         result.timeline = window.timeline()
         if self.kept is not None:
-            result.predictions = self.kept.rows()
+            result.predictions = [row for batch in self.kept for row in _prediction_rows(*batch)]
 
 
-def _stalled(stuck_on: tuple[str, float] | None) -> RunStopped:
-    """No batch within the loader's time-out; ``stuck_on``: ``(path, seconds)`` of the image a
-    decode thread has been on the longest, or None (the source was not delivering)."""
+def _prediction_rows(classes: Tensor, probs: Tensor, labels: Tensor, paths: tuple[str, ...]) -> Iterator[dict]:
+    labels = labels.tolist()
+    names = paths if len(paths) == len(labels) else [None] * len(labels)
+    for path, label, top, p in zip(names, labels, classes.tolist(), probs.tolist(), strict=True):
+        yield {
+            "path": path,
+            "label": label,
+            "label_name": _class_name(label) if label >= 0 else None,
+            "top5": top,
+            "top5_names": [_class_name(c) for c in top],
+            "probs": [round(x, 6) for x in p],
+            "correct1": top[0] == label,
+            "correct5": label in top,
+        }
+
+
+def _stalled() -> RunStopped:
+    """No batch within the loader's time-out: what the decode stage was doing."""
+    stuck_on = _oldest_in_progress()
     if stuck_on is None:
         where = "the decode stage is idle, waiting for the list source"
     else:
         where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.0f} s"
     return RunStopped(f"no batch within the loader's time-out: {where}", "stalled", where=where)
-
-
-def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
-    advice = f"try --batch-size {max(1, batch_size // 2)}"
-    return RunStopped(f"out of memory on {device} with a batch of {batch_size} images; {advice}", "out_of_memory")
 
 
 def _loader_failed(error: BaseException) -> RunStopped:
@@ -3122,10 +3073,9 @@ class _Breakdown:
 
     The bound is ``min(loader, model)``; ``efficiency`` is end-to-end over it (above 1 only by
     noise). On the CPU, where the two share the cores, ``shared_fps`` = ``1 / (1/loader + 1/model)``
-    is their rate taking turns with no overlap. ``read_fps`` and ``read_mb_s`` (10^6 bytes) are the
-    listed files read alone as the loader reads them, without decoding: a ceiling the loader cannot
-    outrun; ``read_resident`` is the share of their bytes in the page cache as that pass began
-    (after eviction when ``read_cold``).
+    is their rate taking turns. ``read_fps`` and ``read_mb_s`` (10^6 bytes) are the listed files
+    read alone as the loader reads them, a ceiling it cannot outrun; ``read_resident`` is the share
+    of their bytes in the page cache as that pass began (after eviction when ``read_cold``).
     """
 
     loader_fps: float
@@ -3150,46 +3100,38 @@ class _Breakdown:
         read: tuple[float, float, float | None, bool] | None = None,
     ) -> _Breakdown:
         """``read``: ``(read_fps, read_mb_s, read_resident, read_cold)``. The bottleneck is the
-        ``disk`` when the loader is the slower side and :py:func:`_disk_bound`."""
+        ``disk`` when the loader is the slower side and reading alone, from the disk (not from
+        memory; unknown counts as the disk), is at most READ_BOUND_SLACK faster than the loader."""
         bound = min(loader_fps, model_fps)
         shared = 1 / (1 / loader_fps + 1 / model_fps) if loader_fps > 0 and model_fps > 0 else 0.0
         bottleneck = "loader" if loader_fps < model_fps else "model"
-        if read is not None and bottleneck == "loader" and _disk_bound(loader_fps, read[0], read[2]):
-            bottleneck = "disk"
+        if read is not None and bottleneck == "loader":
+            read_fps, _, resident, _ = read
+            from_disk = resident is None or resident < IN_MEMORY
+            if from_disk and 0 < read_fps <= loader_fps * (1 + READ_BOUND_SLACK):  # a pass that read nothing: no
+                bottleneck = "disk"
         efficiency = e2e_fps / bound if bound else 0.0
         shared_fps = shared if device.type == "cpu" else None
         return cls(loader_fps, model_fps, e2e_fps, bound, bottleneck, efficiency, shared_fps, *(read or ()))
 
 
-def _disk_bound(loader_fps: float, read_fps: float, read_resident: float | None) -> bool:
-    """Reading alone, from the disk (not from memory; unknown counts as the disk), is at most
-    READ_BOUND_SLACK faster than the whole loader. A pass that read nothing says nothing."""
-    from_disk = read_resident is None or read_resident < IN_MEMORY
-    return from_disk and 0 < read_fps <= loader_fps * (1 + READ_BOUND_SLACK)
-
-
-def _timed_rate(steps: Iterable[int], warmup_batches: int, device: torch.device) -> float:
-    """Images/s over ``steps`` (each yields its batch's image count), in :py:func:`benchmark`'s window."""
+def measure_loader(batches: Iterable[tuple[Tensor, Tensor]], device: torch.device, warmup_batches: int) -> float:
+    """Images/s of a loader iterated alone, batches delivered on ``device``, nothing computed, in
+    :py:func:`benchmark`'s window."""
     window = _TimingWindow(device, warmup_batches)
-    for frames in steps:
-        window.add(frames)
+    for images, _ in batches:
+        window.add(images.shape[0])
     frames, seconds, _ = window.close()
     return frames / seconds if seconds > 0 else 0.0
-
-
-def measure_loader(batches: Iterable[tuple[Tensor, Tensor]], device: torch.device, warmup_batches: int) -> float:
-    """Images/s of a loader iterated alone, batches delivered on ``device``, nothing computed."""
-    return _timed_rate((images.shape[0] for images, _ in batches), warmup_batches, device)
 
 
 def _read_batches(
     images: Iterable[tuple[str, int]], batch_size: int, threads: int, max_bytes: int, timeout: float
 ) -> Iterator[tuple[int, int]]:
-    """Each batch's ``(images read, bytes read)``, in order, reading its files as the loader does
-    and decoding nothing, ``threads`` batches at once in a thread pool (SPDL's hand-off of each
-    batch would cost more than reads from memory). A file refused counts as neither: the run
-    counted it as failed. RunStopped (``loader``) for no batch within ``timeout`` seconds."""
-    import collections
+    """Each batch's ``(images read, bytes read)``, in order: its files read as the loader reads them,
+    ``threads`` batches at once in a thread pool (SPDL's hand-off of each batch would cost more than
+    reads from memory). A file refused counts as neither: the run counted it as failed. RunStopped
+    (``loader``) for no batch within ``timeout`` seconds."""
     import concurrent.futures
 
     def read_batch(items: Sequence[tuple[str, int]]) -> tuple[int, int]:
@@ -3201,13 +3143,9 @@ def _read_batches(
         return images, size
 
     pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="read_alone")
-    pending: collections.deque[concurrent.futures.Future] = collections.deque()
     try:
-        for batch in itertools.chain(_batched(images, batch_size), [None]):
-            if batch is not None:
-                pending.append(pool.submit(read_batch, batch))
-            while pending and (batch is None or len(pending) > threads):
-                yield pending.popleft().result(timeout)
+        for batch in [pool.submit(read_batch, batch) for batch in _batched(images, batch_size)]:
+            yield batch.result(timeout)
     except concurrent.futures.TimeoutError:
         raise RunStopped(f"reading alone: no batch read within {timeout:g} s (--timeout)", "loader") from None
     finally:
@@ -3217,13 +3155,12 @@ def _read_batches(
 def _measure_reads(batches: Iterable[tuple[int, int]], warmup_batches: int) -> tuple[float, float]:
     """Images/s and MB/s (10^6 bytes) over batches of ``(images, bytes)``, in :py:func:`benchmark`'s window."""
     window = _TimingWindow(torch.device("cpu"), warmup_batches)
-    timed = every = 0
+    sizes = []
     for images, size in batches:
         window.add(images)
-        every += size
-        timed += size if window.batches > warmup_batches else 0
+        sizes.append(size)
     frames, seconds, warmup_included = window.close()
-    size = every if warmup_included else timed
+    size = sum(sizes if warmup_included else sizes[warmup_batches:])
     return (frames / seconds, size / 1e6 / seconds) if seconds > 0 else (0.0, 0.0)
 
 
@@ -3235,13 +3172,13 @@ def _measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup
     images = images.permute(0, 3, 1, 2)  # the loaders' channels-last layout
     labels = torch.zeros((batch_size, 1), dtype=torch.int64, device=device)
 
-    def steps() -> Iterator[int]:
+    def batches() -> Iterator[tuple[Tensor, Tensor]]:
         for _ in range(num_batches):
             model(images, labels)
-            yield batch_size
+            yield images, labels
 
-    with torch.inference_mode():
-        return _timed_rate(steps(), warmup_batches, device)
+    with torch.inference_mode():  # timed as a loader's batches, each one the model's call
+        return measure_loader(batches(), device, warmup_batches)
 
 
 ################################################################################

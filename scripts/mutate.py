@@ -107,7 +107,6 @@ GROUPS: dict[str, Group] = {
             "benchmark",
             "_record_batch",
             "_Loop",
-            "_timed_rate",
             "measure_loader",
             "_measure_model",
             "_Breakdown.from_rates",
