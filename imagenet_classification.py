@@ -2459,8 +2459,7 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 
 def _auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tuple[torch.dtype, str]:
-    """The precision that suits the hardware, and why (a CPU without native bfloat16 emulates it,
-    many times slower)."""
+    """The precision that suits the hardware, and why (a CPU emulates bfloat16 many times slower)."""
     if cuda_capability is not None:
         major, minor = cuda_capability
         if cuda_capability >= (8, 0):
@@ -2485,8 +2484,7 @@ _CHECKPOINT_ERRORS = (OSError, RuntimeError, ValueError, EOFError, LookupError, 
 
 
 def _unreadable(path: Path, error: Exception) -> str:
-    """Why a file is no checkpoint, in one line (not timm's advice of weights_only=False, which
-    would run its code)."""
+    """Why a file is no checkpoint, in one line (not timm's advice of weights_only=False: it runs code)."""
     if isinstance(error.__cause__, pickle.UnpicklingError):
         with contextlib.suppress(*_CHECKPOINT_ERRORS):
             if unsafe := torch.serialization.get_unsafe_globals_in_checkpoint(path):
@@ -2546,9 +2544,8 @@ HUB_CHECK_S = 3.0  # seconds to wait for the model hub's server before calling i
 
 
 def _hub_unreachable(config: dict) -> str | None:
-    """Why the Hugging Face hub, where timm fetches these weights, does not answer one connection
-    attempt; None when it does, or the weights come from elsewhere, or ``HF_HUB_OFFLINE`` is set,
-    or a proxy stands between."""
+    """Why the Hugging Face hub, where timm fetches these weights, does not answer one connection attempt;
+    None when it does, the weights come from elsewhere, ``HF_HUB_OFFLINE`` is set, or a proxy stands between."""
     import socket
     import urllib.parse
 
