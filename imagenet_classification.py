@@ -1507,8 +1507,8 @@ def _spdl_cuda_config(device: torch.device, stream: torch.cuda.Stream | None = N
 
 def _resize_crop_on_device(images: Tensor, transform: EvalTransform, size: tuple[int, int] | None = None) -> Tensor:
     """``N x 3 x H x W`` (uint8, or float 0-255) to uint8 ``N x 3 x S x S`` on their device, cropped as
-    on the CPU with the geometry of an image of ``size`` (width, height; default: theirs). Antialiased:
-    torch's bicubic is PIL's; torch has no lanczos, so bicubic stands in for it."""
+    on the CPU with the geometry of ``size`` (width, height; default: theirs). Antialiased: torch's
+    bicubic is PIL's; torch has no lanczos, so bicubic stands in for it."""
     new_w, new_h, left, top = transform.geometry(*(size or (images.shape[-1], images.shape[-2])))
     mode = "bicubic" if transform.interpolation == "lanczos" else transform.interpolation
     resized = torch.nn.functional.interpolate(
@@ -1521,8 +1521,8 @@ def _resize_crop_on_device(images: Tensor, transform: EvalTransform, size: tuple
 
 
 def _resize_crop_groups(images: Sequence[Tensor | None], transform: EvalTransform) -> list[Tensor | None]:
-    """Each ``3 x H x W`` image resized and cropped (None stays None), one call per size: a batch's
-    few sizes (ImageNet's 500 x 375 and 375 x 500 are most of it) make few kernels."""
+    """Each ``3 x H x W`` image resized and cropped (None stays None), one call per size (ImageNet's
+    500 x 375 and 375 x 500 are most of a batch)."""
     groups: dict[tuple[int, int], list[int]] = {}
     for i, image in enumerate(images):
         if image is not None:
