@@ -1625,10 +1625,11 @@ def _nvimgcodec_params() -> Any:
 def _nvimgcodec_tensor(image: Any) -> Tensor:
     """An nvImageCodec image as uint8 ``3 x H x W``, no copy: DLPack from the device (which orders
     the consumer's stream after the decode), numpy from the host (DLPack calls CUDA even there)."""
+    if image.device_id is not None:
+        return torch.from_dlpack(image).permute(2, 0, 1)
     import numpy as np
 
-    hwc = torch.from_numpy(np.asarray(image)) if image.device_id is None else torch.from_dlpack(image)
-    return hwc.permute(2, 0, 1)
+    return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
 
 
 def _decode_nvimgcodec(
