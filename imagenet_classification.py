@@ -1477,6 +1477,10 @@ DECODER_TOLERANCE = 3.0  # mean absolute difference (0-255) a GPU decoder may sh
 
 _DecodeFunc = Callable[[Sequence[tuple[str, int]]], "_Batch"]  # see get_decode_func
 
+# The CUDA config of this thread's NVDEC decoder: SPDL caches one decoder per thread, and it keeps
+# the config (stream, allocator) of its first use (``NvDecDecoderCore::init_decoder``).
+_NVDEC_CONFIG = threading.local()
+
 
 def _spdl_cuda_error() -> str | None:
     """Why SPDL's CUDA extension cannot load here (e.g. a missing ``libnvcuvid.so``), or None."""
@@ -1486,8 +1490,7 @@ def _spdl_cuda_error() -> str | None:
         spdl.io.lib._import_libspdl_cuda()  # private: the public built_with_* say only False, not why
     except (RuntimeError, ImportError, OSError) as e:
         # One "module: reason" per build SPDL tried (one per FFmpeg version): the distinct reasons.
-        reasons = dict.fromkeys(re.findall(r'"[\w.]+: ([^"]+)"', str(e))) or [str(e)]
-        text = "; ".join(reasons)
+        text = "; ".join(dict.fromkeys(re.findall(r'"[\w.]+: ([^"]+)"', str(e)))) or str(e)
         if "libnvcuvid" in text:
             text += " (link libnvcuvid.so to the driver's libnvcuvid.so.1; in a container, "
             text += "NVIDIA_DRIVER_CAPABILITIES must include video)"
@@ -1502,39 +1505,31 @@ def _spdl_cuda_config(device: torch.device, stream: torch.cuda.Stream | None = N
     return spdl.io.cuda_config(device_index=device.index or 0, allocator=allocator, **kwargs)
 
 
-def _resize_crop_on_device(image: Tensor, transform: EvalTransform, size: tuple[int, int] | None = None) -> Tensor:
-    """uint8 ``3 x H x W`` resized on its device and centre-cropped as on the CPU, with the
-    geometry of an image of ``size`` (width, height; default: its own)."""
-    return _resize_crop(image[None], transform, size or (image.shape[-1], image.shape[-2]))[0]
-
-
-def _resize_crop(images: Tensor, transform: EvalTransform, size: tuple[int, int]) -> Tensor:
-    """uint8 ``N x 3 x H x W`` to ``N x 3 x S x S``, antialiased: torch's bicubic is PIL's;
-    torch has no lanczos, so bicubic stands in for it."""
-    new_w, new_h, left, top = transform.geometry(*size)
+def _resize_crop_on_device(images: Tensor, transform: EvalTransform, size: tuple[int, int] | None = None) -> Tensor:
+    """``N x 3 x H x W`` (uint8, or float 0-255) to uint8 ``N x 3 x S x S`` on their device, cropped as
+    on the CPU with the geometry of ``size`` (width, height; default: theirs). Antialiased: torch's
+    bicubic is PIL's; torch has no lanczos, so bicubic stands in for it."""
+    new_w, new_h, left, top = transform.geometry(*(size or (images.shape[-1], images.shape[-2])))
     mode = "bicubic" if transform.interpolation == "lanczos" else transform.interpolation
     resized = torch.nn.functional.interpolate(
         images.float(), size=(new_h, new_w), mode=mode, antialias=mode != "nearest"
     )
+    # Negative padding crops: one call crops, and pads with black where crop_pct > 1 (as on the CPU).
     s = transform.size
-    if left < 0 or top < 0:  # crop_pct > 1: the crop is padded with black, as on the CPU
-        padding = (-min(left, 0), max(left + s - new_w, 0), -min(top, 0), max(top + s - new_h, 0))
-        resized = torch.nn.functional.pad(resized, padding)
-        left, top = max(left, 0), max(top, 0)
-    crop = resized[:, :, top : top + s, left : left + s]
+    crop = torch.nn.functional.pad(resized, (-left, left + s - new_w, -top, top + s - new_h))
     return crop.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def _resize_crop_groups(images: Sequence[Tensor | None], transform: EvalTransform) -> list[Tensor | None]:
-    """:py:func:`_resize_crop_on_device` for each image (None stays None), one call per size: a
-    batch's few sizes (ImageNet's 500 x 375 and 375 x 500 are most of it) make few kernels."""
+    """Each ``3 x H x W`` image resized and cropped (None stays None), one call per size (ImageNet's
+    500 x 375 and 375 x 500 are most of a batch)."""
     groups: dict[tuple[int, int], list[int]] = {}
     for i, image in enumerate(images):
         if image is not None:
-            groups.setdefault((int(image.shape[-1]), int(image.shape[-2])), []).append(i)
+            groups.setdefault(tuple(image.shape), []).append(i)
     out: list[Tensor | None] = [None] * len(images)
-    for size, members in groups.items():
-        crops = _resize_crop(torch.stack([images[i] for i in members]), transform, size)
+    for members in groups.values():
+        crops = _resize_crop_on_device(torch.stack([images[i] for i in members]), transform)
         for i, crop in zip(members, crops, strict=True):
             out[i] = crop
     return out
@@ -1553,40 +1548,26 @@ def _nv12_to_rgb(nv12: Tensor) -> Tensor:
 
 def _nvdec_can_take(header: _JpegHeader | None) -> bool:
     """NVDEC decodes sequential (baseline or extended) 8-bit 4:2:0 JPEGs within its size range."""
-    return (
-        header is not None
-        and header.frame_type in (0xC0, 0xC1)
-        and header.chroma_420
-        and NVDEC_MIN_SIDE <= header.width <= NVDEC_MAX_SIZE[0]
-        and NVDEC_MIN_SIDE <= header.height <= NVDEC_MAX_SIZE[1]
-    )
-
-
-def _nvjpeg_can_take(header: _JpegHeader | None) -> bool:
-    """Baseline, extended or progressive, of 1 or 3 components: CMYK decodes to wrong colours."""
-    return header is not None and header.frame_type in (0xC0, 0xC1, 0xC2) and header.components in (1, 3)
+    if header is None or header.frame_type not in (0xC0, 0xC1) or not header.chroma_420:
+        return False
+    return NVDEC_MIN_SIDE <= header.width <= NVDEC_MAX_SIZE[0] and NVDEC_MIN_SIDE <= header.height <= NVDEC_MAX_SIZE[1]
 
 
 def _nvjpeg_takes(header: _JpegHeader | None, transform: EvalTransform) -> bool:
-    """What nvJPEG can take within the size limits (the CPU refuses the rest, naming the limit)."""
-    if not _nvjpeg_can_take(header) or min(header.width, header.height) <= 0:
+    """Baseline, extended or progressive JPEG of 1 or 3 components (CMYK decodes to wrong colours),
+    within the pixel limits (the CPU path refuses the rest, naming the limit)."""
+    if header is None or header.frame_type not in (0xC0, 0xC1, 0xC2) or header.components not in (1, 3):
+        return False
+    if min(header.width, header.height) <= 0:
         return False
     new_w, new_h, _, _ = transform.geometry(header.width, header.height)
     return max(header.width * header.height, new_w * new_h) <= MAX_IMAGE_PIXELS
 
 
-def _first_jpeg_image(data: bytes, start: int = 2) -> bytes:
-    """The data up to its first image's end: NVDEC gets no second image (an MPO, a gain map) and
-    no trailer, as FFmpeg decodes only the first. ``start``: where the scan is looked for from."""
-    end = data.find(b"\xff\xd9", _jpeg_scan(data, start))
-    return data if end == -1 else data[: end + 2]
-
-
 @functools.cache
 def _nvimgcodec() -> tuple[Any | None, str]:
-    """nvImageCodec's module (None if not installed), and why not or what its import printed: a
-    line on stderr per library it cannot load (nvJPEG2000, nvTIFF; nvJPEG, which a GPU needs),
-    kept out of the run's output and kept as the reason a GPU has no decoder."""
+    """nvImageCodec's module (None if not installed), and why not or what its import printed on stderr
+    (a line per library it cannot load: nvJPEG, nvJPEG2000, nvTIFF), kept out of the run's output."""
     os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")  # what it cannot decode is counted instead
     sys.stderr.flush()
     saved = os.dup(2)
@@ -1608,64 +1589,56 @@ def _nvimgcodec() -> tuple[Any | None, str]:
     return nvimgcodec, error or text
 
 
-def _nvimgcodec_decoder(backend: str, device_id: int) -> Any:
-    """An nvImageCodec decoder of one backend: ``hardware`` (JPEG engines), ``cuda``, ``hybrid``
-    (nvJPEG's CUDA decoder, Huffman on the CPU below a megapixel) or ``cpu`` (libjpeg-turbo), chroma
-    upsampled as libjpeg and FFmpeg do. RuntimeError where there is none of that kind."""
-    nvimgcodec, _ = _nvimgcodec()
-    kinds = {"hardware": nvimgcodec.HW_GPU_ONLY, "cuda": nvimgcodec.GPU_ONLY, "hybrid": nvimgcodec.HYBRID_CPU_GPU}
-    backends = [nvimgcodec.Backend(nvimgcodec.CPU_ONLY if backend == "cpu" else kinds[backend])]
-    options = ":fancy_upsampling=1"
-    threads = NVIMGCODEC_CPU_THREADS
-    return nvimgcodec.Decoder(device_id=device_id, max_num_cpu_threads=threads, backends=backends, options=options)
-
-
 def _nvimgcodec_decoders(device: torch.device, errors: list[str] | None = None) -> list[tuple[str, Any]]:
     """``(backend, decoder)`` in the order a batch goes through them: on a GPU, those of
-    :py:data:`NVIMGCODEC_BACKENDS` it has (why one is missing goes to ``errors``); on the CPU
-    (for tests), libjpeg-turbo."""
-    nvimgcodec, _ = _nvimgcodec()
+    :py:data:`NVIMGCODEC_BACKENDS` it has (``hardware``: the JPEG engines; ``hybrid``: Huffman on the
+    CPU below a megapixel), why one is missing in ``errors``; on the CPU (tests), libjpeg-turbo."""
+    nvimgcodec = _nvimgcodec()[0]
+    kinds = {"hardware": nvimgcodec.HW_GPU_ONLY, "cuda": nvimgcodec.GPU_ONLY, "hybrid": nvimgcodec.HYBRID_CPU_GPU}
+    backends, device_id = NVIMGCODEC_BACKENDS, device.index or 0
     if device.type != "cuda":
-        return [("cpu", _nvimgcodec_decoder("cpu", nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY))]
+        kinds, backends, device_id = {"cpu": nvimgcodec.CPU_ONLY}, ("cpu",), nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY
+    # fancy_upsampling: chroma upsampled as libjpeg and FFmpeg do.
+    options = {"device_id": device_id, "max_num_cpu_threads": NVIMGCODEC_CPU_THREADS, "options": ":fancy_upsampling=1"}
     decoders = []
-    for backend in NVIMGCODEC_BACKENDS:
+    for backend in backends:
         try:
-            decoders.append((backend, _nvimgcodec_decoder(backend, device.index or 0)))
+            decoder = nvimgcodec.Decoder(backends=[nvimgcodec.Backend(kinds[backend])], **options)
         except RuntimeError as e:  # "Could not create decoder": none of that kind on this GPU
             _LG.debug("nvImageCodec has no %s decoder on %s: %s", backend, device, e)
             if errors is not None:
                 errors.append(f"{backend}: {e}")
+            continue
+        decoders.append((backend, decoder))
     return decoders
 
 
 @functools.cache
 def _nvimgcodec_params() -> Any:
     """8-bit interleaved RGB, EXIF orientation not applied (PIL and timm's reference do not apply it)."""
-    nvimgcodec, _ = _nvimgcodec()
+    nvimgcodec = _nvimgcodec()[0]
     return nvimgcodec.DecodeParams(
         apply_exif_orientation=False, color_spec=nvimgcodec.SRGB, allow_any_depth=False, sample_format=nvimgcodec.I_RGB
     )
 
 
 def _nvimgcodec_tensor(image: Any) -> Tensor:
-    """An nvImageCodec image as uint8 ``3 x H x W``, no copy: through DLPack from the device (which
-    orders the consumer's stream after the decode), through numpy from host memory (its DLPack
-    export calls CUDA even for a host image)."""
-    if image.device_id is None:
-        import numpy as np
+    """An nvImageCodec image as uint8 ``3 x H x W``, no copy: DLPack from the device (which orders
+    the consumer's stream after the decode), numpy from the host (DLPack calls CUDA even there)."""
+    if image.device_id is not None:
+        return torch.from_dlpack(image).permute(2, 0, 1)
+    import numpy as np
 
-        return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
-    return torch.from_dlpack(image).permute(2, 0, 1)
+    return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
 
 
 def _decode_nvimgcodec(
-    datas: list[bytes], headers: list[_JpegHeader | None], transform: EvalTransform, decoders: list[tuple[str, Any]],
-    stream: int,
+    datas: list[bytes], headers: list[_JpegHeader | None], transform: EvalTransform, device: torch.device, local: Any
 ) -> tuple[list[Tensor | None], dict[str, int]]:
-    """Decode the JPEGs nvJPEG takes, one batched call per decoder (each given what those before it
-    left) on ``stream`` (a ``cudaStream_t``, 0 on the CPU), then resize and crop them by size.
-    Returns uint8 ``3 x S x S`` per image (None: left to the CPU) and each backend's image count."""
-    nvimgcodec, _ = _nvimgcodec()
+    """The JPEGs nvJPEG takes, one batched call per backend (each given what those before it left)."""
+    nvimgcodec = _nvimgcodec()[0]
+    if not hasattr(local, "decoders"):
+        local.decoders = _nvimgcodec_decoders(device)
     code_streams = {}
     for i, (data, header) in enumerate(zip(datas, headers, strict=True)):
         if _nvjpeg_takes(header, transform):
@@ -1674,7 +1647,8 @@ def _decode_nvimgcodec(
     decoded: list[Tensor | None] = [None] * len(datas)
     counts: dict[str, int] = {}
     left = list(code_streams)
-    for backend, decoder in decoders:
+    stream = local.stream.cuda_stream if device.type == "cuda" else 0
+    for backend, decoder in local.decoders:
         if not left:
             break
         images = decoder.decode([code_streams[i] for i in left], params=_nvimgcodec_params(), cuda_stream=stream)
@@ -1686,10 +1660,10 @@ def _decode_nvimgcodec(
     return _resize_crop_groups(decoded, transform), counts
 
 
-def _decode_nvjpeg(
-    datas: list[bytes], headers: list[_JpegHeader | None], transform: EvalTransform, device: torch.device
+def _decode_torchvision(
+    datas: list[bytes], headers: list[_JpegHeader | None], transform: EvalTransform, device: torch.device, local: Any
 ) -> tuple[list[Tensor | None], dict[str, int]]:
-    """:py:func:`_decode_nvimgcodec` with torchvision's decoder (one batched call, behind its lock)."""
+    """The JPEGs nvJPEG takes, through torchvision's decoder: one batched call (behind its lock)."""
     import torchvision.io
 
     decoded: list[Tensor | None] = [None] * len(datas)
@@ -1701,44 +1675,57 @@ def _decode_nvjpeg(
     try:
         images: list[Tensor | None] = list(torchvision.io.decode_jpeg(encoded, mode=mode, device=device))
     except RuntimeError:  # image by image, so that one bad image does not send the others to the CPU
-        images = []
-        for tensor in encoded:
-            try:
-                images.append(torchvision.io.decode_jpeg(tensor, mode=mode, device=device))
-            except RuntimeError:
-                images.append(None)
+        images = [None] * len(encoded)
+        for k, tensor in enumerate(encoded):
+            with contextlib.suppress(RuntimeError):
+                images[k] = torchvision.io.decode_jpeg(tensor, mode=mode, device=device)
     for i, image in zip(takes, images, strict=True):
         decoded[i] = image
     return _resize_crop_groups(decoded, transform), {"torchvision": sum(image is not None for image in images)}
 
 
 def _decode_nvdec(
-    data: bytes, header: _JpegHeader | None, transform: EvalTransform, config: spdl.io.CUDAConfig, bound: Any
-) -> Tensor | None:
-    """One JPEG through NVDEC: uint8 ``3 x S x S``, or None if NVDEC cannot take it or fails on it.
-    SPDL's cached per-thread decoder keeps the CUDA config (stream, allocator) of its first use
-    (``NvDecDecoderCore::init_decoder``), so it is made afresh for a config other than
-    ``bound.nvdec_config``. NV12 comes at the size made even (SPDL refuses odd sizes); the resize
-    has the original size's geometry, antialiased (NVDEC's own scaler is not)."""
-    if not _nvdec_can_take(header):
-        return None
-    try:
-        packets = spdl.io.demux_video(_first_jpeg_image(data, header.end))
-        width, height = packets.width, packets.height
-        even_w, even_h = width + width % 2, height + height % 2
-        decoder = spdl.io.nvdec_decoder(
-            config,
-            packets.codec,
-            use_cache=getattr(bound, "nvdec_config", None) is config,
-            scale_width=even_w if even_w != width else -1,
-            scale_height=even_h if even_h != height else -1,
-        )
-        bound.nvdec_config = config
-        nv12 = spdl.io.to_torch(decoder.decode_packets(packets))
-    except _DECODER_ERRORS as e:
-        _LG.debug("NVDEC left an image to the CPU: %s", _spdl_reason(e))
-        return None
-    return _resize_crop_on_device(_nv12_to_rgb(nv12[0]), transform, (width, height))
+    datas: list[bytes], headers: list[_JpegHeader | None], transform: EvalTransform, device: torch.device, local: Any
+) -> tuple[list[Tensor | None], dict[str, int]]:
+    """Image by image, the JPEGs NVDEC takes: the first image only (no MPO's second, no trailer), as
+    FFmpeg; NV12 at the size made even (SPDL refuses odd sizes), resized with the original size's
+    geometry, antialiased (NVDEC's own scaler is not)."""
+    decoded: list[Tensor | None] = [None] * len(datas)
+    for i, (data, header) in enumerate(zip(datas, headers, strict=True)):
+        if not _nvdec_can_take(header):
+            continue
+        end = data.find(b"\xff\xd9", _jpeg_scan(data, header.end))
+        try:
+            packets = spdl.io.demux_video(data if end == -1 else data[: end + 2])
+            width, height = packets.width, packets.height
+            even_w, even_h = width + width % 2, height + height % 2
+            decoder = spdl.io.nvdec_decoder(
+                local.config,
+                packets.codec,
+                use_cache=getattr(_NVDEC_CONFIG, "config", None) is local.config,  # else made afresh
+                scale_width=even_w if even_w != width else -1,
+                scale_height=even_h if even_h != height else -1,
+            )
+            _NVDEC_CONFIG.config = local.config
+            nv12 = spdl.io.to_torch(decoder.decode_packets(packets))
+        except _DECODER_ERRORS as e:
+            _LG.debug("NVDEC left an image to the CPU: %s", _spdl_reason(e))
+            continue
+        decoded[i] = _resize_crop_on_device(_nv12_to_rgb(nv12[0])[None], transform, (width, height))[0]
+    return decoded, {"nvdec": sum(image is not None for image in decoded)}
+
+
+# Each: (datas, headers, transform, device, the thread's state) -> uint8 3 x S x S per image (None:
+# left to the CPU), and the images each backend decoded. The thread's ``local`` holds its CUDA stream
+# and SPDL config (on a GPU) and its nvImageCodec decoders (not for concurrent calls).
+_GPU_DECODERS = {"nvimgcodec": _decode_nvimgcodec, "torchvision": _decode_torchvision, "nvdec": _decode_nvdec}
+
+
+def _cpu_fallback(
+    path: str, data: bytes, header: _JpegHeader | None, graphs: _FilterGraphCache, device: torch.device
+) -> Tensor:
+    """An image a GPU decoder left, decoded as the FFmpeg loader decodes it: uint8 ``3 x S x S`` on ``device``."""
+    return _image_tensor(_crop_on_cpu(path, data, header, graphs)).permute(2, 0, 1).to(device)
 
 
 def _gpu_decode_func(
@@ -1749,73 +1736,23 @@ def _gpu_decode_func(
     max_bytes: int,
     library: str | None = None,
 ) -> _DecodeFunc:
-    """The batch function of ``nvdec`` or ``nvjpeg`` (with ``library``: ``nvimgcodec`` where it is
-    installed, batched, every backend; else ``torchvision``, one decoder behind one lock)."""
+    """The batch function of ``nvdec`` or ``nvjpeg`` (``library``: ``nvimgcodec`` where it is
+    installed, else ``torchvision``). Each file is read and its header parsed once; the CPU decodes
+    what the GPU leaves, each a fallback."""
     if decoder == "nvdec" and device.type != "cuda":
         raise ValueError(f"nvdec decodes on a CUDA GPU, not on {device}")
     if decoder == "nvjpeg" and library is None:
         library = "torchvision" if _nvimgcodec()[0] is None else "nvimgcodec"
-    # Per decode thread: its CUDA stream and SPDL config, its nvImageCodec decoders (not for
-    # concurrent calls), the config its NVDEC decoder was made with.
+    decode_on_gpu = _GPU_DECODERS[library or decoder]
+    graphs = _FilterGraphCache(transform)
     local = threading.local()
 
-    def decode_on_gpu(
-        datas: list[bytes], headers: list[_JpegHeader | None], stream: Any, config: Any
-    ) -> tuple[list[Tensor | None], dict[str, int]]:
-        if decoder == "nvdec":
-            pairs = zip(datas, headers, strict=True)
-            images = [_decode_nvdec(data, header, transform, config, local) for data, header in pairs]
-            return images, {"nvdec": sum(image is not None for image in images)}
-        if library == "torchvision":
-            return _decode_nvjpeg(datas, headers, transform, device)
-        if not hasattr(local, "decoders"):
-            local.decoders = _nvimgcodec_decoders(device)
-        cuda_stream = 0 if stream is None else stream.cuda_stream
-        return _decode_nvimgcodec(datas, headers, transform, local.decoders, cuda_stream)
-
-    decode_batch = _with_cpu_fallback(decode_on_gpu, transform, device, policy, max_bytes)
-
-    def decode_batch_gpu(items: Sequence[tuple[str, int]]) -> _Batch:
-        if device.type != "cuda":  # the nvJPEG path's CPU decoders, for tests
-            return decode_batch(items, None, None)
-        if not hasattr(local, "stream"):
-            local.stream = torch.cuda.Stream(device)
-            local.config = _spdl_cuda_config(device, local.stream)
-        # SPDL's copies and allocations and torch's work in order on the thread's stream, waited
-        # for once, before the model takes the batch on its own stream.
-        with torch.cuda.device(device), torch.cuda.stream(local.stream):
-            batch = decode_batch(items, local.stream, local.config)
-        local.stream.synchronize()
-        return batch
-
-    return decode_batch_gpu
-
-
-def _cpu_fallback(
-    path: str, data: bytes, header: _JpegHeader | None, graphs: _FilterGraphCache, device: torch.device
-) -> Tensor:
-    """An image a GPU decoder left, decoded as the FFmpeg loader decodes it: uint8 ``3 x S x S`` on ``device``."""
-    return _image_tensor(_crop_on_cpu(path, data, header, graphs)).permute(2, 0, 1).to(device)
-
-
-def _with_cpu_fallback(
-    decode_on_gpu: Callable,
-    transform: EvalTransform,
-    device: torch.device,
-    policy: BadImagePolicy | None,
-    max_bytes: int,
-) -> Callable[..., _Batch]:
-    """Read the files and parse each header once; ``decode_on_gpu(datas, headers, stream, config)``
-    decodes those it takes and counts each backend's; the CPU decodes the rest, each a fallback; a
-    bad image is listed in the batch's ``failures`` (raised without a policy)."""
-    graphs = _FilterGraphCache(transform)
-
-    def decode_batch(items: Sequence[tuple[str, int]], stream: Any, config: Any) -> _Batch:
+    def decode_batch(items: Sequence[tuple[str, int]]) -> _Batch:
         failures: list[ImageDecodeError] = []
         datas, labels, paths = _decode_items(items, lambda path: _read_image_bytes(path, max_bytes), policy, failures)
         headers = [_parse_jpeg_header(data) for data in datas]
         with _working_on(paths[0]) if paths else contextlib.nullcontext():
-            images, counts = decode_on_gpu(datas, headers, stream, config)
+            images, counts = decode_on_gpu(datas, headers, transform, device, local)
         left = [(paths[i], i) for i, image in enumerate(images) if image is None]
         index_of = {path: i for path, i in left}  # a path listed twice: the same bytes and header
 
@@ -1834,7 +1771,20 @@ def _with_cpu_fallback(
         decoded_by = {backend: count for backend, count in counts.items() if count}
         return _Batch(batch, labels_kept, paths_kept, failures, len(decoded), decoded_by)
 
-    return decode_batch
+    def decode_batch_gpu(items: Sequence[tuple[str, int]]) -> _Batch:
+        if device.type != "cuda":  # the nvJPEG path's CPU decoders, for tests
+            return decode_batch(items)
+        if not hasattr(local, "stream"):
+            local.stream = torch.cuda.Stream(device)
+            local.config = _spdl_cuda_config(device, local.stream)
+        # SPDL's copies and allocations and torch's work in order on the thread's stream, waited
+        # for once, before the model takes the batch on its own stream.
+        with torch.cuda.device(device), torch.cuda.stream(local.stream):
+            batch = decode_batch(items)
+        local.stream.synchronize()
+        return batch
+
+    return decode_batch_gpu
 
 
 def get_decode_func(
@@ -1852,12 +1802,10 @@ def get_decode_func(
     Args:
         device: Where the batch is delivered.
         transform: Resize and crop (default: 224 crop of 256, bicubic).
-        decoder: ``ffmpeg`` (CPU), ``nvjpeg`` (nvImageCodec, else torchvision) or ``nvdec``; a GPU
-            decoder leaves what it cannot take to the CPU. On the CPU ``nvjpeg`` runs their CPU
-            decoders (for tests).
-        policy: Records bad images, left out (labels stay aligned), and counts GPU fallbacks and
-            backends; give :py:func:`benchmark` the same one. Without one, a bad image raises
-            ImageDecodeError.
+        decoder: ``ffmpeg`` (CPU), ``nvjpeg`` (nvImageCodec, else torchvision; on the CPU, their CPU
+            decoders, for tests) or ``nvdec``. A GPU decoder leaves what it cannot take to the CPU.
+        policy: Bad images are left out (labels stay aligned) and listed in the batch; without a
+            policy, one raises ImageDecodeError. Give :py:func:`benchmark` the same one.
         max_image_bytes: A larger image file is a bad image.
     """
     device, transform = torch.device(device), transform or EvalTransform()
@@ -1889,12 +1837,11 @@ def _check_gpu_decoder(decoder: str, device: torch.device) -> str:
         backend = _nvimgcodec_check(device)
     from PIL import Image
 
-    probe = io.BytesIO()  # 256 x 192, baseline 4:2:0, one colour: inside every GPU decoder's range
-    Image.new("RGB", (256, 192), (200, 80, 40)).save(probe, format="JPEG", subsampling=2, quality=95)
     transform, policy = EvalTransform(size=128, crop_pct=1.0), BadImagePolicy(skip=True)
     try:
         with tempfile.NamedTemporaryFile(suffix=".JPEG") as f:
-            f.write(probe.getvalue())
+            # 256 x 192, baseline 4:2:0, one colour: inside every GPU decoder's range.
+            Image.new("RGB", (256, 192), (200, 80, 40)).save(f, format="JPEG", subsampling=2, quality=95)
             f.flush()
             batch = get_decode_func(device, transform, decoder, policy)([(f.name, 0)])
     except _DECODER_ERRORS as e:
@@ -1926,31 +1873,22 @@ def _nvimgcodec_check(device: torch.device) -> str:
 
 @dataclass
 class _DecoderCheck:
-    """A decoder against FFmpeg on the CPU: the images both decoded, the mean and largest per-image
-    mean absolute difference (0-255), the worst image, the limit."""
+    """A decoder against FFmpeg on the CPU: its images' mean absolute differences (0-255)."""
 
     decoder: str
     images: int
     mad_mean: float
     mad_max: float
     worst: str | None
-    tolerance: float
-
-    @property
-    def ok(self) -> bool:
-        return self.mad_max <= self.tolerance
+    tolerance: float = DECODER_TOLERANCE
 
 
 def _check_decoder(
-    decode: _DecodeFunc,
-    items: Sequence[tuple[str, int]],
-    transform: EvalTransform,
-    decoder: str,
-    tolerance: float = DECODER_TOLERANCE,
+    decode: _DecodeFunc, items: Sequence[tuple[str, int]], transform: EvalTransform, decoder: str
 ) -> _DecoderCheck:
     """Compare ``decode``'s pixels with FFmpeg's on the CPU, image by image, leaving out those
     either cannot decode (the run's policy deals with them). InputError if one differs by more
-    than ``tolerance``: on this hardware and driver, the decoder does not deliver FFmpeg's images."""
+    than the tolerance: on this hardware and driver, the decoder does not deliver FFmpeg's images."""
     reference = get_decode_func("cpu", transform)
     mads: dict[str, float] = {}
     for item in items:
@@ -1960,17 +1898,16 @@ def _check_decoder(
             continue
         if len(theirs) and len(ours):
             mads[item[0]] = (theirs[0].cpu().float() - ours[0].float()).abs().mean().item()
-    values = list(mads.values())
     worst = max(mads, key=mads.__getitem__, default=None)
-    mad_mean = sum(values) / len(values) if values else 0.0
-    check = _DecoderCheck(decoder, len(values), mad_mean, max(values, default=0.0), worst, tolerance)
-    if not check.ok:
-        message = (
-            f"{decoder} decodes {worst} with a mean absolute difference of {check.mad_max:.1f} "
-            f"(0-255) from FFmpeg on the CPU, more than {tolerance:g}"
-        )
-        raise InputError(message, *(("--device",) if decoder == "ffmpeg" else (f"--use-{decoder}", _FFMPEG_ADVICE)))
-    return check
+    mad_mean = sum(mads.values()) / len(mads) if mads else 0.0
+    check = _DecoderCheck(decoder, len(mads), mad_mean, max(mads.values(), default=0.0), worst)
+    if check.mad_max <= check.tolerance:
+        return check
+    message = f"{decoder} decodes {worst} with a mean absolute difference of {check.mad_max:.1f} (0-255) "
+    message += f"from FFmpeg on the CPU, more than {check.tolerance:g}"
+    if decoder == "ffmpeg":
+        raise InputError(message, "--device")
+    raise InputError(message, f"--use-{decoder}", _FFMPEG_ADVICE)
 
 
 ################################################################################

@@ -227,17 +227,15 @@ def nvjpeg_rates(flist: Path, device: str, batch_size: int = NVJPEG_BATCH, secon
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     datas = [(flist.parent / line).read_bytes() for line in flist.read_text().split()[:batch_size]]
-    datas = [data for data in datas if ic._nvjpeg_can_take(ic._parse_jpeg_header(data))]
+    datas = [data for data in datas if ic._nvjpeg_takes(ic._parse_jpeg_header(data), ic.EvalTransform())]
     out: dict = {"device": device, "batch": len(datas), "jpeg_engines": jpeg_engines() if dev.type == "cuda" else None}
     nvimgcodec, said = ic._nvimgcodec()
     if nvimgcodec is None:
         out["nvimgcodec"] = {"error": said}
     decoded = None
-    backends = ic.NVIMGCODEC_BACKENDS if dev.type == "cuda" else ("cpu",)
-    for backend in backends if nvimgcodec is not None else ():
+    errors: list[str] = []
+    for backend, decoder in ic._nvimgcodec_decoders(dev, errors) if nvimgcodec is not None else ():
         try:
-            device_id = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY if backend == "cpu" else dev.index or 0
-            decoder = ic._nvimgcodec_decoder(backend, device_id)
             stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
 
             def decode(decoder=decoder, stream=stream):
@@ -250,8 +248,11 @@ def nvjpeg_rates(flist: Path, device: str, batch_size: int = NVJPEG_BATCH, secon
             out[f"nvimgcodec_{backend}"] = {"decoded": taken, "fps": _rate(decode, taken, seconds) if taken else 0.0}
             if decoded is None and taken == len(datas):
                 decoded = [ic._nvimgcodec_tensor(image) for image in images]
-        except Exception as e:  # a backend this machine lacks is reported, not fatal to the check
+        except Exception as e:  # a backend that fails is reported, not fatal to the check
             out[f"nvimgcodec_{backend}"] = {"error": f"{type(e).__name__}: {e}"}
+    for error in errors:  # "backend: why": a backend this machine lacks
+        backend, _, why = error.partition(": ")
+        out[f"nvimgcodec_{backend}"] = {"error": f"RuntimeError: {why}"}
     try:
         encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
 
@@ -275,20 +276,26 @@ def resize_rates(images: list, sync, seconds: float) -> dict:
 
     transform = ic.EvalTransform()
     grouped = _rate(lambda: (ic._resize_crop_groups(images, transform), sync()), len(images), seconds)
-    single = _rate(lambda: ([ic._resize_crop_on_device(im, transform) for im in images], sync()), len(images), seconds)
+    single = _rate(
+        lambda: ([ic._resize_crop_on_device(im[None], transform) for im in images], sync()), len(images), seconds
+    )
     sizes = len({tuple(image.shape) for image in images})
     return {"sizes": sizes, "grouped_fps": grouped, "per_image_fps": single, "grouped_over_per_image": grouped / single}
+
+
+def _first_jpeg_image(data: bytes) -> bytes:
+    """The data up to its first image's end, as the loader gives NVDEC (no MPO's second image, no trailer)."""
+    import imagenet_classification as ic
+
+    end = data.find(b"\xff\xd9", ic._jpeg_scan(data))
+    return data if end == -1 else data[: end + 2]
 
 
 def _ffmpeg_plane(data: bytes, plane: str):
     """One plane (y, u or v) of FFmpeg's decode of a JPEG, as a numpy array."""
     import spdl.io
 
-    import imagenet_classification as ic
-
-    frames = spdl.io.decode_packets(
-        spdl.io.demux_image(ic._first_jpeg_image(data)), filter_desc=f"extractplanes={plane}"
-    )
+    frames = spdl.io.decode_packets(spdl.io.demux_image(_first_jpeg_image(data)), filter_desc=f"extractplanes={plane}")
     height, width = frames.height, frames.width
     return spdl.io.to_numpy(spdl.io.convert_frames([frames])).reshape(height, width)
 
@@ -314,7 +321,7 @@ def nvdec_planes(paths: list[Path], device: str) -> dict:
     for path in paths:
         data = path.read_bytes()
         try:
-            packets = spdl.io.demux_video(ic._first_jpeg_image(data))
+            packets = spdl.io.demux_video(_first_jpeg_image(data))
             width, height = packets.width, packets.height
             decoder = spdl.io.nvdec_decoder(config, packets.codec)
             nv12 = spdl.io.to_torch(decoder.decode_packets(packets))[0].cpu()

@@ -86,7 +86,7 @@ def test_nvdec_output_through_the_device_resize_matches_the_ffmpeg_path(demo_pho
     (path,) = _photo_jpegs(demo_photos, tmp_path, [size])
     even = (size[0] + size[0] % 2, size[1] + size[1] % 2)
     transform = EvalTransform()
-    ours = _resize_crop_on_device(_nv12_to_rgb(_nv12(path, even if even != size else None)), transform, size)
+    ours = _resize_crop_on_device(_nv12_to_rgb(_nv12(path, even if even != size else None))[None], transform, size)[0]
     reference, _ = get_decode_func("cpu", transform)([(str(path), 0)])
     assert ours.shape == (3, 224, 224) and ours.dtype == torch.uint8
     assert (ours.float() - reference[0].float()).abs().mean().item() < 1.5
@@ -146,7 +146,7 @@ def test_decoder_check_stops_a_decoder_that_gets_the_colours_wrong(jpeg_set):
         _check_decoder(swapped, items, transform, "swapped")
     assert info.value.flag == "--use-swapped"
     check = _check_decoder(get_decode_func("cpu", transform, "nvjpeg"), items, transform, "nvjpeg")
-    assert check.ok and check.images == 8 and 0 < check.mad_max < 1.5
+    assert check.mad_max <= check.tolerance and check.images == 8 and 0 < check.mad_max < 1.5
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="SPDL's CUDA extension loads where there is a GPU")

@@ -58,7 +58,7 @@ def test_the_grouped_resize_gives_the_per_image_resize_pixel_for_pixel(demo_phot
     # Decoded as nvImageCodec delivers them (HWC, seen as CHW), the images of one size go
     # through one resize: the same pixels as one by one, in the order given, one call per size.
     items = _photos(demo_photos, tmp_path, SIZES)
-    decoder = ic._nvimgcodec_decoder("cpu", ic._nvimgcodec()[0].NVIMGCODEC_DEVICE_CPU_ONLY)
+    ((_, decoder),) = ic._nvimgcodec_decoders(torch.device("cpu"))
     decoded = decoder.decode([Path(p).read_bytes() for p, _ in items], params=ic._nvimgcodec_params())
     images = [ic._nvimgcodec_tensor(image) for image in decoded]
     assert [tuple(image.shape) for image in images] == [(3, h, w) for w, h in SIZES]
@@ -68,7 +68,7 @@ def test_the_grouped_resize_gives_the_per_image_resize_pixel_for_pixel(demo_phot
     assert len(resizes) == len(set(SIZES)) == 5
     for image, crop in zip(images, grouped, strict=True):
         assert crop.shape == (3, transform.size, transform.size) and crop.dtype == torch.uint8
-        assert torch.equal(crop, ic._resize_crop_on_device(image, transform))
+        assert torch.equal(crop, ic._resize_crop_on_device(image[None], transform)[0])
 
 
 def test_the_nvimgcodec_path_agrees_with_ffmpeg_on_real_photos(demo_photos):

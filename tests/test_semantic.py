@@ -322,7 +322,7 @@ def test_device_resize_follows_timms_transform(photo, crop_mode, crop_pct):
         pixels = torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1)
     for mode in ("bicubic", "bilinear"):
         t = EvalTransform(size=64, crop_pct=crop_pct, interpolation=mode, crop_mode=crop_mode)
-        ours = _resize_crop_on_device(pixels, t).permute(1, 2, 0).numpy().astype(np.int16)
+        ours = _resize_crop_on_device(pixels[None], t)[0].permute(1, 2, 0).numpy().astype(np.int16)
         assert np.abs(ours - _timm_crop(photo, 64, crop_pct, crop_mode, mode)).mean() < 1.0, (mode, t)
 
 
