@@ -2051,9 +2051,9 @@ class _PipelineStats:
         """Measure the sink queue from now on, leaving out what came before (e.g. the warm-up)."""
         self.window = time.monotonic()
 
-    def _waiting_s(self, start: float, end: float, interval: float, bins: int) -> list[float]:
-        """Seconds a batch waited in the sink queue in each of ``bins`` intervals from ``start``, the
-        last one up to ``end``."""
+    def waiting_per_interval(self, start: float, end: float, interval: float, bins: int) -> list[float]:
+        """The share of each of ``bins`` intervals of ``interval`` seconds from ``start`` (the last one up
+        to ``end``, ``time.monotonic``) in which a batch waited in the sink queue (the timeline's)."""
         totals = [0.0] * bins
         changes = [*self.queues[-1].changes, (end, False)]
         for (t0, waiting), (t1, _) in itertools.pairwise(changes):
@@ -2063,12 +2063,7 @@ class _PipelineStats:
             for i in range(min(int(t0 // interval), bins - 1), min(int(t1 // interval), bins - 1) + 1):
                 bin_end = math.inf if i == bins - 1 else (i + 1) * interval
                 totals[i] += max(0.0, min(t1, bin_end) - max(t0, i * interval))
-        return totals
-
-    def waiting_per_interval(self, start: float, end: float, interval: float, bins: int) -> list[float]:
-        """The share of each ``interval`` from ``start`` to ``end`` (``time.monotonic``) in which a batch
-        waited in the sink queue, for ``bins`` of them (the timeline's)."""
-        return [round(s / interval, 4) for s in self._waiting_s(start, end, interval, bins)]
+        return [round(s / interval, 4) for s in totals]
 
     def window_lead(self, concurrency: int) -> tuple[int, float | None] | None:
         """At the FPS window's opening: the batches decoded and not yet taken, plus those that may
@@ -2095,7 +2090,7 @@ class _PipelineStats:
         opened = self.window or sink.started
         waits = [returned - max(called, opened) for called, returned in sink.gets if returned > opened]
         span = sink.gets[-1][1] - opened if sink.gets else 0.0  # up to the last get
-        occupancy = self._waiting_s(opened, opened + span, span, 1)[0] / span if span > 0 else 0.0
+        occupancy = self.waiting_per_interval(opened, opened + span, span, 1)[0] if span > 0 else 0.0
         stages = [
             {
                 "name": s.info.stage_name,
@@ -2264,9 +2259,8 @@ def _torch_loader_batches(
                 raise RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader") from None
             raise
         except (ConnectionError, EOFError) as e:  # a worker died while its batch was handed over
-            raise RunStopped(
-                f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})", "loader"
-            ) from None
+            message = f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})"
+            raise RunStopped(message, "loader") from None
         errors = [ImageDecodeError(path, reason) for path, reason in failures]
         if errors and policy is None:
             raise errors[0]
