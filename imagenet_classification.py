@@ -2272,12 +2272,9 @@ def _get_torch_loader(
 ) -> torch.utils.data.DataLoader:
     """A DataLoader over ``dataset``'s batches in ``num_workers`` processes, pinned memory on CUDA.
     Its batches are whole already: no ``batch_size`` of its own (``default_convert`` keeps them)."""
+    timeout = timeout if num_workers else 0  # torch refuses a timeout for an in-process loader
     return torch.utils.data.DataLoader(
-        dataset,
-        batch_size=None,
-        num_workers=num_workers,
-        pin_memory=device.type == "cuda",
-        timeout=timeout if num_workers else 0,
+        dataset, batch_size=None, num_workers=num_workers, pin_memory=device.type == "cuda", timeout=timeout
     )
 
 
