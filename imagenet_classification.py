@@ -2143,8 +2143,7 @@ def get_pipeline(
     """
     hooks = {}
     if stats is not None:
-        hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
-        hooks["report_stats_interval"] = stats.interval
+        hooks = dict(queue_class=stats.queue, task_hook_factory=stats.task_hooks, report_stats_interval=stats.interval)
     builder = PipelineBuilder().add_source(_batched(src, batch_size))
     if decode_processes:
         # spawn, not fork: the main process has threads (torch's, SPDL's) by the time the pool starts.
