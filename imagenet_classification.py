@@ -1919,88 +1919,41 @@ _SPDL_STAGE_BUFFER = 2  # batches SPDL's queue between the decode stage and the 
 
 
 class _TimedQueue(StatsQueue):
-    """SPDL's ``StatsQueue`` (its logs unchanged) that also keeps when a batch was waiting, and from
-    its stage's start or the last :py:meth:`restart` up to the last ``get``, how long ``get`` waited:
+    """SPDL's ``StatsQueue`` (its logs unchanged) that also records when batches came and went:
     SPDL's own figures stop when its stage ends, before the model has taken every sink batch."""
 
     def __init__(self, info: StageInfo, *, buffer_size: int = 1, interval: float = -1) -> None:
         super().__init__(info, buffer_size=buffer_size, interval=interval)
-        self._lock = threading.Lock()  # restart() and the readers are on the consumer's thread
+        self.started = 0.0  # time.monotonic() when its stage started
         self.changes: list[tuple[float, bool]] = []  # (time, whether a batch is now waiting)
-        self.started: float | None = None
-        self.last_get: float | None = None
-        self.get_wait_s = 0.0
-        self.taken = 0  # batches taken over the queue's whole life
-        self.window_opened: tuple[float, int] | None = None  # (time, taken) at the last restart
-
-    @property
-    def gets(self) -> int:
-        """Batches taken since the start or the last restart."""
-        return self.taken - (self.window_opened[1] if self.window_opened else 0)
-
-    def restart(self) -> None:
-        with self._lock:
-            self.started = now = time.monotonic()
-            self.get_wait_s, self.last_get = 0.0, None
-            self.window_opened = (now, self.taken)
-
-    @contextlib.asynccontextmanager
-    async def stage_hook(self) -> AsyncIterator[None]:
-        with self._lock:
-            self.started = time.monotonic()
-        async with super().stage_hook():
-            yield
-
-    async def put(self, item: object) -> None:
-        with self._lock:
-            self.changes.append((time.monotonic(), True))
-        await super().put(item)
-
-    async def get(self) -> object:
-        t0 = time.monotonic()
-        item = await super().get()
-        with self._lock:
-            self.last_get = now = time.monotonic()
-            self.taken += 1
-            self.get_wait_s += now - max(t0, self.started or t0)  # a wait across a restart counts from it
-            if self.qsize() == 0:
-                self.changes.append((now, False))
-        return item
-
-    def waiting_s(self, start: float, end: float, interval: float, bins: int) -> list[float]:
-        """Seconds a batch was waiting in each of ``bins`` intervals from ``start`` (``time.monotonic``)."""
-        totals = [0.0] * bins
-        with self._lock:
-            changes = [*self.changes, (end, False)]
-        waiting, since = False, start
-        for t, now_waiting in changes:
-            t = min(max(t, start), end)
-            if waiting:
-                _add_span(totals, since - start, t - start, interval)
-            waiting, since = now_waiting, t
-        return totals
-
-    def occupancy(self) -> float:
-        """Fraction of the time from the start to the last ``get`` that a batch was waiting."""
-        if self.started is None or self.last_get is None or self.last_get <= self.started:
-            return 0.0
-        span = self.last_get - self.started
-        return self.waiting_s(self.started, self.last_get, span, 1)[0] / span
-
-
-class _TaskStats(TaskStatsHook):
-    """SPDL's task statistics, and when the stage started and each of its tasks ended (``time.monotonic``)."""
-
-    def __init__(self, info: StageInfo, interval: float = -1) -> None:
-        super().__init__(info, interval=interval)
-        self.started: float | None = None
-        self.ends: list[float] = []
+        self.gets: list[tuple[float, float]] = []  # (time get was called, time it returned)
 
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:
         self.started = time.monotonic()
         async with super().stage_hook():
             yield
+
+    async def put(self, item: object) -> None:
+        self.changes.append((time.monotonic(), True))
+        await super().put(item)
+
+    async def get(self) -> object:
+        called = time.monotonic()
+        item = await super().get()
+        returned = time.monotonic()
+        self.gets.append((called, returned))
+        if self.qsize() == 0:
+            self.changes.append((returned, False))
+        return item
+
+
+class _TaskStats(TaskStatsHook):
+    """SPDL's task statistics, and when each of its tasks ended (``time.monotonic``)."""
+
+    def __init__(self, info: StageInfo, interval: float = -1) -> None:
+        super().__init__(info, interval=interval)
+        self.ends: list[float] = []
 
     @contextlib.asynccontextmanager
     async def task_hook(self, input_item: Any = None) -> AsyncIterator[None]:
@@ -2018,7 +1971,8 @@ class _PipelineStats:
     def __init__(self, interval: float = -1) -> None:
         self.interval = interval
         self.stages: list[_TaskStats] = []
-        self.queues: list[_TimedQueue] = []
+        self.queues: list[_TimedQueue] = []  # the last one is the sink's
+        self.window: float | None = None  # time.monotonic() at the last start_window
 
     def task_hooks(self, info: StageInfo) -> list[TaskHook]:
         """``task_hook_factory`` for :py:meth:`PipelineBuilder.build`."""
@@ -2026,50 +1980,54 @@ class _PipelineStats:
         return [self.stages[-1]]
 
     def queue(self, info: StageInfo, *, buffer_size: int = 1) -> AsyncQueue:
-        """``queue_class`` for :py:meth:`PipelineBuilder.build`; the last one made is the sink's."""
+        """``queue_class`` for :py:meth:`PipelineBuilder.build`."""
         self.queues.append(_TimedQueue(info, buffer_size=buffer_size, interval=self.interval))
         return self.queues[-1]
 
-    def waiting_per_interval(
-        self, start: float, end: float, interval: float = 1.0, bins: int | None = None
-    ) -> list[float] | None:
-        """The share of each ``interval`` from ``start`` to ``end`` (``time.monotonic``) in which a batch
-        waited in the sink queue; ``bins`` of them (default: as cover the span), as the timeline's."""
-        if not self.queues:
-            return None
-        seconds = self.queues[-1].waiting_s(start, end, interval, bins or _bin_count(end - start, interval))
-        return [round(s / interval, 4) for s in seconds]
-
     def start_window(self) -> None:
         """Measure the sink queue from now on, leaving out what came before (e.g. the warm-up)."""
-        for q in self.queues:
-            q.restart()
+        self.window = time.monotonic()
+
+    def waiting_per_interval(self, start: float, end: float, interval: float, bins: int) -> list[float]:
+        """The share of each of ``bins`` intervals of ``interval`` seconds from ``start`` (the last one up
+        to ``end``, ``time.monotonic``) in which a batch waited in the sink queue (the timeline's)."""
+        totals = [0.0] * bins
+        changes = [*self.queues[-1].changes, (end, False)]
+        for (t0, waiting), (t1, _) in itertools.pairwise(changes):
+            t0, t1 = max(t0, start) - start, min(t1, end) - start  # from here on, seconds from start
+            if not waiting or t1 <= t0:
+                continue
+            for i in range(min(int(t0 // interval), bins - 1), min(int(t1 // interval), bins - 1) + 1):
+                bin_end = math.inf if i == bins - 1 else (i + 1) * interval
+                totals[i] += max(0.0, min(t1, bin_end) - max(t0, i * interval))
+        return [round(s / interval, 4) for s in totals]
 
     def window_lead(self, concurrency: int) -> tuple[int, float | None] | None:
         """At the FPS window's opening: the batches decoded and not yet taken, plus those that may
         have been under way (at most ``concurrency``); and the loader's known rate in batches/s (a
         lower bound): the better of all its batches since its start and of those decoded since the
         opening, less those under way. None before the window."""
-        if not self.queues or not self.stages or (opened := self.queues[-1].window_opened) is None:
+        if not self.stages or self.window is None:  # no stages here: --decode-processes
             return None
-        t0, taken0 = opened
-        stage = self.stages[-1]
-        ends = sorted(stage.ends)
+        t0, sink, ends = self.window, self.queues[-1], sorted(self.stages[-1].ends)
+        taken0 = sum(1 for _, returned in sink.gets if returned <= t0)
         done0 = sum(1 for t in ends if t <= t0)
         under_way = min(concurrency, len(ends) - done0)
         rates = [0.0]
-        if ends and stage.started is not None and ends[-1] > stage.started:
-            rates.append(len(ends) / (ends[-1] - stage.started))
+        if ends and ends[-1] > sink.started:  # the stages all start at once
+            rates.append(len(ends) / (ends[-1] - sink.started))
         if (new_work := len(ends) - done0 - under_way) > 0 and ends[-1] > t0:
             rates.append(new_work / (ends[-1] - t0))
         return max(0, done0 - taken0) + under_way, max(rates) or None
 
-    def summary(self) -> dict | None:
+    def summary(self) -> dict:
         """Each of ``stages`` (name, concurrency, tasks, failures, average task seconds), and the
-        ``sink_queue``'s batches, occupancy and average wait per ``get``; None without a pipeline."""
-        if not self.queues:
-            return None
+        ``sink_queue``'s batches, occupancy and average wait per ``get``."""
         sink = self.queues[-1]
+        opened = self.window or sink.started
+        waits = [returned - max(called, opened) for called, returned in sink.gets if returned > opened]
+        span = sink.gets[-1][1] - opened if sink.gets else 0.0  # up to the last get
+        occupancy = self.waiting_per_interval(opened, opened + span, span, 1)[0] if span > 0 else 0.0
         stages = [
             {
                 "name": s.info.stage_name,
@@ -2080,22 +2038,11 @@ class _PipelineStats:
             }
             for s in self.stages
         ]
-        wait = sink.get_wait_s / sink.gets if sink.gets else 0.0
+        wait = sum(waits) / len(waits) if waits else 0.0
         return {
             "stages": stages,
-            "sink_queue": {"items": sink.gets, "occupancy": sink.occupancy(), "ave_get_wait_s": wait},
+            "sink_queue": {"items": len(waits), "occupancy": occupancy, "ave_get_wait_s": wait},
         }
-
-
-def _add_span(bins: list[float], t0: float, t1: float, interval: float) -> None:
-    """Add the span ``t0 .. t1`` (seconds) to the per-interval totals ``bins``."""
-    while t0 < t1:
-        i = min(int(t0 // interval), len(bins) - 1)
-        stop = t1 if i == len(bins) - 1 else min(t1, (i + 1) * interval)
-        if stop <= t0:  # rounding at a bin's edge
-            stop = min(t1, t0 + interval / 2)
-        bins[i] += stop - t0
-        t0 = stop
 
 
 def _batched(items: Iterable[tuple[str, int]], batch_size: int) -> Iterator[list[tuple[str, int]]]:
@@ -2112,12 +2059,11 @@ def get_pipeline(
     concurrency: int,
     buffer_size: int,
     num_threads: int,
-    report_stats_interval: float = -1,
     stats: _PipelineStats | None = None,
     decode_processes: int = 0,
 ) -> Pipeline:
-    """The loading pipeline: source -> aggregate -> pipe(decode) -> sink, the source yielding whole
-    batches (cheaper than an ``aggregate`` stage: ``bench/decode_paths.py``). An exception out of
+    """The loading pipeline: source -> pipe(decode) -> sink, the source yielding whole batches
+    (cheaper than an ``aggregate`` stage: ``bench/decode_paths.py``). An exception out of
     ``decode_func`` stops the pipeline (``max_failures=0``) instead of dropping that batch.
 
     Args:
@@ -2127,16 +2073,14 @@ def get_pipeline(
         concurrency: Batches decoded at once.
         buffer_size: Decoded batches held ready for the consumer.
         num_threads: Threads in the pipeline's pool.
-        report_stats_interval: Seconds between SPDL's stage statistics logs (-1: at each stage's
-            end); ``stats``'s own when given.
-        stats: Collects the stage statistics (:py:meth:`_PipelineStats.summary`).
+        stats: Collects the stage statistics (:py:meth:`_PipelineStats.summary`); SPDL logs its own
+            every ``stats.interval`` seconds (without it: at each stage's end).
         decode_processes: Decode in this many worker processes (SPDL's ``PipelineBuilder.to``),
             ``concurrency`` batches at once each; ``decode_func`` must be picklable (:py:class:`_ProcessDecode`).
     """
     hooks = {}
     if stats is not None:
-        hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
-        report_stats_interval = stats.interval
+        hooks = dict(queue_class=stats.queue, task_hook_factory=stats.task_hooks, report_stats_interval=stats.interval)
     builder = PipelineBuilder().add_source(_batched(src, batch_size))
     if decode_processes:
         # spawn, not fork: the main process has threads (torch's, SPDL's) by the time the pool starts.
@@ -2146,8 +2090,7 @@ def get_pipeline(
         builder = builder.to(pool).pipe(decode_func, concurrency=concurrency, name="decode").to(MAIN_PROCESS)
     else:
         builder = builder.pipe(decode_func, concurrency=concurrency, name="decode")
-    builder = builder.add_sink(buffer_size)
-    return builder.build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval, **hooks)
+    return builder.add_sink(buffer_size).build(num_threads=num_threads, max_failures=0, **hooks)
 
 
 def _decode_worker_init() -> None:
@@ -2165,39 +2108,30 @@ def _decode_worker_init() -> None:
 
 class _ProcessDecode:
     """The FFmpeg decode function, made in the worker process that runs it (a closure cannot be
-    pickled to a spawned worker): batches come back on the CPU, bad images left out and listed
-    in ``Batch.failures``, which travel back with the batch to :py:func:`benchmark`."""
+    pickled to a spawned worker): CPU batches, bad images left out and listed in ``Batch.failures``."""
 
     def __init__(self, transform: EvalTransform, max_image_bytes: int) -> None:
         self.transform, self.max_image_bytes = transform, max_image_bytes
-        self._decode: Callable[[Sequence[tuple[str, int]]], _Batch] | None = None
-
-    def __getstate__(self) -> dict:
-        return {"transform": self.transform, "max_image_bytes": self.max_image_bytes, "_decode": None}
+        self.decode: Callable[[Sequence[tuple[str, int]]], _Batch] | None = None  # made on the first call
 
     def __call__(self, items: Sequence[tuple[str, int]]) -> _Batch:
-        if self._decode is None:  # once per worker; a skipping policy lists the bad images
-            self._decode = get_decode_func("cpu", self.transform, "ffmpeg", BadImagePolicy(skip=True),
-                                           max_image_bytes=self.max_image_bytes)  # fmt: skip
-        return self._decode(items)
+        if self.decode is None:  # a skipping policy: the main process's applies it
+            policy = BadImagePolicy(skip=True)
+            self.decode = get_decode_func("cpu", self.transform, "ffmpeg", policy, max_image_bytes=self.max_image_bytes)
+        return self.decode(items)
 
 
 def _received(batches: Iterator[_Batch], device: torch.device) -> Iterator[_Batch]:
-    """Batches from ``--decode-processes`` workers, copied to ``device`` in this process, where the
-    model is. While it waits for a batch, the stall registry says so (a worker's images are not
-    known here)."""
-    marks = _DECODING
+    """Batches from ``--decode-processes`` workers, copied to ``device`` here, where the model is.
+    While this process waits for one, the stall registry says so (a worker's images are not known here)."""
     while True:
-        marks[-1] = ("a batch in a --decode-processes worker", time.monotonic())  # -1: no thread's ident
+        _DECODING[-1] = ("a batch in a --decode-processes worker", time.monotonic())  # -1: no thread's ident
         batch = next(batches, None)
-        marks[-1] = None
+        _DECODING[-1] = None
         if batch is None:
             return
-        if device.type != "cpu":
-            images, labels = batch
-            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-            batch = _Batch(images, labels, batch.paths, batch.failures)
-        yield batch
+        images, labels = (t.to(device, non_blocking=True) for t in batch)
+        yield _Batch(images, labels, batch.paths, batch.failures)
 
 
 ################################################################################
@@ -2206,9 +2140,10 @@ def _received(batches: Iterator[_Batch], device: torch.device) -> Iterator[_Batc
 
 
 class _PILDataset(torch.utils.data.IterableDataset):
-    """Batches of :py:func:`_pil_batch` decoded in DataLoader workers: the list cut into batches of
-    ``batch_size`` in order, as the SPDL loader cuts it, each worker taking every n-th batch (the
-    DataLoader hands them out in that order again)."""
+    """The DataLoader's batches, decoded by PIL (:py:func:`_decode_pil`) in its workers: the list
+    cut into batches of ``batch_size`` in order, as the SPDL loader cuts it, each worker taking
+    every n-th (the DataLoader hands them out in that order again). A batch is ``(images, labels,
+    paths, failures)``: uint8 N x 3 x H x W (channels-last), int64 N x 1, each failure ``(path, reason)``."""
 
     def __init__(
         self, images: ImageList, transform: EvalTransform, max_bytes: int = MAX_IMAGE_MB << 20, batch_size: int = 1
@@ -2217,34 +2152,25 @@ class _PILDataset(torch.utils.data.IterableDataset):
         self.images, self.transform, self.max_bytes, self.batch_size = images, transform, max_bytes, batch_size
 
     def __iter__(self) -> Iterator[tuple]:
+        import numpy as np
+
         worker = torch.utils.data.get_worker_info()
         worker_id, workers = (worker.id, worker.num_workers) if worker else (0, 1)
-        for i, items in enumerate(_batched(self.images, self.batch_size)):
-            if i % workers == worker_id:
-                yield _pil_batch(items, self.transform, self.max_bytes)
-
-
-def _pil_batch(
-    items: Sequence[tuple[str, int]], transform: EvalTransform, max_bytes: int
-) -> tuple[Tensor, Tensor, list[str], list[tuple[str, str]]]:
-    """Items decoded by PIL (:py:func:`_decode_pil`) into a batch like the SPDL path's
-    (channels-last NCHW uint8, N x 1 labels): ``(images, labels, paths, failures)``, each failure
-    ``(path, reason)``."""
-    import numpy as np
-
-    images, labels, paths, failures = [], [], [], []
-    for path, label in items:
-        try:
-            images.append(_decode_pil(path, transform, _read_image_bytes(path, max_bytes)))
-        except ImageDecodeError as e:
-            failures.append((path, e.reason))
-            continue
-        labels.append([label])
-        paths.append(path)
-    if not images:
-        return torch.empty((0, 3, 0, 0), dtype=torch.uint8), torch.empty((0, 1), dtype=torch.int64), [], failures
-    batch = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)
-    return batch, torch.tensor(labels, dtype=torch.int64), paths, failures
+        for items in itertools.islice(_batched(self.images, self.batch_size), worker_id, None, workers):
+            images, labels, paths, failures = [], [], [], []
+            for path, label in items:
+                try:
+                    images.append(_decode_pil(path, self.transform, _read_image_bytes(path, self.max_bytes)))
+                except ImageDecodeError as e:
+                    failures.append((path, e.reason))
+                    continue
+                labels.append(label)
+                paths.append(path)
+            if images:
+                batch = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)
+            else:
+                batch = torch.empty((0, 3, 0, 0), dtype=torch.uint8)
+            yield batch, torch.tensor(labels, dtype=torch.int64).view(-1, 1), paths, failures
 
 
 _DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a worker died
@@ -2253,9 +2179,9 @@ _DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a wo
 def _torch_loader_batches(
     loader: torch.utils.data.DataLoader | Iterator, device: torch.device, policy: BadImagePolicy | None
 ) -> Iterator[_Batch]:
-    """The DataLoader's batches (from the loader, or an iterator over it) on the device, their
-    failures recorded in ``policy``. Raises TimeoutError (no batch within the DataLoader's
-    ``timeout``), RunStopped (``loader``: a worker died), ImageDecodeError (a bad image, without a policy)."""
+    """The DataLoader's batches (from the loader, or an iterator over it) on the device, their bad
+    images in ``Batch.failures``. Raises TimeoutError (no batch within the DataLoader's ``timeout``),
+    RunStopped (``loader``: a worker died), ImageDecodeError (a bad image, without a policy)."""
     batches = iter(loader)
     while True:
         try:
@@ -2269,9 +2195,8 @@ def _torch_loader_batches(
                 raise RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader") from None
             raise
         except (ConnectionError, EOFError) as e:  # a worker died while its batch was handed over
-            raise RunStopped(
-                f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})", "loader"
-            ) from None
+            message = f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})"
+            raise RunStopped(message, "loader") from None
         errors = [ImageDecodeError(path, reason) for path, reason in failures]
         if errors and policy is None:
             raise errors[0]
@@ -2279,15 +2204,13 @@ def _torch_loader_batches(
 
 
 def _get_torch_loader(
-    dataset: _PILDataset, batch_size: int, num_workers: int, device: torch.device, timeout: float
+    dataset: _PILDataset, num_workers: int, device: torch.device, timeout: float
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over ``dataset``'s images in batches of ``batch_size`` (the SPDL loader's), in
-    ``num_workers`` processes, pinned memory on CUDA. Its batches are whole already: no
-    ``batch_size`` of its own, and its default for that (``default_convert``) leaves them as they are."""
-    batches = _PILDataset(dataset.images, dataset.transform, dataset.max_bytes, batch_size)
-    pin_memory, timeout = device.type == "cuda", timeout if num_workers else 0
+    """A DataLoader over ``dataset``'s batches in ``num_workers`` processes, pinned memory on CUDA.
+    Its batches are whole already: no ``batch_size`` of its own (``default_convert`` keeps them)."""
+    timeout = timeout if num_workers else 0  # torch refuses a timeout for an in-process loader
     return torch.utils.data.DataLoader(
-        batches, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, timeout=timeout
+        dataset, batch_size=None, num_workers=num_workers, pin_memory=device.type == "cuda", timeout=timeout
     )
 
 
@@ -2297,8 +2220,8 @@ _ABANDONED: list = []  # DataLoader iterators not shut down after an interrupt: 
 @contextlib.contextmanager
 def _open_torch_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) -> Iterator[_Loader]:
     """The DataLoader baseline over ``images``, as a running loader; its workers shut down on the way out."""
-    dataset = _PILDataset(images, config.transform, config.max_image_bytes)
-    workers = iter(_get_torch_loader(dataset, config.batch_size, config.num_threads, config.device, config.timeout))
+    dataset = _PILDataset(images, config.transform, config.max_image_bytes, config.batch_size)
+    workers = iter(_get_torch_loader(dataset, config.num_threads, config.device, config.timeout))
     loader = _Loader(_torch_loader_batches(workers, config.device, policy))
     try:
         yield loader
