@@ -158,7 +158,7 @@ def _read_up_to_the_limit(path: str, max_bytes: int = ic.MAX_IMAGE_MB << 20) -> 
             data = f.read(max_bytes + 1)
     finally:
         os.close(fd)
-    ic._jpeg_truncated(data)
+    data.endswith(b"\xff\xd9") or data.find(b"\xff\xd9", ic._jpeg_scan(data))
     return data
 
 
