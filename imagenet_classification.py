@@ -831,9 +831,8 @@ def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> _PageCache
 # Decode: paths -> uint8 N x 3 x H x W on the device
 ################################################################################
 
-# bicubic: bilinear for the chroma planes (swscale's bicublin). PIL, the reference, upsamples 4:2:0
-# chroma bilinearly before its bicubic resize, which blurs chroma more than a bicubic from the
-# half-size planes does; bench/parity.py measures it (closer to PIL, no slower).
+# bicubic: bilinear for the chroma planes (swscale's bicublin), as PIL upsamples 4:2:0 chroma before
+# its bicubic resize: closer to PIL than bicubic chroma, and no slower (bench/parity.py).
 _FFMPEG_SCALE_FLAGS = {"bilinear": "bilinear", "bicubic": "bicublin", "nearest": "neighbor", "lanczos": "lanczos"}
 _PIL_RESAMPLE = {"bilinear": 2, "bicubic": 3, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
 
@@ -1023,9 +1022,8 @@ class BadImagePolicy:
             )
 
 
-# What decoders raise for data they cannot take: SPDL (FFmpeg's errors, and its InternalError,
-# an AssertionError, for data it did not expect), torchvision's nvJPEG, and PIL (which raises
-# most of these for corrupt files).
+# What decoders raise for data they cannot take: SPDL (FFmpeg's errors; its InternalError, an
+# AssertionError, for data it did not expect), torchvision's nvJPEG, PIL (for corrupt files).
 _DECODER_ERRORS = (RuntimeError, ValueError, IndexError, AssertionError, OSError, EOFError, SyntaxError)
 
 
