@@ -831,9 +831,8 @@ def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> _PageCache
 # Decode: paths -> uint8 N x 3 x H x W on the device
 ################################################################################
 
-# bicubic: bilinear for the chroma planes (swscale's bicublin). PIL, the reference, upsamples 4:2:0
-# chroma bilinearly before its bicubic resize, which blurs chroma more than a bicubic from the
-# half-size planes does; bench/parity.py measures it (closer to PIL, no slower).
+# bicubic: bilinear for the chroma planes (swscale's bicublin), as PIL upsamples 4:2:0 chroma before
+# its bicubic resize: closer to PIL than bicubic chroma, and no slower (bench/parity.py).
 _FFMPEG_SCALE_FLAGS = {"bilinear": "bilinear", "bicubic": "bicublin", "nearest": "neighbor", "lanczos": "lanczos"}
 _PIL_RESAMPLE = {"bilinear": 2, "bicubic": 3, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
 
@@ -860,7 +859,6 @@ def _pretrained_config(model_name: str) -> dict:
 
 
 def _check_imagenet_head(model_name: str, num_classes: int | None) -> None:
-    """The model predicts ImageNet-1k's 1000 classes, which the labels index."""
     if num_classes is not None and num_classes != NUM_CLASSES:
         raise InputError(
             f"{model_name} has {num_classes} output classes, not ImageNet-1k's {NUM_CLASSES}: the accuracy "
@@ -883,24 +881,16 @@ class EvalTransform:
     crop_mode: str = "center"
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, overrides: dict | None = None) -> EvalTransform:
-        """From a timm model's pretrained config; ``overrides`` as timm's ``resolve_data_config``
-        takes them (``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``)."""
+    def from_model(cls, model: torch.nn.Module | str, overrides: dict | None = None) -> EvalTransform:
+        """From a timm model's pretrained config, or a model name's (without building the model);
+        ``overrides`` as timm's ``resolve_data_config`` takes them (``img_size``, ``crop_pct``, ...).
+        Raises InputError: not a timm model, or a transform this loader does not reproduce."""
         import timm.data
 
-        return cls._from_data_config(timm.data.resolve_data_config(overrides or {}, model=model))
-
-    @classmethod
-    def from_model_name(cls, model_name: str, overrides: dict | None = None) -> EvalTransform:
-        """The same from a model's name, without building the model. Raises InputError: not a timm
-        model, or a transform this loader does not reproduce."""
-        import timm.data
-
-        config = _pretrained_config(model_name)
-        return cls._from_data_config(timm.data.resolve_data_config(overrides or {}, pretrained_cfg=config))
-
-    @classmethod
-    def _from_data_config(cls, cfg: dict) -> EvalTransform:
+        if isinstance(model, str):
+            cfg = timm.data.resolve_data_config(overrides or {}, pretrained_cfg=_pretrained_config(model))
+        else:
+            cfg = timm.data.resolve_data_config(overrides or {}, model=model)
         height, width = cfg["input_size"][-2:]
         crop_mode = cfg.get("crop_mode") or "center"
         interpolation = str(cfg["interpolation"])
@@ -913,7 +903,8 @@ class EvalTransform:
             reasons.append(f"its crop mode {crop_mode!r} is neither center nor squash")
         if reasons:
             raise InputError(f"its evaluation transform cannot be reproduced here: {'; '.join(reasons)}", "--model")
-        mean, std = (tuple(float(v) for v in cfg[key]) for key in ("mean", "std"))
+        mean = tuple(float(v) for v in cfg["mean"])
+        std = tuple(float(v) for v in cfg["std"])
         return cls(int(width), float(cfg["crop_pct"]), interpolation, mean, std, crop_mode)
 
     @property
@@ -935,9 +926,8 @@ class EvalTransform:
         return new_w, new_h, _crop_start(new_w, self.size), _crop_start(new_h, self.size)
 
     def ffmpeg_filter(self, width: int, height: int) -> str:
-        """FFmpeg's filter chain from a decoded frame of any pixel format to the RGB24 crop: only
-        the region the crop needs (:py:func:`_resize_region`) is resized, in one swscale pass
-        that also converts to planar RGB. ``bench/decode_paths.py`` compares other chains."""
+        """FFmpeg's filter chain from a decoded frame of any pixel format to the RGB24 crop, in one
+        swscale pass that resizes only the region the crop needs (:py:func:`_resize_region`)."""
         new_w, new_h, left, top = self.geometry(width, height)
         flags = f"{_FFMPEG_SCALE_FLAGS[self.interpolation]}+full_chroma_int"
         if min(new_w, new_h) < self.size:  # crop_pct > 1: the crop is padded with black, as torchvision pads it
@@ -949,9 +939,8 @@ class EvalTransform:
         # exact=1: keep an odd full side as it is (the other side's region is even-sized).
         region = "" if (src_w, src_h) == (width, height) else f"crop={src_w}:{src_h}:{x0}:{y0}:exact=1,"
         crop = f"crop={self.size}:{self.size}:{pad_x}:{pad_y}"
-        # in_range=full: JPEG and PNG data are full range, as their frames say. Told so, swscale
-        # is set up once per graph; otherwise it sets itself up again on the first frame, when it
-        # learns the frame's range: the same pixels, at twice the cost of a new graph.
+        # in_range=full: JPEG and PNG data are full range. Told so, swscale is set up once per
+        # graph, not again on the first frame (the same pixels, at twice the cost of a new graph).
         scale = f"scale={out_w}:{out_h}:flags={flags}:in_range=full"
         return f"{region}{scale},format=gbrp,{crop},format=rgb24"
 
@@ -965,30 +954,21 @@ def _crop_start(length: int, crop: int) -> int:
 REGION_TOLERANCE = 0.06  # source pixels
 
 
+@functools.lru_cache(maxsize=8192)  # images share sides
 def _resize_region(length: int, resized: int, offset: int, crop: int) -> tuple[int, int, int, int]:
-    """Along one side, the part of a frame to resize for a crop as if the whole frame were resized:
+    """Along one side, the part of a frame to resize for the crop as if the whole frame were resized:
     ``(start, source length, resized length, pad)``, the crop ``pad`` pixels into the resized region.
-
-    Crop pixel ``k`` samples the source at ``(offset + k + 0.5) * length / resized - 0.5``: the
-    smallest region (even start and length: 4:2:0 chroma stays aligned) whose crop samples within
-    :py:data:`REGION_TOLERANCE` of that, 4 resized pixels either side for the filter, wins; with none,
-    or an enlarged side (the filter reaches further), the whole side: ``(0, length, resized, offset)``.
-    """
-    whole = (0, length, resized, offset)
-    ratio = length / resized
-    if ratio < 1:
-        return whole
-    return _best_region(length, resized, offset, crop, ratio) or whole
-
-
-@functools.lru_cache(maxsize=8192)
-def _best_region(length: int, resized: int, offset: int, crop: int, ratio: float) -> tuple[int, int, int, int] | None:
-    """:py:func:`_resize_region`'s search over every candidate at once: per ``pad`` the smallest
-    qualifying length, the smallest over the pads (the first on a tie), or None. Cached: sizes share sides."""
+    Of the regions of even start and length (4:2:0 chroma stays aligned), 4-16 resized pixels before
+    the crop and 4-39 after it, whose crop samples the source within :py:data:`REGION_TOLERANCE` of
+    the whole frame's ``(offset + k + 0.5) * length / resized``, the one resized smallest (then the
+    smallest pad); with none, or an enlarged side, the whole side: ``(0, length, resized, offset)``."""
     import numpy as np
 
-    pads = np.arange(4, 17)[:, None]
-    out = crop + pads + 4 + np.arange(36)  # out in crop + pad + 4 .. crop + pad + 39, per pad
+    ratio = length / resized
+    if ratio < 1:
+        return (0, length, resized, offset)
+    pads = np.arange(4, 17)[:, None]  # every candidate at once: a row per pad, a column per length
+    out = crop + pads + 4 + np.arange(36)
     src_len = 2 * np.round(out * ratio / 2)
     step = src_len / out
     ideal_start = (offset + 0.5) * ratio - (pads + 0.5) * step
@@ -1001,20 +981,16 @@ def _best_region(length: int, resized: int, offset: int, crop: int, ratio: float
     smallest = np.where(ok[rows, k], out[rows, k], resized)
     row = int(smallest.argmin())  # the first pad on a tie
     if smallest[row] >= resized:
-        return None
+        return (0, length, resized, offset)
     return int(start[row, k[row]]), int(src_len[row, k[row]]), int(smallest[row]), row + 4
 
 
 @dataclass(frozen=True)
 class BadImagePolicy:
-    """What a run does with images that cannot be decoded.
-
-    Strict (the default): the run stops at the first bad image (RunStopped ``bad_image``). With
-    ``skip=True`` each bad image is left out of its batch alone (labels stay aligned) and counted;
-    ``max_bad`` (a count) or ``max_bad_percent`` (of the images listed, rounded down) then stop the
-    run (``too_many_bad``) once more failed. Decode functions list a batch's bad images in
-    ``batch.failures``; :py:func:`benchmark` records them and applies the policy.
-    """
+    """What a run does with images that cannot be decoded. Strict (the default): it stops at the
+    first (RunStopped ``bad_image``). ``skip=True``: each is left out of its batch and counted, and
+    ``max_bad`` (a count) or ``max_bad_percent`` (of the images listed, rounded down) stop the run
+    (``too_many_bad``) once more failed."""
 
     skip: bool = False
     max_bad: int | None = None
@@ -1026,33 +1002,28 @@ class BadImagePolicy:
         if self.max_bad is not None and self.max_bad_percent is not None:
             raise ValueError("give max_bad or max_bad_percent, not both")
 
-    def limit(self, listed: int | None) -> int | None:
-        """How many bad images the run may meet, for ``listed`` images; None for no limit."""
-        if self.max_bad_percent is None or listed is None:
-            return self.max_bad
-        # Exact decimal arithmetic: 10% of 30 is 3, never 2.9999.
-        from fractions import Fraction
-
-        return math.floor(Fraction(str(self.max_bad_percent)) * listed / 100)
-
     def check(self, failures: Sequence[ImageDecodeError], listed: int | None = None) -> None:
-        """Raise RunStopped (``bad_image``, ``too_many_bad``) if ``failures``, the bad images met so
-        far in the order met, must stop the run; ``listed``: the images listed, for a percentage."""
+        """Raise RunStopped if ``failures``, the bad images met so far in order, stop the run;
+        ``listed``: the images listed (for a percentage)."""
         if not failures:
             return
         if not self.skip:
             raise RunStopped(
                 f"cannot decode {failures[0].path}: {failures[0].reason}", "bad_image", "--skip-bad skips such images"
             )
-        if (limit := self.limit(listed)) is not None and len(failures) > limit:
+        limit = self.max_bad
+        if self.max_bad_percent is not None and listed is not None:
+            from fractions import Fraction  # exact: 10% of 30 is 3, never 2.9999
+
+            limit = math.floor(Fraction(str(self.max_bad_percent)) * listed / 100)
+        if limit is not None and len(failures) > limit:
             raise RunStopped(
                 f"{len(failures)} images failed to decode, more than --max-bad allows ({limit})", "too_many_bad"
             )
 
 
-# What decoders raise for data they cannot take: SPDL (FFmpeg's errors, and its InternalError,
-# an AssertionError, for data it did not expect), torchvision's nvJPEG, and PIL (which raises
-# most of these for corrupt files).
+# What decoders raise for data they cannot take: SPDL (FFmpeg's errors; its InternalError, an
+# AssertionError, for data it did not expect), torchvision's nvJPEG, PIL (for corrupt files).
 _DECODER_ERRORS = (RuntimeError, ValueError, IndexError, AssertionError, OSError, EOFError, SyntaxError)
 
 
@@ -1069,40 +1040,40 @@ def _decoder_errors(path: str, decoder: str, also: tuple[type[BaseException], ..
         raise ImageDecodeError(path, f"{decoder} cannot decode it: {_spdl_reason(e)}") from None
 
 
+_NOT_A_FILE = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO"}  # else a device (/dev/zero) or a socket
+
+
 def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
-    """One image file, whole. Raises ImageDecodeError: not a regular file (a folder, a FIFO, a
-    device such as ``/dev/zero``: refused before any read), over ``max_bytes``, empty, or a JPEG
-    without its end (FFmpeg would fill the rest with grey, with only a log line; PIL refuses it)."""
+    """One image file, whole. Raises ImageDecodeError: not a regular file (refused before any read),
+    over ``max_bytes``, empty, or a JPEG cut short (FFmpeg would fill it with grey; PIL refuses it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except IsADirectoryError:
-        raise ImageDecodeError(path, "is a directory, not an image file") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a folder opens too: fstat tells
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                kind = _NOT_A_FILE.get(stat.S_IFMT(info.st_mode), "a device")
+                raise ImageDecodeError(path, f"is {kind}, not an image file")
+            if info.st_size > max_bytes:
+                mib = info.st_size / 2**20
+                raise ImageDecodeError(path, f"file of {mib:.1f} MiB, over the {max_bytes / 2**20:g} MiB limit")
+            # The file's size and a byte more, to see if it grew (or is bigger than it says, as in
+            # /proc): asking for max_bytes would allocate that much per image.
+            data = os.read(fd, min(info.st_size, max_bytes) + 1)
+            if len(data) > info.st_size:
+                data += os.read(fd, max_bytes + 1 - len(data))
+        finally:
+            os.close(fd)
     except OSError as e:
         raise ImageDecodeError(path, e.strerror or str(e)) from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            mode = info.st_mode
-            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
-            raise ImageDecodeError(path, f"is {kind}, not an image file")
-        if info.st_size > max_bytes:
-            mib = info.st_size / 2**20
-            raise ImageDecodeError(path, f"file of {mib:.1f} MiB, over the {max_bytes / 2**20:g} MiB limit")
-        # As many bytes as the file has, and one more to see if it grew: asking for max_bytes at
-        # once would allocate that much for every image. os.read, not a file object per image.
-        data = os.read(fd, min(info.st_size, max_bytes) + 1)
-        if len(data) > info.st_size:
-            data += os.read(fd, max_bytes + 1 - len(data))
-    except OSError as e:
-        raise ImageDecodeError(path, e.strerror or str(e)) from None
-    finally:
-        os.close(fd)
     if len(data) > max_bytes:  # it grew while being read
         raise ImageDecodeError(path, f"file over the {max_bytes / 2**20:g} MiB limit")
     if not data:
         raise ImageDecodeError(path, "empty file (0 bytes)")
-    if data[:2] == b"\xff\xd8" and _jpeg_truncated(data):
-        raise ImageDecodeError(path, "truncated JPEG (no end-of-image marker)")
+    # A JPEG's end-of-image marker comes after its first scan starts; data after it (a camera's
+    # trailer, a second image) is fine, as in PIL.
+    if data[:2] == b"\xff\xd8" and not data.endswith(b"\xff\xd9"):
+        if data.find(b"\xff\xd9", _jpeg_scan(data)) == -1:
+            raise ImageDecodeError(path, "truncated JPEG (no end-of-image marker)")
     return data
 
 
@@ -1118,9 +1089,8 @@ _SOF_FIELDS = struct.Struct(">BHHB")  # after a start-of-frame segment's length:
 
 
 class _JpegHeader(NamedTuple):
-    """A JPEG's frame header: its marker (0xC0 baseline, 0xC1 extended, 0xC2 progressive, …),
-    pixels, components (1 grey, 3 YCbCr, 4 CMYK), each component's sampling factors (``h << 4 | v``),
-    and where the next segment starts."""
+    """A JPEG's frame header: its marker (0xC0 baseline, 0xC2 progressive, …), components (1 grey,
+    3 YCbCr, 4 CMYK), their sampling factors (``h << 4 | v``), where the next segment starts."""
 
     frame_type: int
     width: int
@@ -1135,9 +1105,8 @@ class _JpegHeader(NamedTuple):
 
 
 def _parse_jpeg_header(data: bytes) -> _JpegHeader | None:
-    """The frame header of JPEG data, or None: not JPEG, or no frame header before the first scan
-    (corrupt). Parsed once per image, and passed on. The segments are walked by their lengths, so
-    the markers of an EXIF thumbnail inside APP1 are skipped."""
+    """The frame header of JPEG data, or None: not JPEG, or no frame header before the first scan.
+    The segments are walked by their lengths: an EXIF thumbnail's markers inside APP1 are skipped."""
     if data[:2] != b"\xff\xd8":
         return None
     i, end = 2, len(data) - 4
@@ -1169,12 +1138,6 @@ def _jpeg_scan(data: bytes, i: int = 2) -> int:
     return 2
 
 
-def _jpeg_truncated(data: bytes) -> bool:
-    """JPEG data that ends before its image does: no end-of-image marker after its first scan
-    starts. Data after the image's end (a camera's trailer, a second image) is fine, as in PIL."""
-    return not data.endswith(b"\xff\xd9") and data.find(b"\xff\xd9", _jpeg_scan(data)) == -1
-
-
 ################################################################################
 # Decode on the CPU: FFmpeg for JPEG and PNG data, PIL for any other container
 ################################################################################
@@ -1184,37 +1147,37 @@ _PNG_START = b"\x89PNG\r\n\x1a\n"
 
 
 class _FilterGraphCache:
-    """Per-thread FFmpeg filter graphs of one transform, by input size and pixel format: a graph's
-    set-up costs about a decode, so each thread feeds a size's graph frame after frame (the same
-    output). Kept from a size's second image on, so that the long tail of sizes met once never pushes
-    out the common ones; at most ``capacity`` per thread (LRU), ``remembered`` sizes met once."""
+    """Per-thread FFmpeg filter graphs (a set-up costs about a decode) by input size and pixel
+    format, kept from a size's second image on (sizes met once never push out the common ones):
+    ``capacity`` per thread (LRU), and 4096 sizes met once remembered."""
 
-    def __init__(self, transform: EvalTransform, capacity: int = 32, remembered: int = 4096) -> None:
-        self.transform, self.capacity, self.remembered = transform, capacity, remembered
+    def __init__(self, transform: EvalTransform, capacity: int = 32) -> None:
+        self.transform, self.capacity = transform, capacity
         self._local = threading.local()
 
     def apply(self, frames: spdl.io.ImageFrames) -> spdl.io.VideoFrames:
-        """Resize, convert and crop one decoded frame into a ``size x size`` RGB frame."""
+        """One decoded frame resized and cropped into a ``size x size`` RGB frame."""
         state = self._local.__dict__
         graphs: dict = state.setdefault("graphs", {})  # the dict's order is the LRU order
         seen: dict = state.setdefault("seen", {})  # sizes met once, oldest first
         key = (frames.width, frames.height, frames.pix_fmt)
         graph = graphs.pop(key, None)
-        keep = graph is not None or seen.pop(key, False) is None
-        if graph is None:
+        cached = graph is not None
+        if not cached:
             graph = _filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
         graph.add_frames(frames)
         output = graph.get_frames()
-        if keep:  # only a graph that worked goes into the cache
+        if output is None:
+            raise RuntimeError("the filter graph produced no frame")
+        if cached or key in seen:  # only a graph that worked goes into the cache
+            seen.pop(key, None)
             graphs[key] = graph
             if len(graphs) > self.capacity:
                 del graphs[next(iter(graphs))]
         else:
             seen[key] = None
-            if len(seen) > self.remembered:
+            if len(seen) > 4096:
                 del seen[next(iter(seen))]
-        if output is None:
-            raise RuntimeError("the filter graph produced no frame")
         return output
 
 
@@ -1227,14 +1190,10 @@ def _filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.
 
 @functools.cache
 def _ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig]:
-    """How JPEG data is demuxed and decoded (made on first use: a config loads SPDL's native library).
-
-    - The JPEG demuxer is named: no format probe.
-    - ``fflags=noparse``: the whole file is one packet, as PIL reads it, so a second image after the
-      first (an MPO, a phone photo's gain map) is not split off into a frame SPDL refuses.
-    - On x86-64, the Xvid IDCT (SSE2): faster than the default and closer to PIL's libjpeg.
-    - ``err_detect=explode``: damaged scan data fails, instead of a frame of garbage classified.
-    """
+    """How JPEG data is demuxed and decoded: no format probe; ``fflags=noparse``: the file is one
+    packet, as PIL reads it, so a second image (an MPO, a gain map) is no frame SPDL refuses; on
+    x86-64 the Xvid IDCT (faster, closer to PIL's libjpeg); ``err_detect=explode``: damaged scan
+    data fails, not a frame of garbage classified. Made on first use (it loads SPDL's library)."""
     demux_config = spdl.io.demux_config(format="jpeg_pipe", format_options={"fflags": "noparse"})
     options = {"err_detect": "explode"}
     if platform.machine().lower() in ("x86_64", "amd64"):
@@ -1243,10 +1202,9 @@ def _ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig]:
 
 
 def _decode_frames(data: bytes) -> spdl.io.ImageFrames:
-    """One image's JPEG or PNG data decoded by FFmpeg in its own pixel format; the first frame of
-    several (an animated PNG), as PIL. Raises what SPDL raises for bad data (:py:data:`_DECODER_ERRORS`)."""
-    # SPDL's native calls, as spdl.io.demux_image and decode_packets make them, without their
-    # Python wrappers (a Demuxer object, a context manager, a usage log) around each image.
+    """JPEG or PNG data decoded by FFmpeg in its own pixel format (an animated PNG's first frame).
+    Raises what SPDL raises for bad data (:py:data:`_DECODER_ERRORS`)."""
+    # spdl.io.demux_image and decode_packets' native calls, without their Python wrappers.
     demux_config, decode_config = _ffmpeg_jpeg_configs() if data.startswith(_JPEG_START) else (None, None)
     demuxer = _libspdl.make_demuxer(memoryview(data), demux_config=demux_config)
     try:
@@ -1258,8 +1216,7 @@ def _decode_frames(data: bytes) -> spdl.io.ImageFrames:
 
 def _decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) -> Any:
     """One image decoded by PIL, resized and cropped as timm's validation does: a uint8
-    ``size x size x 3`` numpy array. Raises ImageDecodeError: the file is unusable, or PIL cannot
-    decode it."""
+    ``size x size x 3`` numpy array. Raises ImageDecodeError."""
     import numpy as np
     from PIL import Image
 
@@ -1271,23 +1228,15 @@ def _decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) 
             raise ImageDecodeError(path, "not an image: its data is no format PIL or FFmpeg is used for") from None
         with opened as image:
             _check_size(path, image.size, transform)
-            rgb = _pil_rgb(image)
+            if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):  # 16- and 32-bit grey (16-bit PNG: I)
+                # Scaled to 8 bits: PIL's conversion would clip them (white).
+                pixels = np.clip(np.asarray(image, dtype=np.int64), 0, 65535) >> 8
+                rgb = Image.fromarray(pixels.astype(np.uint8)).convert("RGB")
+            else:
+                rgb = image.convert("RGB")
         new_w, new_h, left, top = transform.geometry(*rgb.size)
         resized = rgb.resize((new_w, new_h), _PIL_RESAMPLE[transform.interpolation])
     return np.asarray(resized.crop((left, top, left + transform.size, top + transform.size)))
-
-
-def _pil_rgb(image: Any) -> Any:
-    """A PIL image in RGB, 16- and 32-bit grey scaled to 8 bits (PIL's conversion clips them: white)."""
-    import numpy as np
-    from PIL import Image
-
-    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
-        return Image.fromarray((np.asarray(image, dtype=np.uint16) >> 8).astype(np.uint8)).convert("RGB")
-    if image.mode == "I":  # 32-bit integers, as PIL opens 16-bit PNGs and TIFFs
-        pixels = np.asarray(image, dtype=np.int64)
-        return Image.fromarray((np.clip(pixels, 0, 65535) >> 8).astype(np.uint8)).convert("RGB")
-    return image.convert("RGB")
 
 
 def _check_size(path: str, size: tuple[int, int] | None, transform: EvalTransform) -> None:
@@ -1309,10 +1258,9 @@ def _check_size(path: str, size: tuple[int, int] | None, transform: EvalTransfor
 def _crop_on_cpu(
     path: str, data: bytes, header: _JpegHeader | None, graphs: _FilterGraphCache
 ) -> spdl.io.VideoFrames | Any:
-    """One image decoded, resized and cropped on the CPU (``header``: its :py:func:`_parse_jpeg_header`):
-    an RGB frame from FFmpeg for JPEG and still PNG; a numpy array from PIL, the reference, for
-    arithmetic-coded JPEG (FFmpeg lacks it), animated PNG (FFmpeg picks another frame) and other
-    containers (FFmpeg may decode a frame that is not the image: a JPEG-compressed TIFF is black)."""
+    """One image decoded, resized and cropped: an RGB frame from FFmpeg for JPEG and still PNG, a
+    numpy array from PIL, the reference, for the rest: arithmetic-coded JPEG (FFmpeg lacks it),
+    animated PNG (FFmpeg picks another frame), other containers (a JPEG-compressed TIFF is black)."""
     if data.startswith(_JPEG_START) and (header is None or header.frame_type not in _ARITHMETIC_SOF):
         size = (header.width, header.height) if header else None
     elif data.startswith(_PNG_START) and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) == -1:
@@ -1322,8 +1270,7 @@ def _crop_on_cpu(
     _check_size(path, size, graphs.transform)
     try:  # what _decoder_errors does, without a context manager's objects for every image
         frames = _decode_frames(data)
-        # Corrupt data can decode to no frame at all, which would fail the whole batch's conversion.
-        if frames.width <= 0:
+        if frames.width <= 0:  # corrupt data: no frame, which would fail the whole batch's conversion
             raise ValueError("no frame decoded (corrupt data)")
         return graphs.apply(frames)
     except _DECODER_ERRORS as e:
@@ -1331,7 +1278,7 @@ def _crop_on_cpu(
 
 
 def _image_tensor(image: spdl.io.VideoFrames | Any) -> Tensor:
-    """A cropped image as a uint8 ``S x S x 3`` CPU tensor."""
+    """uint8 ``S x S x 3`` on the CPU."""
     if isinstance(image, _libspdl.VideoFrames):
         return to_torch(convert_frames([image]))[0, 0]
     return torch.from_numpy(image.copy())
@@ -1343,15 +1290,11 @@ def _image_tensor(image: spdl.io.VideoFrames | Any) -> Tensor:
 
 
 class _Batch(tuple):
-    """A decoded batch, unpacked as ``images, labels = batch``: images uint8 ``N x 3 x S x S``
-    (RGB, channels-last in memory), labels int64 ``N x 1``, both on the device. ``paths`` names
-    each row's image; ``failures`` are its bad images, left out; a GPU decoder's ``fallbacks`` are
-    the images it left to the CPU, ``decoded_by`` those each backend decoded. :py:func:`benchmark`
-    records them, once, as it receives the batch."""
+    """``images, labels = batch``: uint8 ``N x 3 x S x S`` (RGB, channels-last in memory) and int64
+    ``N x 1``, on the device; the rows' ``paths``, the bad images left out (``failures``), and a GPU
+    decoder's ``fallbacks`` (images it left to the CPU) and ``decoded_by`` (images per backend)."""
 
-    def __new__(cls, images: Tensor, labels: Tensor, paths: Sequence[str] = (),
-                failures: Sequence[ImageDecodeError] = (), fallbacks: int = 0,
-                decoded_by: dict[str, int] | None = None) -> _Batch:  # fmt: skip
+    def __new__(cls, images, labels, paths=(), failures=(), fallbacks=0, decoded_by=None) -> _Batch:
         batch = super().__new__(cls, (images, labels))
         batch.paths, batch.failures = tuple(paths), tuple(failures)
         batch.fallbacks, batch.decoded_by = fallbacks, decoded_by or {}
@@ -1362,8 +1305,7 @@ class _Batch(tuple):
 
 
 def _record_batch(batch: tuple, result: RunResult, failures: list[ImageDecodeError]) -> None:
-    """What :py:func:`benchmark` takes from each batch it receives: its bad images into ``failures``
-    (in the order met), its GPU fallbacks and backends into ``result``."""
+    """What :py:func:`benchmark` takes from a batch (a user's loader may yield plain tuples)."""
     failures += getattr(batch, "failures", ())
     result.decoder_fallbacks += getattr(batch, "fallbacks", 0)
     for backend, count in getattr(batch, "decoded_by", {}).items():
@@ -1379,9 +1321,8 @@ def _empty_batch(transform: EvalTransform, device: torch.device, failures: Seque
     return _Batch(images.permute(0, 3, 1, 2), _label_tensor([], device), (), failures)
 
 
-# The stall registry: thread ident -> (path, time.monotonic() when it began) of the image that
-# decode thread is on, None between batches. Each thread stores only its own entry, one dict store
-# (atomic under the GIL): no lock per image. A stalled run names the oldest (_oldest_in_progress).
+# The stall registry: thread ident -> (path, time.monotonic() at its start) of the image the thread
+# decodes, or None. Each thread stores only its own entry (atomic under the GIL): no lock per image.
 _DECODING: dict[int, tuple[str, float] | None] = {}
 
 
@@ -1397,7 +1338,7 @@ def _working_on(path: str) -> Iterator[None]:
 
 
 def _oldest_in_progress() -> tuple[str, float] | None:
-    """``(path, seconds)`` of the image a decode thread has been on the longest, or None."""
+    """``(path, seconds)`` of the image decoded the longest so far, or None."""
     marks = [mark for mark in list(_DECODING.values()) if mark is not None]  # list(): one step
     if not marks:
         return None
@@ -1411,9 +1352,9 @@ def _decode_items(
     policy: BadImagePolicy | None,
     failures: list[ImageDecodeError],
 ) -> tuple[list[Any], list[int], list[str]]:
-    """``(decoded images, their labels, their paths)``: a bad image added to ``failures`` and left
-    out (raised without a policy); another error (out of memory, a bug) raised with its image's path
-    in ``_while_decoding``, for :py:func:`_loader_failed`. Each image is marked in :py:data:`_DECODING`."""
+    """``(decoded images, labels, paths)``, each image marked in :py:data:`_DECODING` meanwhile: a
+    bad one added to ``failures`` (raised without a policy); another error raised with its path in
+    ``_while_decoding`` (for _loader_failed)."""
     decoded, labels, paths = [], [], []
     marks, key = _DECODING, threading.get_ident()
     try:
@@ -1453,8 +1394,9 @@ def _ffmpeg_decode_func(
             return _empty_batch(transform, device, failures)
         if all(isinstance(crop, _libspdl.VideoFrames) for crop in crops):  # one conversion for the batch
             buffer = convert_frames(crops)
-            images = to_torch(buffer if cuda_config is None else transfer_buffer(buffer, device_config=cuda_config))
-            images = images.squeeze(1).to(device)
+            if cuda_config is not None:
+                buffer = transfer_buffer(buffer, device_config=cuda_config)
+            images = to_torch(buffer).squeeze(1).to(device)
         else:  # PIL decoded some of them
             images = torch.stack([_image_tensor(crop) for crop in crops]).to(device)
         # NHWC memory seen as NCHW: the channels-last layout convolutions prefer.
@@ -4249,7 +4191,7 @@ def _preflight(
     _check_caches(device, compiled)
     overrides = {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation,
                  "mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}  # fmt: skip
-    transform = EvalTransform.from_model_name(args.model, {k: v for k, v in overrides.items() if v is not None})
+    transform = EvalTransform.from_model(args.model, {k: v for k, v in overrides.items() if v is not None})
     # A thread or worker with no image idles, and costs memory (a process each for the DataLoader).
     threads = min(args.num_threads, max(1, shard.size_of(len(images))))
     if threads < args.num_threads:

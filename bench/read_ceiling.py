@@ -57,7 +57,7 @@ def read_rate(images: ic.ImageList, threads: int, batch_size: int, warmup: int) 
 
 def loader_rate(images: ic.ImageList, threads: int, batch_size: int, warmup: int) -> float:
     """Images/s of the SPDL loader alone, as ``--breakdown`` times it."""
-    transform = ic.EvalTransform.from_model_name("mobilenetv3_large_100")
+    transform = ic.EvalTransform.from_model("mobilenetv3_large_100")
     decode = ic.get_decode_func(CPU, transform, "ffmpeg", ic.BadImagePolicy(skip=True))
     pipeline = ic.get_pipeline(images, batch_size, decode, threads, 8, threads)
     pipeline.start()

@@ -50,7 +50,7 @@ def test_flags_that_cannot_go_together_are_refused(argv, capsys):
 
 def test_transform_overrides_reach_the_loader_and_the_model():
     overrides = {"img_size": 96, "crop_pct": 1.0, "interpolation": "bilinear", "mean": (0.5,) * 3, "std": (0.25,) * 3}
-    t = EvalTransform.from_model_name("test_efficientnet", overrides)
+    t = EvalTransform.from_model("test_efficientnet", overrides)
     assert (t.size, t.crop_pct, t.interpolation, t.mean, t.std) == (96, 1.0, "bilinear", (0.5,) * 3, (0.25,) * 3)
     bundle = get_model("test_efficientnet", "cpu", pretrained=False, compile=False, dtype="float32",
                        transform=overrides)  # fmt: skip
@@ -60,7 +60,7 @@ def test_transform_overrides_reach_the_loader_and_the_model():
     assert built.transform is t
     assert bundle.preprocessing.mean.flatten().tolist() == [0.5] * 3
     assert bundle.preprocessing.std.flatten().tolist() == [0.25] * 3
-    assert EvalTransform.from_model_name("test_efficientnet").size != 96  # the config's own otherwise
+    assert EvalTransform.from_model("test_efficientnet").size != 96  # the config's own otherwise
 
 
 def test_results_as_csv_one_row_with_timms_columns_and_the_run_recorded(jpeg_set, tmp_path):

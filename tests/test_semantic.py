@@ -327,10 +327,10 @@ def test_device_resize_follows_timms_transform(photo, crop_mode, crop_pct):
 
 def test_a_crop_mode_that_cannot_be_reproduced_is_refused_by_name():
     with pytest.raises(InputError, match="its crop mode 'border' is neither center nor squash"):
-        EvalTransform.from_model_name("deepseek_vit_412m.deepseek_v4_flash_vision_exp")
-    volo = EvalTransform.from_model_name("volo_d4_448.sail_in1k")
+        EvalTransform.from_model("deepseek_vit_412m.deepseek_v4_flash_vision_exp")
+    volo = EvalTransform.from_model("volo_d4_448.sail_in1k")
     assert (volo.size, volo.crop_pct, volo.crop_mode) == (448, 1.15, "center")
-    squash = EvalTransform.from_model_name("convnext_tiny.fb_in22k_ft_in1k_384")
+    squash = EvalTransform.from_model("convnext_tiny.fb_in22k_ft_in1k_384")
     assert (squash.size, squash.crop_pct, squash.crop_mode) == (384, 1.0, "squash")
 
 
