@@ -3272,9 +3272,8 @@ def _init_distributed(device: torch.device, timeout_s: float) -> None:
 
 
 def _warmup_for_all_ranks(shard: _Shard, listed: int, batch_size: int, warmup_batches: int) -> int:
-    """A warm-up every rank can reach, so the barrier at its end never waits on a finished rank:
-    if the shortest shard has no more batches than the warm-up, a count no rank reaches (every
-    rank then times all of its batches, as a single process would)."""
+    """A warm-up every rank reaches, so that the barrier at its end never waits on a finished rank; if
+    the shortest shard is no longer than the warm-up, one no rank reaches (each times all its batches)."""
     fewest = math.ceil(shard.size_of(listed, shard.world_size - 1) / batch_size)
     most = math.ceil(shard.size_of(listed, 0) / batch_size)
     return warmup_batches if fewest > warmup_batches else most + 1
@@ -3304,8 +3303,9 @@ def _rank_share(result: RunResult, rank: int, device: torch.device) -> dict:
     """A rank's part of the job's totals, as JSON; its entry in the results file's ``ranks`` first."""
     share = {"rank": rank, "classified": result.classified, "fps": result.fps, "elapsed_s": result.elapsed_s}
     share["device"] = str(device)
-    share.update({k: getattr(result, k) for k in _COUNTS}, warmup_included=result.warmup_included)
-    share.update(failures=result.failures, decoder_backends=result.decoder_backends)
+    share.update({k: getattr(result, k) for k in _COUNTS}, listed=result.listed, partial=result.partial)
+    share.update(warmup_included=result.warmup_included, failures=result.failures)
+    share["decoder_backends"] = result.decoder_backends
     return share
 
 
@@ -3325,13 +3325,12 @@ def _job_total(shares: list[dict], listed: int | None, mine: RunResult, world_si
 
 
 def _reduce_results(result: RunResult, shard: _Shard, device: torch.device) -> tuple[RunResult, list[dict]]:
-    """The job's totals on every rank (:py:func:`_job_total`, predictions and page cache too), and
-    each rank's entry for the results file."""
+    """The job's totals on every rank, predictions and page cache too; each rank's entry in ``ranks``."""
     import torch.distributed as dist
 
     shares: list = [None] * shard.world_size
-    mine = {**_rank_share(result, shard.rank, device), "listed": result.listed, "partial": result.partial}
-    dist.all_gather_object(shares, {**mine, "predictions": result.predictions, "page_cache": result.page_cache})
+    extra = {"predictions": result.predictions, "page_cache": result.page_cache}  # gathered, never in the store
+    dist.all_gather_object(shares, {**_rank_share(result, shard.rank, device), **extra})
     total = _job_total(shares, sum(s["listed"] for s in shares), result, shard.world_size)
     total.partial = any(s["partial"] for s in shares)
     rows = [s["predictions"] for s in shares]
@@ -3365,10 +3364,8 @@ def _agree_on_job(config: _RunConfig) -> None:
         )
     differ = [k for k in settings if len({json.dumps(other[k]) for _, _, other in seen}) > 1]
     if differ:
-        given = [f"{k}: " + ", ".join(f"rank {r}: {other[k]}" for r, (_, _, other) in enumerate(seen)) for k in differ]
-        raise InputError(
-            f"the ranks were given different settings ({'; '.join(given)}): start them with the same flags"
-        )
+        given = "; ".join(f"{k}: " + ", ".join(f"rank {r}: {s[k]}" for r, (_, _, s) in enumerate(seen)) for k in differ)
+        raise InputError(f"the ranks were given different settings ({given}): start them with the same flags")
 
 
 _STOPPED_KEY = "imagenet_classification/stopped/"  # + rank: a stopped rank's share, in the job's store
@@ -3377,8 +3374,7 @@ _FOLLOWED = {"interrupted": 1, "peer": 2}  # how a rank stopped after another; 0
 
 
 def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
-    """The shares other ranks left in the job's store when they stopped, waiting up to ``wait_s``
-    for those not there yet; a rank still running, or killed, leaves none."""
+    """The shares the other ranks left in the job's store when they stopped, waiting up to ``wait_s``."""
     import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
 
     found: dict[int, dict] = {}
@@ -3397,32 +3393,28 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
 
 
 def _combine_ranks(outcome: _Outcome, config: _RunConfig) -> list[dict]:
-    """The job's totals into ``outcome.result`` (on rank 0, if the job stopped); returns the
-    results file's ``ranks``."""
-    share = _rank_share(outcome.result, config.shard.rank, config.device)
-    if config.shard.world_size == 1:
+    """The job's totals into ``outcome.result``; returns the results file's ``ranks``.
+
+    A rank whose job stopped leaves its share in the job's store. Rank 0 then totals the shares
+    of the ranks that stopped (a rank with no word: its images not reached), and puts in
+    ``outcome.job_stop_reason`` the failure that stopped the job, not the signal or lost peer it
+    reached rank 0 as."""
+    import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
+
+    result, shard = outcome.result, config.shard
+    share = _rank_share(result, shard.rank, config.device)
+    if shard.world_size == 1:
         return [{k: share[k] for k in _RANK_KEYS}]
     if outcome.error is None:
         try:
             with _peer_stops():  # a peer stopped before the final reduction
-                outcome.result, ranks = _reduce_results(outcome.result, config.shard, config.device)
+                outcome.result, ranks = _reduce_results(result, shard, config.device)
             return ranks
         except (RunStopped, RunInterrupted) as e:  # RunInterrupted: torchrun ends the others once one stopped
             outcome.error = e
-        outcome.result.partial = True
-    return _job_after_stop(outcome, config, share)
-
-
-def _job_after_stop(outcome: _Outcome, config: _RunConfig, share: dict) -> list[dict]:
-    """A stopped job as this rank can know it: its ``share``, left for rank 0 in the job's store;
-    on rank 0, the job's totals over the whole list from the shares of every rank that stopped
-    (a rank with no word: its images not reached), and in ``outcome.job_stop_reason`` the failure
-    that stopped the job, rather than the signal or lost peer it reached rank 0 as."""
-    import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
-
-    result, shard = outcome.result, config.shard
+        result.partial = True
     own = _explain(outcome.error, config)[0]
-    share = {**share, "stop_reason": own, "stopped_by": getattr(outcome.error, "kind", "interrupted")}
+    share.update(stop_reason=own, stopped_by=getattr(outcome.error, "kind", "interrupted"))
     with contextlib.suppress(RuntimeError, ValueError):  # the store gone too: no word
         c10d._get_default_store().set(f"{_STOPPED_KEY}{shard.rank}", json.dumps(share))
     if shard.rank != 0:
@@ -3430,7 +3422,8 @@ def _job_after_stop(outcome: _Outcome, config: _RunConfig, share: dict) -> list[
     followed = share["stopped_by"] in _FOLLOWED  # then the cause may be a peer's
     shares = [share, *_stopped_peers(shard, _PEER_WORD_S if followed else 0.0)]
     outcome.result = _job_total(shares, len(config.images), result, shard.world_size)
-    outcome.result.partial, outcome.result.predictions = True, result.predictions
+    outcome.result.partial = True
+    outcome.result.predictions = result.predictions  # rank 0's: the others' stay with them
     cause = min(shares, key=lambda s: _FOLLOWED.get(s["stopped_by"], 0))  # the first, on a tie: this rank
     outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {cause['stop_reason']}"
     return [{k: s[k] for k in (*_RANK_KEYS, "stop_reason")} for s in sorted(shares, key=lambda s: s["rank"])]
@@ -3645,8 +3638,8 @@ class _Sweep:
         measured = [p for p in self.candidates if p.e2e_fps is not None]
         if not measured:
             return self.candidates[0] if self.points else None
-        best = max(p.e2e_fps or 0.0 for p in measured)
-        return next(p for p in measured if (p.e2e_fps or 0.0) >= (1 - SWEEP_TOLERANCE) * best)
+        best = max(p.e2e_fps for p in measured)
+        return next(p for p in measured if p.e2e_fps >= (1 - SWEEP_TOLERANCE) * best)
 
     def to_dict(self) -> dict:
         best = self.recommended
