@@ -3436,10 +3436,8 @@ def _combine_ranks(outcome: _Outcome, config: _RunConfig) -> list[dict]:
 
 @dataclass
 class _Parity:
-    """The loader's images against timm's own validation transform (PIL decode, resize, centre
-    crop) through the same model, on the ``images`` both decoded: per-image mean absolute pixel
-    differences (0-255), their mean, largest and ``worst`` image; the shares of images whose top-1
-    class, and set of five top classes, agree; the top-1 accuracy each way."""
+    """The loader's images against timm's validation transform through the same model, on the ``images``
+    both decoded: mean absolute pixel differences (0-255), the shares whose top-1 and top-5 agree."""
 
     images: int
     mad_mean: float
@@ -3614,8 +3612,7 @@ class _SweepPoint:
 
 @dataclass
 class _Sweep:
-    """A sweep's points, in the order run, every setting timed on the same ``images``; the
-    ``error`` that stopped it early (then partial) and, once explained, its ``stop_reason``."""
+    """A sweep's points, in the order run, each timed on the same ``images``; what stopped it early."""
 
     points: list[_SweepPoint]
     images: int
@@ -3633,8 +3630,7 @@ class _Sweep:
     @property
     def recommended(self) -> _SweepPoint | None:
         """The smallest candidate run end to end within ``SWEEP_TOLERANCE`` of the best such run (the
-        bound says too little where the loader and the model share a CPU's cores); the smallest
-        candidate if none was run; None if no setting was measured."""
+        bound says too little where loader and model share the cores); else the smallest candidate."""
         measured = [p for p in self.candidates if p.e2e_fps is not None]
         if not measured:
             return self.candidates[0] if self.points else None
@@ -3654,13 +3650,9 @@ class _Sweep:
 
 
 def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]]) -> _Sweep:
-    """Time the loader alone at every setting of ``grid`` (from :py:func:`_sweep_grid`) on the same
-    first images (enough batches to keep every thread busy), the model alone per batch size; then
-    end to end the point with the best bound and the two smallest other candidates.
-
-    What stops the sweep (a signal, out of memory, a stalled loader) keeps the points measured so
-    far, the error in ``sweep.error``."""
-    grid = {"decode-processes": [config.decode_processes], **grid}
+    """Time the loader alone at every setting of ``grid`` (:py:func:`_sweep_grid`) on the same first
+    images, the model alone per batch size, then end to end the point with the best bound and the two
+    smallest other candidates. What stops the sweep keeps the points measured, in ``sweep.error``."""
     busy = 2 * max(grid["num-threads"]) * max(1, *grid["decode-processes"]) + 8
     images = config.my_images.head(max(grid["batch-size"]) * (busy + _SWEEP_WARMUP))
     sweep, model_fps = _Sweep([], len(images)), {}
