@@ -3300,13 +3300,12 @@ _COUNTS = "classified failed top1_correct top5_correct frames_timed batches batc
 
 
 def _rank_share(result: RunResult, rank: int, device: torch.device) -> dict:
-    """A rank's part of the job's totals, as JSON; its entry in the results file's ``ranks`` first."""
-    share = {"rank": rank, "classified": result.classified, "fps": result.fps, "elapsed_s": result.elapsed_s}
-    share["device"] = str(device)
-    share.update({k: getattr(result, k) for k in _COUNTS}, listed=result.listed, partial=result.partial)
-    share.update(warmup_included=result.warmup_included, failures=result.failures)
-    share["decoder_backends"] = result.decoder_backends
-    return share
+    """A rank's part of the job's totals, as JSON; its first keys (``_RANK_KEYS``) its entry in ``ranks``."""
+    entry = {"rank": rank, "classified": result.classified, "fps": result.fps, "elapsed_s": result.elapsed_s}
+    counts = {k: getattr(result, k) for k in _COUNTS}
+    flags = {"listed": result.listed, "partial": result.partial, "warmup_included": result.warmup_included}
+    lists = {"failures": result.failures, "decoder_backends": result.decoder_backends}
+    return {**entry, "device": str(device), **counts, **flags, **lists}
 
 
 def _job_total(shares: list[dict], listed: int | None, mine: RunResult, world_size: int) -> RunResult:
