@@ -2996,8 +2996,7 @@ def _init_distributed(device: torch.device, timeout_s: float) -> None:
     if device.type == "cuda":
         if device.index is None:  # NCCL's device_id needs an index
             device = torch.device("cuda", torch.cuda.current_device())
-        # Collectives on objects (all_gather_object) use the current device, which device_id
-        # does not set: without this, every rank would use cuda:0.
+        # all_gather_object uses the current device, which device_id does not set: else every rank uses cuda:0
         torch.cuda.set_device(device)
         kwargs["device_id"] = device
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -3009,70 +3008,71 @@ def _init_distributed(device: torch.device, timeout_s: float) -> None:
 
 
 def _warmup_for_all_ranks(shard: _Shard, listed: int, batch_size: int, warmup_batches: int) -> int:
-    """A warm-up every rank can reach, so the barrier at its end never waits on a finished rank:
-    if the shortest shard has no more batches than the warm-up, a count no rank reaches (every
-    rank then times all of its batches, as a single process would)."""
+    """A warm-up every rank reaches, so that the barrier at its end never waits on a finished rank; if
+    the shortest shard is no longer than the warm-up, one no rank reaches (each times all its batches)."""
     fewest = math.ceil(shard.size_of(listed, shard.world_size - 1) / batch_size)
     most = math.ceil(shard.size_of(listed, 0) / batch_size)
     return warmup_batches if fewest > warmup_batches else most + 1
 
 
-def _peer_gone(error: RuntimeError) -> str:
-    """Why this rank stops when a collective fails (DistBackendError, a time-out): a peer stopped or died."""
-    return f"another rank stopped ({str(error).splitlines()[0]})"
+@contextlib.contextmanager
+def _peer_stops() -> Iterator[None]:
+    """A collective that fails (DistBackendError, a time-out) as RunStopped (``peer``): a peer stopped or died."""
+    try:
+        yield
+    except RuntimeError as e:
+        raise RunStopped(f"another rank stopped ({str(e).splitlines()[0]})", "peer") from None
 
 
 def _barrier() -> None:
     import torch.distributed as dist
 
-    try:
+    with _peer_stops():
         dist.barrier()
-    except RuntimeError as e:
-        raise RunStopped(_peer_gone(e), "peer") from None
 
 
-def _rank_entry(result: RunResult, shard: _Shard, device: torch.device) -> dict:
-    """One rank's share of the job, as the results file lists it."""
-    return {
-        "rank": shard.rank,
-        "classified": result.classified,
-        "fps": result.fps,
-        "elapsed_s": result.elapsed_s,
-        "device": str(device),
-    }
+_RANK_KEYS = ("rank", "classified", "fps", "elapsed_s", "device")  # a rank's entry in the results file's ranks
+_COUNTS = "classified failed top1_correct top5_correct frames_timed batches batches_timed decoder_fallbacks".split()
+
+
+def _rank_share(result: RunResult, rank: int, device: torch.device) -> dict:
+    """A rank's part of the job's totals, as JSON; its first keys (``_RANK_KEYS``) its entry in ``ranks``."""
+    entry = {"rank": rank, "classified": result.classified, "fps": result.fps, "elapsed_s": result.elapsed_s}
+    counts = {k: getattr(result, k) for k in _COUNTS}
+    flags = {"listed": result.listed, "partial": result.partial, "warmup_included": result.warmup_included}
+    lists = {"failures": result.failures, "decoder_backends": result.decoder_backends}
+    return {**entry, "device": str(device), **counts, **flags, **lists}
+
+
+def _job_total(shares: list[dict], listed: int | None, mine: RunResult, world_size: int) -> RunResult:
+    """The job's result from the ranks' shares: each count summed exactly, the FPS window the longest rank's."""
+    job = RunResult(listed, elapsed_s=max(s["elapsed_s"] for s in shares), timeline=mine.timeline)  # rank 0's
+    for k in _COUNTS:
+        setattr(job, k, sum(s[k] for s in shares))
+    job.warmup_included = any(s["warmup_included"] for s in shares)
+    job.failures = [f for s in shares for f in s["failures"]]
+    for s in shares:
+        for backend, count in s["decoder_backends"].items():
+            job.decoder_backends[backend] = job.decoder_backends.get(backend, 0) + count
+    if mine.loader_lead is not None:  # every rank's loader holds as many batches ahead
+        job.loader_lead = mine.loader_lead * world_size
+    return job
 
 
 def _reduce_results(result: RunResult, shard: _Shard, device: torch.device) -> tuple[RunResult, list[dict]]:
-    """The job's totals on every rank, each count summed exactly, the FPS window the longest
-    rank's; and one :py:func:`_rank_entry` per rank."""
+    """The job's totals on every rank, predictions and page cache too; each rank's entry in ``ranks``."""
     import torch.distributed as dist
 
-    on = device if device.type == "cuda" else torch.device("cpu")
-    fields = ("listed", "classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches")
-    fields += ("batches_timed", "decoder_fallbacks")
-    counts = torch.tensor([getattr(result, f) for f in fields], dtype=torch.int64, device=on)
-    dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-    flags = [result.elapsed_s, float(result.partial), float(result.warmup_included)]
-    flags = torch.tensor(flags, dtype=torch.float64, device=on)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    gathered: list[dict | None] = [None] * shard.world_size
-    shared = {"failures": result.failures, "predictions": result.predictions, "page_cache": result.page_cache}
-    mine = {**_rank_entry(result, shard, device), **shared, "decoder_backends": result.decoder_backends}
-    dist.all_gather_object(gathered, mine)
-    total = RunResult(**dict(zip(fields, counts.tolist(), strict=True)))
-    total.elapsed_s, total.partial, total.warmup_included = flags[0].item(), bool(flags[1]), bool(flags[2])
-    total.failures = [f for rank in gathered for f in rank.pop("failures")]
-    for backends in [rank.pop("decoder_backends") for rank in gathered]:
-        for backend, count in backends.items():
-            total.decoder_backends[backend] = total.decoder_backends.get(backend, 0) + count
-    rows = [rank.pop("predictions") for rank in gathered]
+    shares: list = [None] * shard.world_size
+    extra = {"predictions": result.predictions, "page_cache": result.page_cache}  # gathered, never in the store
+    dist.all_gather_object(shares, {**_rank_share(result, shard.rank, device), **extra})
+    total = _job_total(shares, sum(s["listed"] for s in shares), result, shard.world_size)
+    total.partial = any(s["partial"] for s in shares)
+    rows = [s["predictions"] for s in shares]
     total.predictions = None if None in rows else [row for r in rows for row in r]
-    total.timeline = result.timeline  # rank 0's
-    caches = [rank.pop("page_cache") for rank in gathered]  # each rank examined its own shard
+    caches = [s["page_cache"] for s in shares]  # each rank examined its own shard
     total.page_cache = None if None in caches else _PageCache.total(caches)
-    if result.loader_lead is not None:  # every rank's loader holds as many batches ahead
-        total.loader_lead = result.loader_lead * shard.world_size
-    return total, gathered
+    return total, [{k: s[k] for k in _RANK_KEYS} for s in shares]
 
 
 def _agree_on_job(config: _RunConfig) -> None:
@@ -3089,10 +3089,8 @@ def _agree_on_job(config: _RunConfig) -> None:
     local = ("device", "decoder_backend", "dtype_reason", "images_from", "command", "start_time")
     settings = {k: v for k, v in config.to_dict().items() if k not in local}
     seen: list = [None] * config.shard.world_size
-    try:
+    with _peer_stops():
         dist.all_gather_object(seen, (len(images), digest.hexdigest(), settings))
-    except RuntimeError as e:
-        raise RunStopped(_peer_gone(e), "peer") from None
     if len({(n, h) for n, h, _ in seen}) > 1:
         counts = ", ".join(f"rank {rank}: {n}" for rank, (n, _, _) in enumerate(seen))
         raise InputError(
@@ -3101,93 +3099,69 @@ def _agree_on_job(config: _RunConfig) -> None:
         )
     differ = [k for k in settings if len({json.dumps(other[k]) for _, _, other in seen}) > 1]
     if differ:
-        given = []
-        for k in differ:
-            given.append(f"{k}: " + ", ".join(f"rank {r}: {other[k]}" for r, (_, _, other) in enumerate(seen)))
-        message = f"the ranks were given different settings ({'; '.join(given)}): start them with the same flags"
-        raise InputError(message)
+        given = "; ".join(f"{k}: " + ", ".join(f"rank {r}: {s[k]}" for r, (_, _, s) in enumerate(seen)) for k in differ)
+        raise InputError(f"the ranks were given different settings ({given}): start them with the same flags")
 
 
 _STOPPED_KEY = "imagenet_classification/stopped/"  # + rank: a stopped rank's share, in the job's store
-
-
-def _publish_stop(entry: dict, rank: int) -> None:
-    """Leave a stopped rank's share (counts, failures, why) in torchrun's store, where rank 0 can
-    read it after this rank is gone; nothing if the store is gone too."""
-    import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
-
-    with contextlib.suppress(RuntimeError, ValueError):
-        c10d._get_default_store().set(f"{_STOPPED_KEY}{rank}", json.dumps(entry))
+_PEER_WORD_S = 2.0  # how long rank 0, stopped by a peer or a signal, waits for the stopped ranks' shares
+_FOLLOWED = {"interrupted": 1, "peer": 2}  # how a rank stopped after another; 0 (not here): on its own failure
 
 
 def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
-    """The shares other ranks left when they stopped (:py:func:`_publish_stop`), waiting up to
-    ``wait_s`` for those not there yet; a rank still running, or killed, leaves none."""
-    import torch.distributed.distributed_c10d as c10d
+    """The shares the other ranks left in the job's store when they stopped, waiting up to ``wait_s``."""
+    import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
 
     found: dict[int, dict] = {}
     deadline = time.monotonic() + wait_s
     # RunInterrupted: torchrun ending this rank while it waits; what was found stands
     with contextlib.suppress(RuntimeError, ValueError, RunInterrupted):
         store = c10d._get_default_store()
-        while True:
+        while len(found) < shard.world_size - 1:
             for rank in set(range(shard.world_size)) - {shard.rank} - set(found):
                 if store.check([f"{_STOPPED_KEY}{rank}"]):
                     found[rank] = json.loads(store.get(f"{_STOPPED_KEY}{rank}"))
-            if len(found) == shard.world_size - 1 or time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
     return [found[rank] for rank in sorted(found)]
 
 
-_COUNTS = ("classified", "failed", "top1_correct", "top5_correct", "frames_timed", "batches", "batches_timed",
-           "decoder_fallbacks")  # fmt: skip
-PEER_WORD_S = 2.0  # how long rank 0, stopped by a peer or a signal, waits for the stopped ranks' shares
-
-
 def _combine_ranks(outcome: _Outcome, config: _RunConfig) -> list[dict]:
-    """The job's totals into ``outcome.result``; returns the per-rank list."""
-    mine = _rank_entry(outcome.result, config.shard, config.device)
-    if config.shard.world_size == 1:
-        return [mine]
+    """The job's totals into ``outcome.result``; returns the results file's ``ranks``.
+
+    A rank whose job stopped leaves its share in the job's store. Rank 0 then totals the shares
+    of the ranks that stopped (a rank with no word: its images not reached), and puts in
+    ``outcome.job_stop_reason`` the failure that stopped the job, not the signal or lost peer it
+    reached rank 0 as."""
+    import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
+
+    result, shard = outcome.result, config.shard
+    share = _rank_share(result, shard.rank, config.device)
+    if shard.world_size == 1:
+        return [{k: share[k] for k in _RANK_KEYS}]
     if outcome.error is None:
         try:
-            outcome.result, ranks = _reduce_results(outcome.result, config.shard, config.device)
+            with _peer_stops():  # a peer stopped before the final reduction
+                outcome.result, ranks = _reduce_results(result, shard, config.device)
             return ranks
-        except RuntimeError as e:  # a peer stopped before the final reduction
-            outcome.error = RunStopped(_peer_gone(e), "peer")
-        except RunInterrupted as e:  # torchrun ends the other ranks once one has stopped
+        except (RunStopped, RunInterrupted) as e:  # RunInterrupted: torchrun ends the others once one stopped
             outcome.error = e
-        outcome.result.partial = True
-    return _job_after_stop(outcome, config, mine)
-
-
-def _job_after_stop(outcome: _Outcome, config: _RunConfig, mine: dict) -> list[dict]:
-    """A stopped job as this rank can know it: its own share, left for rank 0 in the job's store;
-    on rank 0, the job's totals over the whole list from the shares of every rank that stopped
-    (a rank with no word: its images not reached), and in ``outcome.job_stop_reason`` the failure
-    that stopped the job, rather than the signal or lost peer it reached rank 0 as."""
-    result, shard = outcome.result, config.shard
-    own = _explain(outcome.error, config)[0] if outcome.error is not None else "stopped"
-    share = {**mine, **{k: getattr(result, k) for k in _COUNTS}, "failures": result.failures, "stop_reason": own,
-             "stopped_by": getattr(outcome.error, "kind", "interrupted")}  # fmt: skip
-    _publish_stop(share, shard.rank)
+        result.partial = True
+    own = _explain(outcome.error, config)[0]
+    share.update(stop_reason=own, stopped_by=getattr(outcome.error, "kind", "interrupted"))
+    with contextlib.suppress(RuntimeError, ValueError):  # the store gone too: no word
+        c10d._get_default_store().set(f"{_STOPPED_KEY}{shard.rank}", json.dumps(share))
     if shard.rank != 0:
-        return [mine]
-    followed = isinstance(outcome.error, RunInterrupted) or getattr(outcome.error, "kind", None) == "peer"
-    shares = [share, *_stopped_peers(shard, PEER_WORD_S if followed else 0.0)]  # followed: the cause may be a peer's
-    job = RunResult(len(config.images), partial=True, elapsed_s=max(e["elapsed_s"] for e in shares),
-                    warmup_included=result.warmup_included, timeline=result.timeline, predictions=result.predictions,
-                    failures=[f for e in shares for f in e["failures"]])  # fmt: skip
-    for k in _COUNTS:
-        setattr(job, k, sum(e[k] for e in shares))
-    if result.loader_lead is not None:
-        job.loader_lead = result.loader_lead * shard.world_size
-    causes = [e for e in shares if e["stopped_by"] not in ("peer", "interrupted")]
-    cause = (causes or [e for e in shares if e["stopped_by"] == "interrupted"] or [share])[0]
+        return [{k: share[k] for k in _RANK_KEYS}]
+    followed = share["stopped_by"] in _FOLLOWED  # then the cause may be a peer's
+    shares = [share, *_stopped_peers(shard, _PEER_WORD_S if followed else 0.0)]
+    outcome.result = _job_total(shares, len(config.images), result, shard.world_size)
+    outcome.result.partial = True
+    outcome.result.predictions = result.predictions  # rank 0's: the others' stay with them
+    cause = min(shares, key=lambda s: _FOLLOWED.get(s["stopped_by"], 0))  # the first, on a tie: this rank
     outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {cause['stop_reason']}"
-    outcome.result = job
-    return [{k: e[k] for k in (*mine, "stop_reason")} for e in sorted(shares, key=lambda e: e["rank"])]
+    return [{k: s[k] for k in (*_RANK_KEYS, "stop_reason")} for s in sorted(shares, key=lambda s: s["rank"])]
 
 
 ################################################################################
@@ -3197,11 +3171,8 @@ def _job_after_stop(outcome: _Outcome, config: _RunConfig, mine: dict) -> list[d
 
 @dataclass
 class _Parity:
-    """The loader's images against timm's own validation transform (PIL decode, resize, centre
-    crop, from the model's pretrained config) through the same model, on the ``images`` both
-    decoded: the mean and largest per-image mean absolute pixel difference (0-255) and the
-    ``worst`` image; the shares of images whose top-1 class, and set of five top classes, agree;
-    the top-1 accuracy each way."""
+    """The loader's images against timm's validation transform through the same model, on the ``images``
+    both decoded: mean absolute pixel differences (0-255), the shares whose top-1 and top-5 agree."""
 
     images: int
     mad_mean: float
@@ -3213,7 +3184,6 @@ class _Parity:
     top1_reference: float
 
     def summary(self) -> str:
-        """The summary's line."""
         return (
             f"Parity with timm's reference transform on {self.images} images: pixels differ by {self.mad_mean:.2f} "
             f"on average (worst {self.mad_max:.2f}, 0-255); top-1 agrees on {self.top1_agree:.1%}, top-5 on "
@@ -3222,27 +3192,25 @@ class _Parity:
 
 
 def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform) -> dict[str, Tensor]:
-    """Each image as timm's validation reads it (``Image.open(...).convert("RGB")``) and
-    transforms it, up to the crop: uint8 ``3 x S x S`` by path; images PIL cannot decode are
-    left out."""
-    import numpy as np
+    """Each image as timm's validation reads (``Image.open(...).convert("RGB")``) and crops it:
+    uint8 ``3 x S x S`` by path; images PIL cannot decode are left out."""
     import timm.data
-    import torchvision.transforms
     from PIL import Image
 
     t = transform
-    full = timm.data.create_transform(input_size=(3, t.size, t.size), crop_pct=t.crop_pct, crop_mode=t.crop_mode,
-                                      interpolation=t.interpolation, mean=t.mean, std=t.std)  # fmt: skip
-    steps = itertools.takewhile(lambda step: "ToTensor" not in type(step).__name__, full.transforms)
-    reference, out = torchvision.transforms.Compose(list(steps)), {}
+    # use_prefetcher: timm's eval transform up to the crop, then a uint8 tensor (no float, no normalisation)
+    size = (3, t.size, t.size)
+    reference = timm.data.create_transform(
+        input_size=size, crop_pct=t.crop_pct, crop_mode=t.crop_mode, interpolation=t.interpolation, use_prefetcher=True
+    )
+    out = {}
     for path, _ in items:
         try:
             with _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
                 with Image.open(io.BytesIO(_read_image_bytes(path))) as image:
-                    cropped = reference(image.convert("RGB"))
+                    out[path] = reference(image.convert("RGB"))
         except ImageDecodeError:
             continue
-        out[path] = torch.from_numpy(np.array(cropped)).permute(2, 0, 1)
     return out
 
 
@@ -3281,8 +3249,7 @@ def _measure_parity(
     agree5 = sum(set(x.tolist()) == set(y.tolist()) for x, y in zip(a, b, strict=True))
     hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (a, b))
     shares = [count / n if n else 0.0 for count in (sum(mads), agree1, agree5, hits_ours, hits_ref)]
-    mad_mean, top1_agree, top5_agree, top1_ours, top1_ref = shares
-    return _Parity(n, mad_mean, max(mads, default=0.0), worst, top1_agree, top5_agree, top1_ours, top1_ref)
+    return _Parity(n, shares[0], max(mads, default=0.0), worst, *shares[1:])
 
 
 def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
@@ -3297,8 +3264,9 @@ def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
 
     decode = decode_like_the_dataloader
     if config.loader != "torch":
-        decode = get_decode_func(config.device, config.transform, config.decoder, policy,
-                                 max_image_bytes=config.max_image_bytes)  # fmt: skip
+        decode = get_decode_func(
+            config.device, config.transform, config.decoder, policy, max_image_bytes=config.max_image_bytes
+        )
     items = list(config.images.head(config.parity))
     return _measure_parity(items, decode, model, min(config.batch_size, config.parity))
 
@@ -3313,18 +3281,13 @@ _SWEEP_WARMUP = 2  # batches before each timed pass
 
 
 def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) -> dict[str, list[int]]:
-    """The values to sweep for each of ``_SWEPT``, from ``auto`` (threads doubling from 1 to the
-    CPU count) or ``NAME=V1,V2,...`` specs; a setting not named keeps its value from ``defaults``.
-
-    Raises:
-        ValueError: a spec that is neither, an unknown name, or a value that is not a whole number
-            of at least 1 (at least 0 for ``decode-processes``, where 0 decodes in the main process).
-    """
+    """The values to sweep of each of ``_SWEPT``, from ``auto`` (threads doubling from 1 to the CPU
+    count) or ``NAME=V1,V2,...`` specs; a setting not named keeps its value from ``defaults``.
+    ValueError for any other spec, or a value not a whole number of at least 1 (0 for ``decode-processes``)."""
     grid = {name: [value] for name, value in defaults.items()}
     for spec in specs:
         if spec == "auto":
-            threads = [1 << i for i in range(cpu_count.bit_length()) if 1 << i < cpu_count] + [cpu_count]
-            grid["num-threads"] = sorted(set(threads))
+            grid["num-threads"] = [2**i for i in range(cpu_count.bit_length()) if 2**i < cpu_count] + [cpu_count]
             continue
         name, _, values = spec.partition("=")
         if name not in _SWEPT or not values:
@@ -3340,136 +3303,10 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
     return grid
 
 
-@dataclass
-class _SweepPoint:
-    """One setting of the loader, and what it reached (images/s)."""
-
-    num_threads: int
-    batch_size: int
-    queue_size: int
-    loader_fps: float
-    model_fps: float
-    e2e_fps: float | None = None
-    decode_processes: int = 0  # worker processes of num_threads threads each; 0: threads in the main process
-
-    @property
-    def bound_fps(self) -> float:
-        """What this setting can reach end to end: the slower of the loader and the model."""
-        return min(self.loader_fps, self.model_fps)
-
-    @property
-    def threads(self) -> int:
-        """Decode threads in all: ``num_threads`` in each worker process, or in the main one."""
-        return self.num_threads * max(1, self.decode_processes)
-
-    def flags(self) -> str:
-        flags = f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
-        return flags + (f" --decode-processes {self.decode_processes}" if self.decode_processes else "")
-
-
-@dataclass
-class _Sweep:
-    """A sweep's points, in the order run, and the images each loader setting was timed on."""
-
-    points: list[_SweepPoint]
-    images: int
-    stop_reason: str | None = None  # why it stopped before every setting was measured (then partial)
-    error: BaseException | None = field(default=None, repr=False)  # what stopped it, for the exit status
-
-    @property
-    def candidates(self) -> list[_SweepPoint]:
-        """The settings whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first
-        (fewest threads in all, then processes, batch, queue): those worth running end to end."""
-        best = max((p.bound_fps for p in self.points), default=0.0)
-        near = [p for p in self.points if p.bound_fps >= (1 - SWEEP_TOLERANCE) * best]
-        return sorted(near, key=lambda p: (p.threads, p.decode_processes, p.batch_size, p.queue_size))
-
-    @property
-    def recommended(self) -> _SweepPoint | None:
-        """The smallest setting run end to end whose end-to-end rate is within
-        ``SWEEP_TOLERANCE`` of the best one measured (the bound alone says too little where the
-        loader and the model share a CPU's cores); the smallest candidate if none was run; None
-        if the sweep stopped before any setting was measured."""
-        measured = [p for p in self.candidates if p.e2e_fps is not None]
-        if not measured:
-            return self.candidates[0] if self.points else None
-        best = max(p.e2e_fps or 0.0 for p in measured)
-        return next(p for p in measured if (p.e2e_fps or 0.0) >= (1 - SWEEP_TOLERANCE) * best)
-
-    def to_dict(self) -> dict:
-        best = self.recommended
-        return {
-            "images_per_setting": self.images,
-            "points": [asdict(p) for p in self.points],
-            "recommended": None if best is None else asdict(best),
-            "tolerance": SWEEP_TOLERANCE,
-            "partial": self.error is not None,
-            "stop_reason": self.stop_reason,
-        }
-
-
-def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]], e2e_runs: int = 3) -> _Sweep:
-    """Time the loader alone at every setting of ``grid`` (from :py:func:`_parse_sweep`), each on
-    the first images of the list (enough batches to keep every thread busy), and the model alone
-    per batch size; then end to end the setting with the best bound and the smallest of the
-    candidates (at most ``e2e_runs`` runs in all).
-
-    What stops the sweep (a signal, out of memory, a stalled loader) keeps the settings measured
-    so far: ``sweep.error`` holds it, and the sweep is partial."""
-    grid = {"decode-processes": [config.decode_processes], **grid}
-    busy = 2 * max(grid["num-threads"]) * max(1, *grid["decode-processes"]) + 8
-    images = config.my_images.head(max(grid["batch-size"]) * (busy + _SWEEP_WARMUP))
-    sweep, model_fps = _Sweep([], len(images)), {}
-
-    def loader_alone(loader: _Loader, policy: BadImagePolicy) -> float:
-        return measure_loader(loader.batches, config.device, _SWEEP_WARMUP)
-
-    def end_to_end(loader: _Loader, policy: BadImagePolicy) -> float:
-        return benchmark(loader.batches, model, listed=len(images), warmup_batches=_SWEEP_WARMUP, policy=policy).fps
-
-    try:
-        for threads, batch_size, queue_size, processes in itertools.product(*(grid[name] for name in _SWEPT)):
-            if batch_size not in model_fps:  # measured when first needed: a stop keeps whole points only
-                with _out_of_memory_stops(config.device, batch_size):
-                    model_fps[batch_size] = _measure_model(model, batch_size, 10, _SWEEP_WARMUP)
-            point = _SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size], None, processes)
-            point.loader_fps = _sweep_timed(config, point, images, loader_alone)
-            sweep.points.append(point)
-            _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
-        best = max(sweep.points, key=lambda p: p.bound_fps)
-        for point in [best, *[p for p in sweep.candidates if p is not best][: e2e_runs - 1]]:
-            point.e2e_fps = _sweep_timed(config, point, images, end_to_end)
-            _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
-    except (RunStopped, RunInterrupted) as e:
-        sweep.error = e
-    return sweep
-
-
-def _sweep_timed(
-    config: _RunConfig, point: _SweepPoint, images: ImageList, measure: Callable[[_Loader, BadImagePolicy], float]
-) -> float:
-    """``measure(loader, policy)`` on a loader of ``point``'s settings over ``images``, skipping
-    bad images (speed, whatever the images); an interrupt stops the loader at once."""
-    threads = point.num_threads
-    settings = replace(config, num_threads=threads, batch_size=point.batch_size,
-                       decode_concurrency=min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads,
-                       queue_size=point.queue_size, decode_processes=point.decode_processes)  # fmt: skip
-    policy = BadImagePolicy(skip=True)
-    with _open_loader(settings, images, policy) as loader:
-        try:
-            with _out_of_memory_stops(settings.device, settings.batch_size):
-                return measure(loader, policy)
-        except RunInterrupted:
-            loader.stop_at_once = True
-            raise
-
-
 def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
-    """The settings ``--sweep`` asks for, batch sizes and thread counts capped at the ``listed``
-    images: a batch holds no more images than the list, and a thread without an image only costs
-    memory (the queue is a bound that allocates nothing: as given)."""
-    defaults = {"num-threads": args.num_threads, "batch-size": args.batch_size, "queue-size": args.queue_size,
-                "decode-processes": args.decode_processes}  # fmt: skip
+    """The settings ``--sweep`` asks for, thread counts and batch sizes capped at the ``listed``
+    images (a thread or a batch's row without an image costs memory; a queue allocates nothing)."""
+    defaults = {name: getattr(args, name.replace("-", "_")) for name in _SWEPT}
     try:
         grid = _parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
     except ValueError as e:
@@ -3483,13 +3320,122 @@ def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
     return capped
 
 
+@dataclass
+class _SweepPoint:
+    """One setting of the loader, and the rates it reached (images/s)."""
+
+    num_threads: int
+    batch_size: int
+    queue_size: int
+    loader_fps: float
+    model_fps: float
+    e2e_fps: float | None = None
+    decode_processes: int = 0  # worker processes of num_threads threads each; 0: threads in the main process
+
+    @property
+    def bound_fps(self) -> float:  # what end to end can reach: the slower side
+        return min(self.loader_fps, self.model_fps)
+
+    @property
+    def threads(self) -> int:  # decode threads in all processes
+        return self.num_threads * max(1, self.decode_processes)
+
+    def flags(self) -> str:
+        flags = f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
+        return flags + (f" --decode-processes {self.decode_processes}" if self.decode_processes else "")
+
+
+@dataclass
+class _Sweep:
+    """A sweep's points, in the order run, each timed on the same ``images``; what stopped it early."""
+
+    points: list[_SweepPoint]
+    images: int
+    stop_reason: str | None = None
+    error: BaseException | None = field(default=None, repr=False)
+
+    @property
+    def candidates(self) -> list[_SweepPoint]:
+        """The points whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first
+        (fewest threads in all, then processes, batch, queue): those worth running end to end."""
+        best = max((p.bound_fps for p in self.points), default=0.0)
+        near = [p for p in self.points if p.bound_fps >= (1 - SWEEP_TOLERANCE) * best]
+        return sorted(near, key=lambda p: (p.threads, p.decode_processes, p.batch_size, p.queue_size))
+
+    @property
+    def recommended(self) -> _SweepPoint | None:
+        """The smallest candidate run end to end within ``SWEEP_TOLERANCE`` of the best such run (the
+        bound says too little where loader and model share the cores); else the smallest candidate."""
+        measured = [p for p in self.candidates if p.e2e_fps is not None]
+        if not measured:
+            return self.candidates[0] if self.points else None
+        best = max(p.e2e_fps for p in measured)
+        return next(p for p in measured if p.e2e_fps >= (1 - SWEEP_TOLERANCE) * best)
+
+    def to_dict(self) -> dict:
+        best = self.recommended
+        return {
+            "images_per_setting": self.images,
+            "points": [asdict(p) for p in self.points],
+            "recommended": None if best is None else asdict(best),
+            "tolerance": SWEEP_TOLERANCE,
+            "partial": self.error is not None,
+            "stop_reason": self.stop_reason,
+        }
+
+
+def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]]) -> _Sweep:
+    """Time the loader alone at every setting of ``grid`` (:py:func:`_sweep_grid`) on the same first
+    images, the model alone per batch size, then end to end the point with the best bound and the two
+    smallest other candidates. What stops the sweep keeps the points measured, in ``sweep.error``."""
+    busy = 2 * max(grid["num-threads"]) * max(1, *grid["decode-processes"]) + 8
+    images = config.my_images.head(max(grid["batch-size"]) * (busy + _SWEEP_WARMUP))
+    sweep, model_fps = _Sweep([], len(images)), {}
+    try:
+        for threads, batch_size, queue_size, processes in itertools.product(*(grid[name] for name in _SWEPT)):
+            if batch_size not in model_fps:  # measured when first needed: a stop keeps whole points only
+                with _out_of_memory_stops(config.device, batch_size):
+                    model_fps[batch_size] = _measure_model(model, batch_size, 10, _SWEEP_WARMUP)
+            point = _SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size], None, processes)
+            point.loader_fps = _sweep_timed(config, point, images)
+            sweep.points.append(point)
+            _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
+        best = max(sweep.points, key=lambda p: p.bound_fps)
+        for point in [best, *[p for p in sweep.candidates if p is not best][:2]]:
+            point.e2e_fps = _sweep_timed(config, point, images, model)
+            _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
+    except (RunStopped, RunInterrupted) as e:
+        sweep.error = e
+    return sweep
+
+
+def _sweep_timed(config: _RunConfig, point: _SweepPoint, images: ImageList, model: ModelBundle | None = None) -> float:
+    """Images/s of a loader of ``point``'s settings over ``images``, skipping bad images: the loader
+    alone, or end to end through ``model``. An interrupt stops the loader at once."""
+    threads = point.num_threads
+    concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
+    sizes = {"batch_size": point.batch_size, "queue_size": point.queue_size, "decode_processes": point.decode_processes}
+    settings = replace(config, num_threads=threads, decode_concurrency=concurrency, **sizes)
+    policy = BadImagePolicy(skip=True)
+    with _open_loader(settings, images, policy) as loader:
+        try:
+            with _out_of_memory_stops(settings.device, settings.batch_size):
+                if model is None:
+                    return measure_loader(loader.batches, config.device, _SWEEP_WARMUP)
+                run = benchmark(loader.batches, model, listed=len(images), warmup_batches=_SWEEP_WARMUP, policy=policy)
+                return run.fps
+        except RunInterrupted:
+            loader.stop_at_once = True
+            raise
+
+
 def _sweep_command(config: _RunConfig) -> int:
     """The sweep instead of a run: the table, then the results file and the plot, with the
     settings measured so far if the sweep stopped (marked partial). Returns the exit status."""
     decoder_check = None
     try:
         decoder_check = _check_run_decoder(config)  # a GPU decoder is checked as for a run
-        sweep = _run_sweep(config, _build_model(config), config.sweep or {})
+        sweep = _run_sweep(config, _build_model(config), config.sweep)
     except (RunStopped, RunInterrupted) as e:  # before the first setting: an empty sweep, written all the same
         sweep = _Sweep([], 0, error=e)
     with _signals_held() as held:
@@ -3502,10 +3448,11 @@ def _sweep_command(config: _RunConfig) -> int:
             payload["decoder_check"] = asdict(decoder_check)
         _print_out(_print_sweep, sweep, config.command)
         title = f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting"
-        not_written = _write_outputs([
+        outputs = [
             (config.results_file, lambda path: _write_atomically(path, _sweep_file_text(path, sweep, payload))),
             (config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
-        ])  # fmt: skip
+        ]
+        not_written = _write_outputs(outputs)
         if config.plot is None:
             _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
     return status or _held_status(held) or (EXIT_FAILED if not_written else 0)
@@ -3535,14 +3482,14 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
     if noisy:
         line = "  * end to end above min(loader, model), which neither side can beat beside the other: "
         print(line + "measurement noise (a short, buffered window); the ranking near it is uncertain", file=file)
-    if (best := sweep.recommended) is not None:  # None: stopped before any setting was measured
+    best = sweep.recommended
+    if best is not None:  # None: stopped before any setting was measured
         print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
         print(f"  {shlex.join(_with_settings(command, best))}", file=file)
 
 
-# The sweep's own flags, and the settings it sets, by every name the parser takes.
-_SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--num-threads", "-j", "--workers", "--batch-size", "-b",
-                  "--queue-size", "--decode-processes"}
+# The sweep's own flags, and the settings it sets, by every long name the parser takes (-j, -b: below).
+_SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--workers", *(f"--{name}" for name in _SWEPT)}
 
 
 def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
@@ -3558,8 +3505,8 @@ def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
 
 
 def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
-    """Images/s against decode threads: the loader alone (lines), end to end (crosses, the recommended one
-    circled), the model alone (dashed), in plain numbers. False where matplotlib is missing."""
+    """Images/s against decode threads: the loader alone (lines), end to end (crosses), the model
+    alone (dashed), the recommended setting circled, in plain numbers. False without matplotlib."""
     if (plt := _pyplot()) is None:
         return False
     fig, ax = plt.subplots(figsize=(11, 5))
@@ -3568,23 +3515,20 @@ def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
         groups.setdefault((p.batch_size, p.queue_size, p.decode_processes), []).append(p)
     for (batch_size, queue_size, procs), mine in sorted(groups.items()):
         where = f", batch {batch_size}, queue {queue_size}" + (f", {procs} processes" if procs else "")
-        (line,) = ax.plot([p.threads for p in mine], [p.loader_fps for p in mine], marker="o")
-        line.set_label(f"loader alone{where}")
-        if ran := [p for p in mine if p.e2e_fps is not None]:
-            crosses = {"marker": "X", "markersize": 10, "linestyle": "none", "color": line.get_color()}
-            ax.plot([p.threads for p in ran], [p.e2e_fps for p in ran], **crosses, label=f"end to end{where}")
+        (line,) = ax.plot([p.threads for p in mine], [p.loader_fps for p in mine], "o-", label=f"loader alone{where}")
+        ran = [p for p in mine if p.e2e_fps is not None]
+        if ran:
+            crosses = {"markersize": 10, "color": line.get_color(), "label": f"end to end{where}"}
+            ax.plot([p.threads for p in ran], [p.e2e_fps for p in ran], "X", **crosses)
     threads = sorted({p.threads for p in sweep.points})
-    models: dict[int, float] = {}
-    for p in sweep.points:
-        models.setdefault(p.batch_size, p.model_fps)
-    for batch_size, model in sorted(models.items()):
+    for batch_size, model in sorted({p.batch_size: p.model_fps for p in sweep.points}.items()):
         ax.axhline(model, linestyle="--", color="grey", linewidth=1)
-        text = f"model alone, batch {batch_size}: {f'{model:,.0f}' if model >= 100 else f'{model:.3g}'}/s"
+        rate = f"{model:,.0f}" if model >= 100 else f"{model:.3g}"
         place = {"xytext": (-4, 3), "textcoords": "offset points", "ha": "right", "va": "bottom"}
-        ax.annotate(text, (threads[-1], model), **place, fontsize=8, color="dimgrey")
+        ax.annotate(f"model alone, batch {batch_size}: {rate}/s", (threads[-1], model), **place, fontsize=8)
     best = sweep.recommended
-    circle = {"marker": "o", "markersize": 18, "fillstyle": "none", "color": "black", "linestyle": "none"}
-    ax.plot([best.threads], [best.e2e_fps or best.loader_fps], **circle, label=f"recommended: {best.flags()}")
+    circle = {"markersize": 18, "fillstyle": "none", "color": "black", "label": f"recommended: {best.flags()}"}
+    ax.plot([best.threads], [best.e2e_fps or best.loader_fps], "o", **circle)
     ax.set_xscale("log", base=2)
     ax.set_xticks(threads, [str(t) for t in threads])
     rates = [r for p in sweep.points for r in (p.loader_fps, p.model_fps, p.e2e_fps) if r]
@@ -3595,8 +3539,8 @@ def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
         ax.yaxis.set(major_locator=LogLocator(subs=(1, 2, 5)), major_formatter=ScalarFormatter())
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates, default=1) * 1.3)
-    title = title or f"Sweep: {sweep.images} images per setting"
-    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s", title=title)
+    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s")
+    ax.set_title(title or f"Sweep: {sweep.images} images per setting")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     _save(fig, plt, ax, path)
     return True

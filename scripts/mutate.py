@@ -133,7 +133,7 @@ GROUPS: dict[str, Group] = {
         ],
     ),
     "results": Group(
-        ["RunResult", "_reduce_results", "_rank_entry", "_print_summary", "_print_breakdown"],
+        ["RunResult", "_rank_share", "_job_total", "_reduce_results", "_print_summary", "_print_breakdown"],
         _numbers(
             "test_results_and_their_rates_by_hand",
             "test_summary_of_a_run_without_failures_says_none",

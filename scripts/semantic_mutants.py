@@ -81,7 +81,7 @@ MUTANTS: list[SemanticMutant] = [
       "hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (a, b))",
       "hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (b, a))", PARITY),
     M("parity's reference resized bilinearly whatever the model's interpolation",
-      "interpolation=t.interpolation, mean=t.mean", 'interpolation="bilinear", mean=t.mean', PARITY),
+      "interpolation=t.interpolation, use_prefetcher", 'interpolation="bilinear", use_prefetcher', PARITY),
     M("parity's denominator counts the images the loader could not decode",
       "n = len(paths)\n    worst", "n = len(items)\n    worst", PARITY),
     M("parity names the image that differs least as the worst",
@@ -193,7 +193,7 @@ MUTANTS: list[SemanticMutant] = [
     M("the results file holds the result alone (no config, ranks, breakdown, parity)",
       "json.dumps(report.to_dict(), indent=2)", "json.dumps(report.result.to_dict(), indent=2)", RESULTS),
     M("a torchrun job's elapsed time summed over the ranks, not the longest rank's",
-      "dist.all_reduce(flags, op=dist.ReduceOp.MAX)", "dist.all_reduce(flags, op=dist.ReduceOp.SUM)", TORCHRUN),
+      'elapsed_s=max(s["elapsed_s"] for s in shares)', 'elapsed_s=sum(s["elapsed_s"] for s in shares)', TORCHRUN),
     # --- The breakdown --------------------------------------------------------------------
     M("the breakdown's end-to-end rate over every image and the whole run",
       "from_rates(loader_fps, model_fps, result.fps, config.device, read)",
