@@ -2,22 +2,21 @@
 
 An SPDL pipeline reads a list of images, decodes, resizes and centre-crops them in a pool of
 threads (FFmpeg on the CPU, or nvJPEG / NVDEC on the GPU) and moves each batch to the device,
-while the main thread runs a timm model on the batches one after another. The run reports
-steady-state throughput (images per second, after a warm-up) and top-1 / top-5 accuracy, and
-accounts for every listed image: classified, failed, or not reached.
+while the main thread runs a timm model on the batches. The run reports steady-state throughput
+(images per second, after a warm-up) and top-1 / top-5 accuracy, and accounts for every listed
+image: classified, failed, or not reached.
 
 The images come from a file list (one path per line; the class from the WordNet ID
-``nXXXXXXXX`` in the path, or from a label column), or from a folder (``--data-dir``, class
-folders as torchvision's ``ImageFolder`` reads them, or a flat folder with ``--labels``)::
+``nXXXXXXXX`` in the path, or from a label column), or from a folder (class folders as
+torchvision's ``ImageFolder`` reads them, or a flat folder with ``--labels``)::
 
     cd /data/imagenet && find val -name '*.JPEG' > ~/imagenet.val.flist
     python imagenet_classification.py --input-flist ~/imagenet.val.flist --prefix /data/imagenet/
     python imagenet_classification.py --data-dir /data/imagenet/val
 
-On a machine without a GPU or without access to the model hub::
+Without a GPU or the model hub::
 
-    python imagenet_classification.py --input-flist val.flist --prefix data/ \\
-        --device cpu --model efficientnet_lite0 --checkpoint lite0.pth --no-compile
+    python imagenet_classification.py --data-dir val --device cpu -m efficientnet_lite0 --checkpoint lite0.pth
 
 From a notebook, each stage can be used alone::
 
@@ -87,9 +86,8 @@ from spdl.pipeline import (  # noqa: E402
 from spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-# Every ``spdl.io.X`` goes through that module's ``__getattr__`` (6-24 us a name): the decode path,
-# run for every image in every thread, uses the names bound here once. ``_libspdl`` is SPDL's
-# native module, loaded on its first use (not at import), its names then plain attributes.
+# Each ``spdl.io.X`` costs that module's ``__getattr__`` (6-24 us): the decode path, run for every
+# image, uses names bound here once. ``_libspdl``, SPDL's native module, loads on its first use.
 
 __all__ = [
     # The design's names: each stage can be called alone.
