@@ -210,12 +210,11 @@ def _number(kind: type, low: float, what: str, high: float = math.inf) -> Callab
     return parse
 
 
-MAX_IMG_SIZE = 4096  # --img-size: larger crops are a typo, not a model's input
 _count = _number(int, 1, "a whole number of at least 1")
 _count0 = _number(int, 0, "a whole number of at least 0")
 _seconds = _number(float, 1e-3, "a number of seconds above 0")
 _timeout = _number(float, 1e-3, "at most 1e6 seconds, above 0", 1e6)  # longer overflow the DataLoader's clock
-_img_size = _number(int, 1, f"at most {MAX_IMG_SIZE} pixels, at least 1", MAX_IMG_SIZE)
+_img_size = _number(int, 1, "at most 4096 pixels, at least 1", 4096)  # a larger crop is a typo, not a model's input
 _fraction = _number(float, 1e-6, "a number in (0, 1]", 1)
 
 
@@ -672,7 +671,7 @@ def _resident_bytes(fd: int, size: int) -> int | None:
     if size == 0:
         return 0
     addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    if addr is None or addr == ctypes.c_void_p(-1).value:  # MAP_FAILED: a file system without mmap
+    if addr == ctypes.c_void_p(-1).value:  # MAP_FAILED: a file system without mmap
         return None
     try:
         pages = -(-size // mmap.PAGESIZE)
@@ -682,8 +681,10 @@ def _resident_bytes(fd: int, size: int) -> int | None:
     finally:
         libc.munmap(addr, size)
     flags = vector.raw.translate(_LOW_BIT)
-    tail = size - (pages - 1) * mmap.PAGESIZE  # the last page holds only this much of the file
-    return flags.count(1) * mmap.PAGESIZE - (mmap.PAGESIZE - tail if flags[-1] else 0)
+    resident = flags.count(1) * mmap.PAGESIZE
+    if flags[-1]:  # the file ends inside its last page
+        resident -= pages * mmap.PAGESIZE - size
+    return resident
 
 
 def _sum_known(values: Iterable[int | None]) -> int | None:
@@ -734,7 +735,7 @@ def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] 
     """``(size, resident bytes, resident bytes after eviction or None)``; None if the file cannot
     be opened or is no regular file (opened with O_NONBLOCK: a FIFO cannot hang here)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     try:
