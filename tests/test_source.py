@@ -67,7 +67,7 @@ def test_bad_line_names_file_and_line(tmp_path, bad_line, message):
         read_file_list(flist)
 
 
-def test_count_list_rejects_missing_and_empty(tmp_path):
+def test_file_list_rejects_missing_and_empty(tmp_path):
     with pytest.raises(InputError, match="nope.txt: no such file"):
         read_file_list(tmp_path / "nope.txt")
     (tmp_path / "empty.txt").write_text("\n \n")
