@@ -2,22 +2,21 @@
 
 An SPDL pipeline reads a list of images, decodes, resizes and centre-crops them in a pool of
 threads (FFmpeg on the CPU, or nvJPEG / NVDEC on the GPU) and moves each batch to the device,
-while the main thread runs a timm model on the batches one after another. The run reports
-steady-state throughput (images per second, after a warm-up) and top-1 / top-5 accuracy, and
-accounts for every listed image: classified, failed, or not reached.
+while the main thread runs a timm model on the batches. The run reports steady-state throughput
+(images per second, after a warm-up) and top-1 / top-5 accuracy, and accounts for every listed
+image: classified, failed, or not reached.
 
 The images come from a file list (one path per line; the class from the WordNet ID
-``nXXXXXXXX`` in the path, or from a label column), or from a folder (``--data-dir``, class
-folders as torchvision's ``ImageFolder`` reads them, or a flat folder with ``--labels``)::
+``nXXXXXXXX`` in the path, or from a label column), or from a folder (class folders as
+torchvision's ``ImageFolder`` reads them, or a flat folder with ``--labels``)::
 
     cd /data/imagenet && find val -name '*.JPEG' > ~/imagenet.val.flist
     python imagenet_classification.py --input-flist ~/imagenet.val.flist --prefix /data/imagenet/
     python imagenet_classification.py --data-dir /data/imagenet/val
 
-On a machine without a GPU or without access to the model hub::
+Without a GPU or the model hub::
 
-    python imagenet_classification.py --input-flist val.flist --prefix data/ \\
-        --device cpu --model efficientnet_lite0 --checkpoint lite0.pth --no-compile
+    python imagenet_classification.py --data-dir val --device cpu -m efficientnet_lite0 --checkpoint lite0.pth
 
 From a notebook, each stage can be used alone::
 
@@ -87,9 +86,8 @@ from spdl.pipeline import (  # noqa: E402
 from spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-# Every ``spdl.io.X`` goes through that module's ``__getattr__`` (6-24 us a name): the decode path,
-# run for every image in every thread, uses the names bound here once. ``_libspdl`` is SPDL's
-# native module, loaded on its first use (not at import), its names then plain attributes.
+# Each ``spdl.io.X`` costs that module's ``__getattr__`` (6-24 us): the decode path, run for every
+# image, uses names bound here once. ``_libspdl``, SPDL's native module, loads on its first use.
 
 __all__ = [
     # The design's names: each stage can be called alone.
@@ -144,13 +142,9 @@ EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
 
 class InputError(Exception):
-    """Input that cannot be used, found before the run: a file list, label file or folder (the
-    message names the file and line), an argument, a model, checkpoint, device or decoder.
-
-    Attributes:
-        flag: The command-line flag that takes the input, when one does (``--model``, ...).
-        advice: What to do about it, in the command line's words ("" for none).
-    """
+    """Input found unusable before the run: a file list, label file or folder (the message names
+    the file and line), an argument, a model, checkpoint, device or decoder. ``flag`` is the flag
+    that takes the input, if one does; ``advice`` what to do, in the command line's words."""
 
     def __init__(self, message: str, flag: str | None = None, advice: str = "") -> None:
         super().__init__(message)
@@ -162,12 +156,7 @@ _WEIGHTS_ADVICE = "pass --checkpoint PATH for local weights, or --no-pretrained 
 
 
 class ImageDecodeError(Exception):
-    """An image that could not be read or decoded.
-
-    Attributes:
-        path: The image's path as listed (with the prefix).
-        reason: Why, in words (the OS error or the decoder's message).
-    """
+    """An image that could not be read or decoded: its ``path`` as listed and the ``reason``."""
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
@@ -178,18 +167,12 @@ class ImageDecodeError(Exception):
 
 
 class RunStopped(Exception):
-    """A run that ended before every listed image was classified or failed.
-
-    Attributes:
-        kind: Why: ``bad_image`` (the policy is strict), ``too_many_bad``, ``stalled`` (no batch
-            within the loader's time-out), ``incomplete`` (the loader ended early), ``loader``
-            (it failed), ``out_of_memory``, ``model`` (the model failed on a batch) or ``peer``
-            (another rank of a torchrun job stopped).
-        advice: What to do about it, in the command line's words ("" for none).
-        where: For ``stalled``: what the decode stage was doing.
-        result: The partial :py:class:`RunResult`, set by :py:func:`benchmark` (None when
-            raised outside it).
-    """
+    """A run that ended before every listed image was classified or failed. ``kind`` says why:
+    ``bad_image`` (the policy is strict), ``too_many_bad``, ``stalled`` (no batch within the
+    time-out; ``where`` says what the decode stage was doing), ``incomplete`` (the loader ended
+    early), ``loader`` (it failed), ``out_of_memory``, ``model`` (it failed on a batch) or
+    ``peer`` (another rank of a torchrun job stopped). ``result`` is the partial
+    :py:class:`RunResult`, set by :py:func:`benchmark`."""
 
     def __init__(self, message: str, kind: str, advice: str = "", where: str = "") -> None:
         super().__init__(message)
@@ -198,12 +181,8 @@ class RunStopped(Exception):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM during a run: a KeyboardInterrupt, so that no library swallows it.
-
-    Attributes:
-        signum: The signal.
-        result: The partial :py:class:`RunResult` once :py:func:`benchmark` has attached it.
-    """
+    """SIGINT or SIGTERM during a run (a KeyboardInterrupt, so that no library swallows it), with
+    the partial :py:class:`RunResult` once :py:func:`benchmark` has attached it."""
 
     def __init__(self, signum: int = signal.SIGINT, result: RunResult | None = None) -> None:
         self.signum, self.result = signum, result
@@ -231,12 +210,11 @@ def _number(kind: type, low: float, what: str, high: float = math.inf) -> Callab
     return parse
 
 
-MAX_IMG_SIZE = 4096  # --img-size: larger crops are a typo, not a model's input
 _count = _number(int, 1, "a whole number of at least 1")
 _count0 = _number(int, 0, "a whole number of at least 0")
 _seconds = _number(float, 1e-3, "a number of seconds above 0")
 _timeout = _number(float, 1e-3, "at most 1e6 seconds, above 0", 1e6)  # longer overflow the DataLoader's clock
-_img_size = _number(int, 1, f"at most {MAX_IMG_SIZE} pixels, at least 1", MAX_IMG_SIZE)
+_img_size = _number(int, 1, "at most 4096 pixels, at least 1", 4096)  # a larger crop is a typo, not a model's input
 _fraction = _number(float, 1e-6, "a number in (0, 1]", 1)
 
 
@@ -273,14 +251,14 @@ def _loader_flags(parser: argparse.ArgumentParser) -> None:
     loader.add_argument("-b", "--batch-size", type=_count, default=32, help="images per batch")
     loader.add_argument("-j", "--num-threads", "--workers", type=_count, default=16, help="decode threads (or workers)")
     loader.add_argument("--queue-size", type=_count, default=16, help="decoded batches held ready for the model")
-    loader.add_argument("--decode-processes", type=_count0, default=0, metavar="N",
-                        help="decode in N processes of --num-threads threads each (FFmpeg; 0: in this one)")
+    processes = "decode in N processes of --num-threads threads each (FFmpeg; 0: in this one)"
+    loader.add_argument("--decode-processes", type=_count0, default=0, metavar="N", help=processes)
     loader.add_argument("--loader", choices=("spdl", "torch"), default="spdl", help="torch: a DataLoader with PIL")
     decoder = loader.add_mutually_exclusive_group()
     decoder.add_argument("--use-nvjpeg", action="store_true", help="decode on the GPU with nvJPEG")
     decoder.add_argument("--use-nvdec", action="store_true", help="decode on the GPU with NVDEC")
-    loader.add_argument("--check-decoder", type=_count0, metavar="N",
-                        help=f"compare a GPU decoder with FFmpeg on N images, 0: off (default: {CHECK_DECODER_IMAGES})")
+    check = f"compare a GPU decoder with FFmpeg on N images, 0: off (default: {CHECK_DECODER_IMAGES})"
+    loader.add_argument("--check-decoder", type=_count0, metavar="N", help=check)
 
 
 def _model_flags(parser: argparse.ArgumentParser) -> None:
@@ -293,22 +271,30 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     compile = model.add_mutually_exclusive_group()
     compile.add_argument("--compile", action="store_const", const=True, help="torch.compile (default: on a GPU)")
-    compile.add_argument("--torchcompile", nargs="?", const="inductor", choices=("inductor",), metavar="inductor",
-                         help="timm's name for --compile")
+    compile.add_argument(
+        "--torchcompile",
+        nargs="?",
+        const="inductor",
+        choices=("inductor",),
+        metavar="inductor",
+        help="timm's name for --compile",
+    )
     compile.add_argument("--no-compile", action="store_const", const=False, dest="compile", help="skip torch.compile")
-    model.add_argument("--compile-mode", choices=COMPILE_MODES,
-                       help=f"torch.compile's mode, and compile (default: {COMPILE_MODE}; max-autotune: minutes)")
-    model.add_argument("--dtype", "--amp-dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
-                       help="the model's precision; auto: bfloat16 where the hardware has it")
+    mode = f"torch.compile's mode, and compile (default: {COMPILE_MODE}; max-autotune: minutes)"
+    model.add_argument("--compile-mode", choices=COMPILE_MODES, help=mode)
+    dtypes = ("auto", "bfloat16", "float16", "float32")
+    precision = "the model's precision; auto: bfloat16 where the hardware has it"
+    model.add_argument("--dtype", "--amp-dtype", choices=dtypes, default="auto", help=precision)
     model.add_argument("--amp", action="store_const", const="auto", dest="dtype", help="timm's flag: --dtype auto")
     model.add_argument("--no-bf16", action="store_const", const="float32", dest="dtype", help="--dtype float32")
     transform = parser.add_argument_group("evaluation transform (default: the model's pretrained config)")
     transform.add_argument("--img-size", type=_img_size, metavar="N", help="side of the square crop fed to the model")
     transform.add_argument("--crop-pct", type=_fraction, metavar="F", help="resize the shorter side to img-size / F")
     transform.add_argument("--interpolation", choices=sorted(_FFMPEG_SCALE_FLAGS), help="the resize's filter")
+    number = _number(float, 0, "a number")
     for name in ("mean", "std"):
-        transform.add_argument(f"--{name}", type=_number(float, 0, "a number"), nargs=3, metavar=("R", "G", "B"),
-                               help=f"per-channel {name} on the 0-1 scale")
+        scale = f"per-channel {name} on the 0-1 scale"
+        transform.add_argument(f"--{name}", type=number, nargs=3, metavar=("R", "G", "B"), help=scale)
 
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
@@ -325,8 +311,8 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--predictions-file", type=Path, help="write one row per image here (.csv or .jsonl)")
     run.add_argument("--trace", type=Path, help=f"write PATH.json and PATH.pftrace ({TRACE_BATCHES} batches)")
     run.add_argument("--plot", type=Path, help="draw the run's timeline (or the sweep) into this PNG")
-    run.add_argument("--sweep", nargs="+", metavar="SPEC",
-                     help="time the loader at each setting: auto, or e.g. num-threads=1,2,4 batch-size=64,128")
+    sweep = "time the loader at each setting: auto, or e.g. num-threads=1,2,4 batch-size=64,128"
+    run.add_argument("--sweep", nargs="+", metavar="SPEC", help=sweep)
     run.add_argument("--debug", action="store_true", help="debug logging")
 
 
@@ -375,15 +361,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 _MAX_LINE_BYTES = 8192  # a longer line is no path: the file is not a file list (e.g. /dev/zero)
 _WNID = re.compile(r"n\d{8}")
-
-
-CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")  # index, WordNet ID, name; the wheel carries it
+CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")  # scripts/make_class_tsv.py writes it; the wheel has it
 
 
 @functools.cache
 def _class_table() -> tuple[tuple[str, str], ...]:
-    """ImageNet-1k's ``(WordNet ID, name)`` pairs in class-index order, from ``imagenet_class.tsv``
-    (scripts/make_class_tsv.py writes it from timm's lists)."""
+    """ImageNet-1k's ``(WordNet ID, name)`` pairs in class-index order."""
     try:
         rows = [line.split("\t") for line in CLASS_TSV.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
@@ -395,12 +378,12 @@ def _class_table() -> tuple[tuple[str, str], ...]:
 
 @functools.cache
 def _class_index() -> dict[str, int]:
-    """WordNet ID -> class index, read once; never handed out (see get_mappings)."""
+    """WordNet ID -> class index, never handed out (get_mappings copies it)."""
     return {wnid: index for index, (wnid, _) in enumerate(_class_table())}
 
 
 def _class_name(index: int) -> str:
-    """The short name of an ImageNet-1k class index (its first WordNet lemma), e.g. 636 -> 'mailbag'."""
+    """A class's first WordNet lemma, e.g. 636 -> 'mailbag'."""
     return _class_table()[index][1].split(",")[0]
 
 
@@ -441,13 +424,12 @@ class ImageList:
         return replace(self, paths=self.paths[:count], labels=self.labels[:count])
 
     def shard(self, rank: int, world_size: int) -> ImageList:
-        """Images ``rank, rank + world_size, …``: each image to exactly one rank; shards differ
-        in length by at most one."""
+        """Images ``rank, rank + world_size, …``: each to one rank, shards within one of each other."""
         return replace(self, paths=self.paths[rank::world_size], labels=self.labels[rank::world_size])
 
 
 class _Labels(dict):
-    """Class index by image name (file name without its extension), and the file it came from."""
+    """Class index by image name (its file name without the extension), and the file read."""
 
     def __init__(self, origin: str, by_name: dict[str, int]) -> None:
         super().__init__(by_name)
@@ -459,48 +441,35 @@ def _image_name(path: str) -> str:
 
 
 def _rows(path: Path | str) -> Iterator[tuple[str, str]]:
-    """``("file:line", text)`` of each non-blank line of a text file (``-``: standard input),
-    stripped: the one reader of file lists and label files. InputError if the file is missing,
-    a folder, unreadable, not UTF-8 text, or binary (a line longer than any path: ``/dev/zero``)."""
+    """``("file:line", stripped text)`` of each non-blank line of a text file (``-``: standard
+    input). InputError if it is missing, a folder, unreadable, not UTF-8 or binary (``/dev/zero``)."""
     name = "<stdin>" if str(path) == "-" else str(path)
+    f = sys.stdin.buffer
     try:
-        f = sys.stdin.buffer if name == "<stdin>" else open(path, "rb")  # noqa: SIM115 - closed below
+        if name != "<stdin>":
+            f = open(path, "rb")  # noqa: SIM115 - closed below
+        for lineno in itertools.count(1):
+            raw = f.readline(_MAX_LINE_BYTES)
+            if not raw:
+                return
+            if len(raw) == _MAX_LINE_BYTES and not raw.endswith(b"\n") or b"\0" in raw:
+                binary = f"binary data or a line over {_MAX_LINE_BYTES} bytes: not a text list"
+                raise InputError(f"{name}:{lineno}: {binary}")
+            try:  # utf-8-sig: line 1 may begin with a byte-order mark, as Windows editors write
+                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").strip()
+            except UnicodeDecodeError:
+                raise InputError(f"{name}:{lineno}: not UTF-8 text") from None
+            if text:
+                yield f"{name}:{lineno}", text
     except FileNotFoundError:
         raise InputError(f"{name}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{name}: is a folder, not a file") from None
     except OSError as e:
         raise InputError(f"{name}: cannot read it ({e.strerror or e})") from None
-    try:
-        for lineno in itertools.count(1):
-            try:
-                raw = f.readline(_MAX_LINE_BYTES)
-            except OSError as e:
-                raise InputError(f"{name}: cannot read it ({e.strerror or e})") from None
-            if not raw:
-                return
-            if len(raw) == _MAX_LINE_BYTES and not raw.endswith(b"\n") or b"\0" in raw:
-                raise InputError(
-                    f"{name}:{lineno}: binary data or a line over {_MAX_LINE_BYTES} bytes: not a text list"
-                )
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise InputError(f"{name}:{lineno}: not UTF-8 text") from None
-            if lineno == 1:
-                text = text.removeprefix("\ufeff")  # a byte-order mark, as Windows editors write
-            if text.strip():
-                yield f"{name}:{lineno}", text.strip()
     finally:
         if f is not sys.stdin.buffer:
             f.close()
-
-
-def _split_last(text: str) -> tuple[str, str | None]:
-    """``text`` cut before its last whitespace-separated field: ``(before, last)``, or
-    ``(text, None)`` for a single field."""
-    parts = text.rsplit(None, 1)
-    return (parts[0], parts[1]) if len(parts) == 2 else (text, None)
 
 
 def _parse_label(text: str, where: str) -> int | None:
@@ -517,7 +486,7 @@ def _parse_label(text: str, where: str) -> int | None:
 
 
 def _label_from_path(path: str, where: str, labels: _Labels | None) -> int:
-    """The class of an image without a label column: by its name in ``labels``, else by the
+    """The class of an image listed without a label: by its name in ``labels``, else by the
     WordNet ID in its path."""
     if labels is not None:
         if (label := labels.get(_image_name(path))) is None:
@@ -531,8 +500,7 @@ def _label_from_path(path: str, where: str, labels: _Labels | None) -> int:
 
 
 def _image_list(pairs: Iterator[tuple[str, int]], max_samples: int | None, origin: str, empty: str) -> ImageList:
-    """The first ``max_samples`` of ``(path, class index)`` pairs, read no further; InputError
-    ``"{origin}: {empty}"`` if there are none."""
+    """The first ``max_samples`` pairs, read no further; InputError ``"{origin}: {empty}"`` if none."""
     taken = list(itertools.islice(pairs, max_samples))
     if not taken:
         raise InputError(f"{origin}: {empty}")
@@ -542,11 +510,8 @@ def _image_list(pairs: Iterator[tuple[str, int]], max_samples: int | None, origi
 def read_labels(path: Path | str) -> _Labels:
     """Read labels for a flat folder of images, by image name (matched without its extension):
     Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``, whose first WordNet ID is
-    the class) or lines of ``name label``, the label a WordNet ID or a class index.
-
-    Raises:
-        InputError: an unreadable file or a bad line, named with its line number.
-    """
+    the class) or ``name label`` lines, the label a WordNet ID or a class index. InputError names
+    a bad line with its number."""
     by_name: dict[str, int] = {}
     for where, text in _rows(path):
         if "," in text:  # Kaggle: ImageId,PredictionString ("n01751748 0 0 100 100 …")
@@ -555,8 +520,7 @@ def read_labels(path: Path | str) -> _Labels:
                 continue  # the header
             fields = rest.split()
         else:
-            name, last = _split_last(text)
-            fields = [last] if last else []
+            name, *fields = text.rsplit(None, 1)
         label = _parse_label(fields[0], where) if fields else None
         if label is None:
             raise InputError(f"{where}: expected 'name label' or 'ImageId,WNID …', got {text!r}")
@@ -569,22 +533,12 @@ def read_labels(path: Path | str) -> _Labels:
 def read_file_list(
     path: Path | str, prefix: str = "", max_samples: int | None = None, *, labels: _Labels | None = None
 ) -> ImageList:
-    """Read a file list once, checking every line (up to ``max_samples`` images).
-
-    Each non-blank line is an image path (surrounding whitespace and CRLF stripped), in one of
-    three forms, the same for every line of a list:
-
-    - ``path``: the class is the last WordNet ID folder in the path (``…/n01440764/…``);
-    - ``path label``: the label is a WordNet ID or a class index (0-999, sorted-WordNet-ID
-      order, as Caffe-style ``val.txt`` lists have); the path is everything before the last
-      whitespace-separated field, so it may hold spaces;
-    - ``path`` with ``labels`` (from :py:func:`read_labels`): looked up by the file's name.
-
-    ``path`` ``-`` reads standard input; ``prefix`` is prepended to each path.
-
-    Raises:
-        InputError: the list is unreadable or empty, or a line is bad (named with its number).
-    """
+    """Read a file list (``-``: standard input) once, checking every line up to ``max_samples``
+    images. Each non-blank line is an image path, ``prefix`` prepended, and every line of a list
+    in the same one of three forms: ``path`` (the class the last WordNet ID folder in it);
+    ``path label`` (a WordNet ID or a class index 0-999 in sorted-WordNet-ID order, as Caffe's
+    ``val.txt`` has; the path, all before the last field, may hold spaces); or ``path`` with
+    ``labels`` (:py:func:`read_labels`) by file name. InputError names a bad line's number."""
     name = "<stdin>" if str(path) == "-" else str(path)
     return _image_list(_list_rows(path, prefix, labels), max_samples, name, "the file list has no image paths")
 
@@ -592,8 +546,8 @@ def read_file_list(
 def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterator[tuple[str, int]]:
     with_column: bool | None = None  # as the first line has it
     for where, text in _rows(path):
-        before, last = _split_last(text)
-        label = None if last is None else _parse_label(last, where)
+        parts = text.rsplit(None, 1)
+        label = _parse_label(parts[1], where) if len(parts) == 2 else None
         if with_column is None:
             with_column = label is not None
         if (label is not None) != with_column:
@@ -603,13 +557,12 @@ def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterato
             label = _label_from_path(text, where, labels)
         elif labels is not None:
             raise InputError(f"{where}: has a label column; labels by file name are for lists without one")
-        yield prefix + (before if with_column else text), label
+        yield prefix + (parts[0] if with_column else text), label
 
 
 def _image_files(folder: str) -> Iterator[str]:
-    """Image files under ``folder`` in ``ImageFolder``'s order (``sorted(os.walk(folder))``: the
-    folders by path, each one's files by name), hidden files and folders left out; each entry's
-    type comes from the directory listing, without a stat where it can."""
+    """Image files under ``folder``, hidden ones left out, in ImageFolder's ``sorted(os.walk())``
+    order; each entry's type from the directory listing, without a stat where it can."""
     folders, pending = [], [folder]
     while pending:
         with os.scandir(path := pending.pop()) as it:
@@ -622,14 +575,10 @@ def _image_files(folder: str) -> Iterator[str]:
 
 
 def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: _Labels | None = None) -> ImageList:
-    """List a folder's images (:py:data:`IMAGE_EXTENSIONS`, any case; hidden files left out) as
-    torchvision's ``ImageFolder`` does: ``root`` holds one folder per class, named by its WordNet
-    ID (``train/``, a sorted ``val/``), or with ``labels`` is flat (``val/`` as the archive has it).
-
-    Raises:
-        InputError: no such folder, a class folder that is no ImageNet WordNet ID, an image
-            without a label, or no images at all.
-    """
+    """List a folder's images as torchvision's ``ImageFolder`` does: one folder per class named by
+    its WordNet ID (``train/``, a sorted ``val/``), or with ``labels`` a flat folder (``val/`` as
+    the archive has it). InputError for no such folder, a class folder that is no ImageNet
+    WordNet ID, an image without a label, or no images."""
     root = str(root)
     if not os.path.isdir(root):
         raise InputError(f"{root}: no such folder")
@@ -658,22 +607,14 @@ def _folder_rows(root: str, labels: _Labels | None) -> Iterator[tuple[str, int]]
         yield from ((path, label) for path in _image_files(folder))
 
 
-def _limit(max_samples: float | None) -> int | None:
-    return None if max_samples is None or math.isinf(max_samples) else int(max_samples)
-
-
 def source(
     path: Path | str, prefix: str = "", max_samples: float | None = None, *, rank: int = 0, world_size: int = 1
 ) -> Iterator[tuple[str, int]]:
     """Yield ``(prefix + path, class index)`` for each image of this rank's shard (images
     ``rank, rank + world_size, …`` of the first ``max_samples``) of a file list, read and checked
     whole first (:py:func:`read_file_list`); InputError names a bad line's file and number."""
-    yield from read_file_list(path, prefix, _limit(max_samples)).shard(rank, world_size)
-
-
-def _count_list(path: Path | str, max_samples: float | None = None) -> int:
-    """How many images a file list holds (at most ``max_samples``), checking every line."""
-    return len(read_file_list(path, max_samples=_limit(max_samples)))
+    limit = None if max_samples is None or math.isinf(max_samples) else int(max_samples)
+    yield from read_file_list(path, prefix, limit).shard(rank, world_size)
 
 
 @dataclass(frozen=True)
@@ -686,8 +627,7 @@ class _Shard:
 
     @classmethod
     def from_env(cls) -> _Shard:
-        """Read RANK, WORLD_SIZE and LOCAL_RANK, which torchrun sets for each process."""
-        env = os.environ
+        env = os.environ  # torchrun sets these for each process
         return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
 
     def size_of(self, listed: int, rank: int | None = None) -> int:
@@ -704,8 +644,7 @@ _LOW_BIT = bytes(i & 1 for i in range(256))  # mincore's vector: bit 0 of each b
 
 @functools.cache
 def _libc() -> Any | None:
-    """libc's mmap, munmap and mincore through ctypes (Python's mmap has no mincore); None
-    where the platform lacks them (then residency is unknown)."""
+    """libc's mmap, munmap and mincore (Python's mmap has no mincore); None where it lacks them."""
     import ctypes
     import ctypes.util
 
@@ -722,8 +661,8 @@ def _libc() -> Any | None:
 
 
 def _resident_bytes(fd: int, size: int) -> int | None:
-    """Bytes of the open regular file ``fd`` (``size`` bytes long) in the page cache, from
-    mincore over a read-only mapping of the whole file (mapping reads nothing); None if unknown."""
+    """Bytes of the regular file ``fd`` (``size`` long) in the page cache, by mincore over a
+    mapping of it (which reads nothing); None if unknown."""
     import ctypes
     import mmap
 
@@ -732,7 +671,7 @@ def _resident_bytes(fd: int, size: int) -> int | None:
     if size == 0:
         return 0
     addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    if addr is None or addr == ctypes.c_void_p(-1).value:  # MAP_FAILED: a file system without mmap
+    if addr == ctypes.c_void_p(-1).value:  # MAP_FAILED: a file system without mmap
         return None
     try:
         pages = -(-size // mmap.PAGESIZE)
@@ -742,8 +681,10 @@ def _resident_bytes(fd: int, size: int) -> int | None:
     finally:
         libc.munmap(addr, size)
     flags = vector.raw.translate(_LOW_BIT)
-    tail = size - (pages - 1) * mmap.PAGESIZE  # the last page holds only this much of the file
-    return flags.count(1) * mmap.PAGESIZE - (mmap.PAGESIZE - tail if flags[-1] else 0)
+    resident = flags.count(1) * mmap.PAGESIZE
+    if flags[-1]:  # the file ends inside its last page
+        resident -= pages * mmap.PAGESIZE - size
+    return resident
 
 
 def _sum_known(values: Iterable[int | None]) -> int | None:
@@ -753,17 +694,17 @@ def _sum_known(values: Iterable[int | None]) -> int | None:
 
 
 def _share(part: int | None, whole: int) -> float | None:
-    return None if part is None else part / whole if whole else 0.0
+    if part is None:
+        return None
+    return part / whole if whole else 0.0
 
 
 @dataclass
 class _PageCache:
     """How much of the listed files' data was in the page cache before a run, and after
-    ``--cold-cache`` evicted it (``cold``; ``POSIX_FADV_DONTNEED`` drops clean pages of file data
-    only: pages not yet on disk, directory entries and inodes stay). ``files`` regular files of
-    ``bytes`` in all were examined (this rank's shard, or the job's once reduced), ``skipped``
-    paths not (missing, unreadable, no regular file: failures of the run). The resident bytes
-    are None if unknown (no mincore, or a file system that cannot map files)."""
+    ``--cold-cache`` evicted it (POSIX_FADV_DONTNEED drops clean file pages only: not dirty
+    pages, directory entries or inodes). ``skipped``: paths not examined (missing, unreadable,
+    no regular file). Resident bytes are None if unknown (no mincore, or no mmap)."""
 
     cold: bool
     files: int = 0
@@ -791,10 +732,10 @@ class _PageCache:
 
 
 def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] | None:
-    """``(size, resident bytes, resident bytes after eviction or None)`` of one file; None if it
-    cannot be opened or is no regular file (opened with O_NONBLOCK: a FIFO cannot hang here)."""
+    """``(size, resident bytes, resident bytes after eviction or None)``; None if the file cannot
+    be opened or is no regular file (opened with O_NONBLOCK: a FIFO cannot hang here)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     try:

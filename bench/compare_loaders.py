@@ -282,7 +282,7 @@ def model_rates(flist: Path, model_name: str, batch_size: int, threads: int, war
     """Model-only and end-to-end images/s with the SPDL loader, through the benchmark's loop."""
     model = ic.get_model(model_name, "cpu", pretrained=False, compile=False, dtype="float32")
     with open_loader("spdl", flist, threads, batch_size, model.transform) as batches:
-        result = ic.benchmark(batches, model, listed=ic._count_list(flist), warmup_batches=warmup)
+        result = ic.benchmark(batches, model, listed=len(ic.read_file_list(flist)), warmup_batches=warmup)
     return {"model_fps": ic._measure_model(model, batch_size, result.batches, warmup), "e2e_fps": result.fps}
 
 

@@ -4,7 +4,7 @@ from importlib import resources
 
 import pytest
 
-from imagenet_classification import InputError, _count_list, get_mappings, parse_wnid, source
+from imagenet_classification import InputError, get_mappings, parse_wnid, read_file_list, source
 from tests.conftest import ROOT
 
 
@@ -50,8 +50,8 @@ def test_source_prefix_blank_lines_crlf(tmp_path):
         ("/data/val/n01440764/c.JPEG", 0),
     ]
     assert [p for p, _ in source(flist, max_samples=2)] == ["val/n01440764/a.JPEG", "val/n03709823/b.JPEG"]
-    assert _count_list(flist) == 3
-    assert _count_list(flist, max_samples=2) == 2
+    assert len(read_file_list(flist)) == 3
+    assert len(read_file_list(flist, max_samples=2)) == 2
 
 
 @pytest.mark.parametrize(
@@ -64,15 +64,15 @@ def test_bad_line_names_file_and_line(tmp_path, bad_line, message):
     with pytest.raises(InputError, match=rf"list\.txt:3: {message}"):
         list(source(flist))
     with pytest.raises(InputError, match=r"list\.txt:3:"):
-        _count_list(flist)
+        read_file_list(flist)
 
 
-def test_count_list_rejects_missing_and_empty(tmp_path):
+def test_file_list_rejects_missing_and_empty(tmp_path):
     with pytest.raises(InputError, match="nope.txt: no such file"):
-        _count_list(tmp_path / "nope.txt")
+        read_file_list(tmp_path / "nope.txt")
     (tmp_path / "empty.txt").write_text("\n \n")
     with pytest.raises(InputError, match="no image paths"):
-        _count_list(tmp_path / "empty.txt")
+        read_file_list(tmp_path / "empty.txt")
 
 
 def test_public_names_exist():
