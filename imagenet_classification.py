@@ -2446,7 +2446,7 @@ class RunResult:
         None when the lead is unknown or the window includes the start (nothing buffered yet)."""
         if self.loader_lead is None or self.warmup_included or not self.batches_timed:
             return None
-        lead = min(self.loader_lead, self.batches_timed)
+        lead = self.loader_lead  # a lead of the whole window or more: all of it buffered
         bound = math.inf if self.batches_timed <= lead else lead / (self.batches_timed - lead)
         if self.loader_min_fps:
             bound = min(bound, max(0.0, self.fps / self.loader_min_fps - 1))

@@ -121,7 +121,12 @@ GROUPS: dict[str, Group] = {
             "test_loader_alone_and_model_alone_are_timed_after_their_warmup",
             "test_fps_of_a_window_the_loader_had_buffered_stays_within_its_stated_bound",
         )
-        + ["tests/test_accounting.py::test_silently_dropped_batch_is_caught", *_RUN_AT_LIMIT],
+        + [
+            "tests/test_accounting.py::test_silently_dropped_batch_is_caught",
+            "tests/test_newcomer.py::test_benchmark_says_when_its_warmup_is_in_the_fps",
+            "tests/test_page_cache.py::test_the_disk_in_the_verdict_by_hand",
+            *_RUN_AT_LIMIT,
+        ],
         [
             "tests/test_measurement.py::test_breakdown_verdict_on_cpu_and_gpu",
             "tests/test_accounting.py::test_silently_dropped_batch_is_caught",
@@ -147,7 +152,8 @@ GROUPS: dict[str, Group] = {
             "test_a_run_at_the_max_bad_limit_reports_exact_figures",
             "test_a_run_states_its_loaders_lead_and_the_bound",
             "test_torchrun_per_rank_figures",
-        ),
+        )
+        + ["tests/test_page_cache.py::test_the_disk_in_the_verdict_by_hand"],
         [
             *_OLD_CLI_RUN,
             "tests/test_bad_input.py::test_all_bad_list_reports_zero_classified",
@@ -183,6 +189,7 @@ GROUPS: dict[str, Group] = {
             "tests/test_decode.py::test_cached_filter_graphs_equal_a_fresh_graph_per_image",
             "tests/test_semantic.py::test_pil_decoder_equals_timms_transform",
             "tests/test_semantic.py::test_ffmpeg_decoder_follows_timms_transform_in_each_mode",
+            "tests/test_newcomer.py::test_transform_overrides_reach_the_loader_and_the_model",
         ],
         [
             "tests/test_decode.py::test_geometry_matches_torchvision",
