@@ -4379,9 +4379,14 @@ def _check_output_path(flag: str, path: Path) -> str:
 
 def _check_caches(device: torch.device, compile: bool) -> None:
     """An unwritable cache folder of torch's (which importing timm creates) or Triton's, found now."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # private: no public name for it
+    import getpass
 
-    folders = {"TORCHINDUCTOR_CACHE_DIR": Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())}
+    try:  # where torch puts it: not by importing torch._inductor, which fails on an unwritable folder
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    default = Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    folders = {"TORCHINDUCTOR_CACHE_DIR": Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default)}
     if compile and device.type == "cuda":
         folders["TRITON_CACHE_DIR"] = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     for variable, folder in folders.items():
@@ -4610,10 +4615,10 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
     """After the run, into the report: its loader alone, reading its files alone (each pass after
     evicting them again with --cold-cache), the model alone on as many batches. What cuts it short
     is said in the report; the run's result stands."""
-    _LG.info("Breakdown: timing the loader alone, then reading alone, then the model alone.")
     images, result, cold = config.my_images, report.result, config.cold_cache
     batch_size = min(config.batch_size, len(images))
-    try:
+    try:  # from the first line: a signal as soon as it is logged cuts the breakdown, not the run
+        _LG.info("Breakdown: timing the loader alone, then reading alone, then the model alone.")
         if cold:
             _examine_page_cache(images.paths, evict=True)
         with _open_loader(config, images, config.policy()) as loader:
