@@ -4294,10 +4294,10 @@ class _RunConfig:
     def to_dict(self) -> dict:
         """The settings as the results file's ``config`` holds them."""
         t, max_bad = self.transform, self.max_bad
-        weights = str(self.checkpoint) if self.checkpoint else ("pretrained" if self.pretrained else "random")
+        weights = "pretrained" if self.pretrained else "random"
         return {
             **{name: getattr(self, name) for name in _CONFIG_IN_RESULTS},
-            "weights": weights,
+            "weights": str(self.checkpoint) if self.checkpoint else weights,
             "loader_workers": self.num_threads,  # the DataLoader's name for it
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
@@ -4312,10 +4312,9 @@ class _RunConfig:
         }
 
 
-_CONFIG_IN_RESULTS = (
-    "model loader batch_size num_threads decode_concurrency decode_processes queue_size decoder".split()
-)
-_CONFIG_IN_RESULTS += "decoder_backend dtype_reason warmup_batches skip_bad max_image_mb cold_cache start_time".split()
+_CONFIG_IN_RESULTS = "model loader batch_size num_threads decode_concurrency decode_processes".split()
+_CONFIG_IN_RESULTS += "queue_size decoder decoder_backend dtype_reason warmup_batches skip_bad".split()
+_CONFIG_IN_RESULTS += "max_image_mb cold_cache start_time".split()
 
 
 def _read_images(args: argparse.Namespace) -> ImageList:
