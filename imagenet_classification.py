@@ -1714,7 +1714,7 @@ def _check_gpu_decoder(decoder: str, device: torch.device) -> str:
     if cuda_error is not None:
         raise InputError(f"SPDL's CUDA extension cannot load: {cuda_error}", flag, _FFMPEG_ADVICE)
     if decoder == "nvdec" and not spdl.io.utils.built_with_nvcodec():
-        raise InputError(f"the installed SPDL ({_version('spdl')}) is built without NVDEC", flag, _FFMPEG_ADVICE)
+        raise InputError(f"the installed SPDL ({spdl.__version__}) is built without NVDEC", flag, _FFMPEG_ADVICE)
     backend = "torchvision" if decoder == "nvjpeg" else "spdl"
     if decoder == "nvjpeg" and _nvimgcodec()[0] is not None:
         backend = _nvimgcodec_check(device)
@@ -3068,7 +3068,7 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
     return [found[rank] for rank in sorted(found)]
 
 
-def _combine_ranks(outcome: _Outcome, config: _RunConfig) -> list[dict]:
+def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
     """The job's totals into ``outcome.result``; returns the results file's ``ranks``.
 
     A rank whose job stopped leaves its share in the job's store. Rank 0 then totals the shares
@@ -3494,7 +3494,8 @@ def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
 
 @dataclass
 class _RunReport:
-    """A run's result (every rank's, summed), its config as the results file holds it, the environment, each rank's."""
+    """A run: its result (every rank's, summed), its config as the results file holds it, the
+    environment, each rank's; and, not in the file, what stopped it."""
 
     result: RunResult
     config: dict
@@ -3506,6 +3507,9 @@ class _RunReport:
     decoder_check: _DecoderCheck | None = None
     parity: _Parity | None = None
     world_size: int | None = None  # the job's processes (default: one per entry of ``ranks``)
+    error: BaseException | None = None  # what stopped the run
+    job_stop_reason: str | None = None  # under torchrun: what stopped the job, if a peer's failure did
+    profiler: torch.profiler.profile | None = None  # --trace: torch's trace, exported after the summary
 
     def to_dict(self) -> dict:
         payload = {**self.result.to_dict(), "world_size": self.world_size or len(self.ranks), "ranks": self.ranks}
@@ -3598,6 +3602,41 @@ def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
         print(f"{line}{b.shared_fps:.1f} images/s", file=file)
 
 
+def _print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
+    """Print PipelineStats.summary(): each stage's task time, the sink queue's occupancy as SPDL's guide reads it."""
+    stages = []
+    for stage in stats["stages"]:
+        failed = f" ({stage['failures']} failed)" if stage["failures"] else ""
+        stages.append(f"{stage['name']} {stage['ave_task_s'] * 1e3:.2f} ms x {stage['tasks']}{failed}")
+    if stages:
+        print(f"SPDL stages (average task time x tasks): {', '.join(stages)}", file=file)
+    else:  # --decode-processes: the decode stage's tasks run, and are timed, in the worker processes
+        print("SPDL stages: none timed in this process (the decode stage runs in worker processes)", file=file)
+    sink = stats["sink_queue"]
+    if not sink["items"]:
+        print("SPDL sink queue: no batch was taken in the FPS window", file=file)
+        return
+    verdict = "loader and model ran at about the same pace"
+    if sink["occupancy"] >= 0.8:
+        verdict = "the loader ran ahead of the model"
+    elif sink["occupancy"] <= 0.2:
+        verdict = "the model waited for batches: loading is the bottleneck"
+    line = f"SPDL sink queue: a batch was waiting {sink['occupancy']:.0%} of the time, the model waited "
+    print(f"{line}{sink['ave_get_wait_s'] * 1e3:.2f} ms per batch: {verdict}", file=file)
+
+
+def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
+    """The summary, then SPDL's statistics, the parity, and the breakdown (or why it was cut)."""
+    _print_summary(report.result, file)
+    if report.pipeline_stats is not None:
+        _print_pipeline_stats(report.pipeline_stats, file)
+    if report.parity is not None:
+        print(report.parity.summary(), file=file)
+    if report.breakdown is not None:
+        _print_breakdown(report.breakdown, file)
+    if report.breakdown_cut is not None:
+        print(f"Breakdown cut short ({report.breakdown_cut}): the end-to-end result above is complete", file=file)
+
 
 PLOT_HINT = "pip install matplotlib (or, in the checkout, pip install '.[plot]') to draw it"
 
@@ -3623,8 +3662,8 @@ def _sliding_rate(ends: Sequence[float], images: Sequence[int], batches: int) ->
 
 
 def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
-    """The run as it went: images/s over a sliding window of batches, the first batch and the warm-up shaded,
-    the FPS window, the sink queue's occupancy where measured. False where matplotlib is missing."""
+    """The run as it went (images/s, the warm-up, the FPS window, the sink queue's occupancy) as a
+    PNG; False where matplotlib is missing."""
     if (plt := _pyplot()) is None:
         return False
     ends, images, warm, end = (timeline[k] for k in ("batch_end_s", "batch_images", "warmup_end_s", "end_s"))
@@ -3665,51 +3704,6 @@ def _save(fig: Any, plt: Any, ax: Any, path: Path | str) -> None:
     _write_atomically(path, buffer.getvalue())
 
 
-def _print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
-    """Print PipelineStats.summary(): each stage's task time, the sink queue's occupancy as SPDL's guide reads it."""
-    stages = []
-    for stage in stats["stages"]:
-        failed = f" ({stage['failures']} failed)" if stage["failures"] else ""
-        stages.append(f"{stage['name']} {stage['ave_task_s'] * 1e3:.2f} ms x {stage['tasks']}{failed}")
-    if stages:
-        print(f"SPDL stages (average task time x tasks): {', '.join(stages)}", file=file)
-    else:  # --decode-processes: the decode stage's tasks run, and are timed, in the worker processes
-        print("SPDL stages: none timed in this process (the decode stage runs in worker processes)", file=file)
-    sink = stats["sink_queue"]
-    if not sink["items"]:
-        print("SPDL sink queue: no batch was taken in the FPS window", file=file)
-        return
-    verdict = "loader and model ran at about the same pace"
-    if sink["occupancy"] >= 0.8:
-        verdict = "the loader ran ahead of the model"
-    elif sink["occupancy"] <= 0.2:
-        verdict = "the model waited for batches: loading is the bottleneck"
-    line = f"SPDL sink queue: a batch was waiting {sink['occupancy']:.0%} of the time, the model waited "
-    print(f"{line}{sink['ave_get_wait_s'] * 1e3:.2f} ms per batch: {verdict}", file=file)
-
-
-def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
-    """The summary, then SPDL's statistics, the parity, and the breakdown (or why it was cut)."""
-    _print_summary(report.result, file)
-    if report.pipeline_stats is not None:
-        _print_pipeline_stats(report.pipeline_stats, file)
-    if report.parity is not None:
-        print(report.parity.summary(), file=file)
-    if report.breakdown is not None:
-        _print_breakdown(report.breakdown, file)
-    if report.breakdown_cut is not None:
-        print(f"Breakdown cut short ({report.breakdown_cut}): the end-to-end result above is complete", file=file)
-
-
-def _version(package: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -3722,9 +3716,11 @@ def _device_name(device: torch.device) -> str:
 
 def _environment(device: torch.device) -> dict:
     """Versions and hardware that the numbers depend on."""
-    ffmpeg = {lib: ".".join(map(str, v)) for lib, v in spdl.io.utils.get_ffmpeg_versions().items()}
+    import timm
+
     env = {"imagenet_classification": __version__, "python": platform.python_version(), "torch": torch.__version__}
-    env.update(timm=_version("timm"), spdl=_version("spdl"), ffmpeg=ffmpeg)
+    env.update(timm=timm.__version__, spdl=spdl.__version__)
+    env["ffmpeg"] = {lib: ".".join(map(str, v)) for lib, v in spdl.io.utils.get_ffmpeg_versions().items()}
     env.update(device_name=_device_name(device), cpu_count=os.cpu_count())
     if device.type == "cuda":
         env["cuda"] = torch.version.cuda
@@ -3760,9 +3756,8 @@ def _write_atomically(path: Path | str, data: str | bytes) -> None:
 
 
 def _not_a_file(path: Path | str) -> str | None:
-    """Why ``path`` cannot take an output, or None: it leads (links followed) to a folder, a device,
-    a FIFO, a pipe, /proc, or the file this process's stdin, stdout or stderr is
-    (``--results-file /dev/stdout > run.log``: replacing run.log would lose the summary)."""
+    """Why ``path`` cannot take an output, or None: it leads to no regular file, to /proc, or to the file
+    stdin, stdout or stderr is (``--results-file /dev/stdout > run.log`` would replace run.log)."""
     try:
         found = os.stat(path)
     except FileNotFoundError:  # /dev/stdout with stdout closed leads to /proc, where no file can be made
@@ -3777,23 +3772,19 @@ def _not_a_file(path: Path | str) -> str | None:
     return None
 
 
-def _write_results(path: Path | str, report: _RunReport) -> None:
-    """Write the report as one JSON object or, for a ``.csv`` path, one CSV row; atomically. Raises OSError."""
-    if str(path).lower().endswith(".csv"):
-        row = _results_row(report.to_dict())
-        _write_atomically(path, _csv_text([row], row))
-    else:
-        _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
-
-
 # The results row's columns after timm's: from the result, then from the config.
 _ROW_RESULTS = "fps elapsed_s frames_timed listed classified failed not_reached partial warmup_included".split()
 _ROW_RESULTS += ["fps_max_overstatement", "fps_window_may_be_buffered", "world_size"]
 _ROW_CONFIG = "device dtype compile weights loader decoder num_threads queue_size".split()
 
 
-def _results_row(payload: dict) -> dict:
-    """The results as one row: timm's columns first, in its units (percent; ``infer_*`` as benchmark.py), then ours."""
+def _write_results(path: Path | str, report: _RunReport) -> None:
+    """Write the report as one JSON object or, for a ``.csv`` path, one row: timm's columns first,
+    in its units (percent; ``infer_*`` as its benchmark.py), then ours. Atomically; raises OSError."""
+    if not str(path).lower().endswith(".csv"):
+        _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
+        return
+    payload = report.to_dict()
     c = payload["config"]
     top1, top5 = 100 * payload["top1"], 100 * payload["top5"]
     row = {"model": c["model"], "top1": round(top1, 4), "top1_err": round(100 - top1, 4)}
@@ -3802,8 +3793,9 @@ def _results_row(payload: dict) -> dict:
     row |= {"infer_samples_per_sec": round(payload["fps"], 2), "infer_batch_size": c["batch_size"]}
     row |= {key: payload[key] for key in _ROW_RESULTS}
     row |= {key: c[key] for key in _ROW_CONFIG}
-    row |= {"version": payload["env"]["imagenet_classification"]}
-    return row | {"start_time": c["start_time"], "command": c["command"]}
+    row |= {"version": payload["env"]["imagenet_classification"], "start_time": c["start_time"]}
+    row["command"] = c["command"]
+    _write_atomically(path, _csv_text([row], row))
 
 
 def _csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
@@ -3821,9 +3813,9 @@ _PREDICTION_COLUMNS = ("path", "label", "label_name", "top5", "top5_names", "pro
 
 
 def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
-    """Write one row per classified image (columns: _PREDICTION_COLUMNS) as JSON Lines or, for a
-    ``.csv`` path, CSV: top5 (class indices, best first) and probs (their softmax probabilities)
-    joined by spaces, top5_names by `` | ``, correct1 and correct5 as 0 or 1. Raises OSError."""
+    """Write one row per classified image as JSON Lines or, for a ``.csv`` path, CSV: top5 (class
+    indices, best first) and probs (their softmax probabilities) joined by spaces, top5_names by
+    `` | ``, correct1 and correct5 as 0 or 1. Raises OSError."""
     if not str(path).lower().endswith(".csv"):
         _write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
         return
@@ -3839,16 +3831,13 @@ def _run_title(report: _RunReport) -> str:
     """The run in its timeline's title: the model and its settings, and the FPS."""
     c, r = report.config, report.result
     compiled = f"compiled ({c['compile']})" if c["compile"] else "not compiled"
-    return (f"{c['model']} on {c['device']} ({c['dtype']}, {compiled}), batch {c['batch_size']}, {c['loader']} "
-            f"{c['decoder']} x {c['num_threads']} threads\nFPS {r.fps:,.1f}, top-1 {r.top1:.1%} of "
-            f"{r.classified}")  # fmt: skip
+    settings = f"batch {c['batch_size']}, {c['loader']} {c['decoder']} x {c['num_threads']} threads"
+    head = f"{c['model']} on {c['device']} ({c['dtype']}, {compiled}), {settings}"
+    return f"{head}\nFPS {r.fps:,.1f}, top-1 {r.top1:.1%} of {r.classified}"
 
 
-def _in_list_order(rows: list[dict] | None, images: ImageList) -> list[dict] | None:
-    """Prediction rows in the list's order (batches arrive as their decodes finish, and ranks
-    each hold their shard): two runs of one list give the same rows in the same order."""
-    if rows is None:
-        return None
+def _in_list_order(rows: list[dict], images: ImageList) -> list[dict]:
+    """Prediction rows in the list's order, not the order their batches were decoded in."""
     position: dict[str, int] = {}
     for i, path in enumerate(images.paths):
         position.setdefault(path, i)
@@ -3884,7 +3873,7 @@ class _RunConfig:
     compile: str | None  # torch.compile's mode; None: not compiled
     warmup_batches: int
     skip_bad: bool
-    max_bad: tuple[float, bool] | None
+    max_bad: tuple[float, bool] | None  # (value, is a percentage)
     max_image_mb: int
     timeout: float
     breakdown: bool
@@ -3910,9 +3899,8 @@ class _RunConfig:
 
     @property
     def loader_lead(self) -> int:
-        """Batches the loader can hold ahead of the model: SPDL's sink buffer, the one its sink
-        stage holds, its queue before the sink and the batches decoded at once; the DataLoader's
-        prefetch (2 per worker)."""
+        """Batches the loader can hold ahead of the model: SPDL's sink buffer, the one its sink stage
+        holds, its queue and the batches decoded at once; the DataLoader's prefetch (2 per worker)."""
         if self.loader == "torch":
             return 2 * self.num_threads
         return self.queue_size + 1 + _SPDL_STAGE_BUFFER + self.decode_concurrency * max(1, self.decode_processes)
@@ -3927,10 +3915,10 @@ class _RunConfig:
     def to_dict(self) -> dict:
         """The settings as the results file's ``config`` holds them."""
         t, max_bad = self.transform, self.max_bad
-        weights = str(self.checkpoint) if self.checkpoint else "pretrained" if self.pretrained else "random"
+        weights = "pretrained" if self.pretrained else "random"
         return {
             **{name: getattr(self, name) for name in _CONFIG_IN_RESULTS},
-            "weights": weights,
+            "weights": str(self.checkpoint) if self.checkpoint else weights,
             "loader_workers": self.num_threads,  # the DataLoader's name for it
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
@@ -3945,12 +3933,9 @@ class _RunConfig:
         }
 
 
-_CONFIG_IN_RESULTS = ("model", "loader", "batch_size", "num_threads", "decode_concurrency", "decode_processes",
-                      "queue_size", "decoder", "decoder_backend", "dtype_reason", "warmup_batches", "skip_bad",
-                      "max_image_mb", "cold_cache", "start_time")  # fmt: skip
-_CONFIG_AS_GIVEN = ("loader", "batch_size", "queue_size", "decode_processes", "model", "pretrained", "checkpoint",
-                    "warmup_batches", "skip_bad", "max_bad", "max_image_mb", "timeout", "breakdown", "parity",
-                    "cold_cache", "results_file", "predictions_file", "trace", "plot")  # fmt: skip
+_CONFIG_IN_RESULTS = "model loader batch_size num_threads decode_concurrency decode_processes".split()
+_CONFIG_IN_RESULTS += "queue_size decoder decoder_backend dtype_reason warmup_batches skip_bad".split()
+_CONFIG_IN_RESULTS += "max_image_mb cold_cache start_time".split()
 
 
 def _read_images(args: argparse.Namespace) -> ImageList:
@@ -3970,9 +3955,7 @@ def _read_images(args: argparse.Namespace) -> ImageList:
 
 
 def _check_files(args: argparse.Namespace, images: ImageList) -> None:
-    """The checkpoint, and every file the run will write: a file name in an existing, writable
-    folder, no folder, device or FIFO, and none of the run's inputs (the list, the labels, the
-    checkpoint, an image) nor another output: each would be overwritten."""
+    """The checkpoint, and every file the run will write: none may be an input or another output."""
     if args.checkpoint is not None and not args.checkpoint.is_file():
         what = "no such file" if not args.checkpoint.exists() else "not a regular file"
         raise InputError(f"--checkpoint {args.checkpoint}: {what}")
@@ -3999,7 +3982,7 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
 
 
 def _check_output_path(flag: str, path: Path) -> str:
-    """One file the run will write (see _check_files); returns its real path."""
+    """One file the run will write: a file name in a writable folder, not a device; its real path."""
     if str(path) == "-":  # stdout carries the summary; a file beside it is what was meant, or a mistake
         raise InputError(f"{flag} -: the summary goes to stdout; give a file name (- is none)")
     if path.name in ("", ".", "..") or str(path).endswith(os.sep):
@@ -4015,11 +3998,10 @@ def _check_output_path(flag: str, path: Path) -> str:
 
 
 def _check_caches(device: torch.device, compile: bool) -> None:
-    """torch's cache folder, which importing timm already creates (and torch.compile fills on the
-    first batch), and Triton's when compiling for a GPU: find an unwritable one now, in words."""
+    """An unwritable cache folder of torch's (which importing timm creates) or Triton's, found now."""
     import getpass
 
-    try:  # where torch puts it (torch._inductor.runtime.cache_dir_utils, which creates it on import)
+    try:  # where torch puts it: not by importing torch._inductor, which fails on an unwritable folder
         user = getpass.getuser()
     except (KeyError, OSError):
         user = f"uid_{os.getuid()}"
@@ -4032,9 +4014,8 @@ def _check_caches(device: torch.device, compile: bool) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=folder).close()
         except OSError as e:
-            reason = e.strerror or e
-            message = f"torch cannot write its cache in {folder} ({reason}); set {variable} to a writable folder"
-            raise InputError(message) from None
+            reason = f"{folder} ({e.strerror or e}); set {variable} to a writable folder"
+            raise InputError(f"torch cannot write its cache in {reason}") from None
 
 
 def _refuse_under_torchrun(args: argparse.Namespace, shard: _Shard) -> None:
@@ -4066,7 +4047,9 @@ def _preflight(
     device = _resolve_device(args.device, shard.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that no library makes a context on cuda:0 for this rank
-    decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
+    decoder = "nvdec" if args.use_nvdec else "ffmpeg"
+    if args.use_nvjpeg:
+        decoder = "nvjpeg"
     if args.decode_processes and (decoder != "ffmpeg" or args.loader == "torch"):
         given = "--loader torch" if args.loader == "torch" else f"--use-{decoder}"
         raise InputError(f"--decode-processes runs FFmpeg's decode in worker processes; not with {given}")
@@ -4074,8 +4057,8 @@ def _preflight(
     dtype, dtype_reason = _choose_dtype(device, args.dtype)
     compiled = args.compile if args.compile is not None else device.type == "cuda"
     _check_caches(device, compiled)
-    overrides = {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation,
-                 "mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}  # fmt: skip
+    overrides = {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation}
+    overrides |= {"mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}
     transform = EvalTransform.from_model(args.model, {k: v for k, v in overrides.items() if v is not None})
     # A thread or worker with no image idles, and costs memory (a process each for the DataLoader).
     threads = min(args.num_threads, max(1, shard.size_of(len(images))))
@@ -4083,25 +4066,26 @@ def _preflight(
         _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
     torch_loader = args.loader == "torch"
     check_decoder = CHECK_DECODER_IMAGES if args.check_decoder is None else args.check_decoder
-    return _RunConfig(
-        **{name: getattr(args, name) for name in _CONFIG_AS_GIVEN},
-        images=images,
-        shard=shard,
-        device=device,
-        decoder="pil" if torch_loader else decoder,
-        decoder_backend="pil" if torch_loader else backend,
-        transform=transform,
-        num_threads=threads,
-        decode_concurrency=min(threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else threads,
-        dtype=dtype,
-        dtype_reason=dtype_reason,
-        compile=(args.compile_mode or COMPILE_MODE) if compiled else None,
-        check_decoder=0 if torch_loader else check_decoder,
-        stats_interval=args.stats_interval or -1,
-        sweep=_sweep_grid(args, len(images)) if args.sweep else None,
-        command=tuple(command),
-        start_time=start_time,
-    )
+    derived = {
+        "images": images,
+        "shard": shard,
+        "device": device,
+        "decoder": "pil" if torch_loader else decoder,
+        "decoder_backend": "pil" if torch_loader else backend,
+        "transform": transform,
+        "num_threads": threads,
+        "decode_concurrency": min(threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else threads,
+        "dtype": dtype,
+        "dtype_reason": dtype_reason,
+        "compile": (args.compile_mode or COMPILE_MODE) if compiled else None,
+        "check_decoder": 0 if torch_loader else check_decoder,
+        "stats_interval": args.stats_interval or -1,
+        "sweep": _sweep_grid(args, len(images)) if args.sweep else None,
+        "command": tuple(command),
+        "start_time": start_time,
+    }
+    given = {f.name: getattr(args, f.name) for f in dataclass_fields(_RunConfig) if f.name not in derived}
+    return _RunConfig(**given, **derived)  # the other settings as the flags give them
 
 
 def _shard_from_env() -> _Shard:
@@ -4112,8 +4096,8 @@ def _shard_from_env() -> _Shard:
     if not (0 <= shard.rank < shard.world_size and shard.local_rank >= 0):
         raise InputError(f"RANK={shard.rank} WORLD_SIZE={shard.world_size} LOCAL_RANK={shard.local_rank}: no such rank")
     if shard.world_size > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
-        raise InputError(f"WORLD_SIZE={shard.world_size} without MASTER_ADDR and MASTER_PORT: run under torchrun, "
-                         "or unset WORLD_SIZE")  # fmt: skip
+        advice = "run under torchrun, or unset WORLD_SIZE"
+        raise InputError(f"WORLD_SIZE={shard.world_size} without MASTER_ADDR and MASTER_PORT: {advice}")
     return shard
 
 
@@ -4134,23 +4118,23 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
         with _open_torch_loader(config, images, policy) as loader:
             yield loader
         return
-    if config.decode_processes:  # batches decoded on the CPU in worker processes, copied to the device here
-        decode: Callable = _ProcessDecode(config.transform, config.max_image_bytes)
+    in_processes, limit = config.decode_processes, config.max_image_bytes
+    if in_processes:  # batches decoded on the CPU in worker processes, copied to the device here
+        decode: Callable = _ProcessDecode(config.transform, limit)
     else:
-        decode = get_decode_func(config.device, config.transform, config.decoder, policy,
-                                 max_image_bytes=config.max_image_bytes)  # fmt: skip
+        decode = get_decode_func(config.device, config.transform, config.decoder, policy, max_image_bytes=limit)
     stats = _PipelineStats(config.stats_interval)
-    pipeline = get_pipeline(images, config.batch_size, decode, config.decode_concurrency, config.queue_size,
-                            config.num_threads, stats=stats, decode_processes=config.decode_processes)  # fmt: skip
+    sizes = (config.decode_concurrency, config.queue_size, config.num_threads)  # concurrency, buffer, threads
+    pipeline = get_pipeline(images, config.batch_size, decode, *sizes, stats=stats, decode_processes=in_processes)
     # Not SPDL's auto_stop: its one timeout is set as it starts, and an interrupt's stop cannot wait.
     pipeline.start()
     batches = pipeline.get_iterator(timeout=config.timeout)
-    loader = _Loader(_received(batches, config.device) if config.decode_processes else batches, stats)
+    loader = _Loader(_received(batches, config.device) if in_processes else batches, stats)
     try:
         yield loader
     finally:
-        loader.stopped_cleanly = _stop_pipeline(pipeline, loader.stop_at_once, config.decode_processes > 0)
-        if config.decode_processes:  # free the pool's queues now: the process ends with os._exit, and
+        loader.stopped_cleanly = _stop_pipeline(pipeline, loader.stop_at_once, in_processes > 0)
+        if in_processes:  # free the pool's queues now: the process ends with os._exit, and
             loader.batches = batches = pipeline = iter(())  # multiprocessing's resource tracker would
             gc.collect()  # then warn of their semaphores as leaked
 
@@ -4195,24 +4179,14 @@ def _export_trace(profiler: torch.profiler.profile, path: Path) -> None:
     _say(f"trace: {path}.json (torch's profiler) and {path}.pftrace (SPDL's); open either in https://ui.perfetto.dev")
 
 
-@dataclass
-class _Outcome:
-    """What a rank's run came to: its result, the error it stopped with, and what else it measured."""
-
-    result: RunResult
-    error: BaseException | None = None
-    pipeline_stats: dict | None = None
-    stopped_cleanly: bool = True
-    profiler: torch.profiler.profile | None = None  # --trace: torch's trace, exported after the summary
-    job_stop_reason: str | None = None  # under torchrun: what stopped the job, if a peer's failure did
-
-
-def _run_loop(config: _RunConfig, model: ModelBundle, outcome: _Outcome) -> None:
-    """The timed loop over this rank's images, into ``outcome``: a run that stops early is an
-    outcome too, and so is one interrupted while its loader starts or stops."""
+def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> bool:
+    """The timed loop over this rank's images, into ``report``, which keeps what was measured however
+    it stops. Returns whether the loader stopped cleanly (no worker thread left stuck)."""
     images, policy, shard = config.my_images, config.policy(), config.shard
     progress = _Progress(len(images)) if shard.rank == 0 else None
     warmup = _warmup_for_all_ranks(shard, len(config.images), config.batch_size, config.warmup_batches)
+    options = {"listed": len(images), "warmup_batches": warmup, "policy": policy, "progress": progress}
+    options |= {"predictions": config.predictions_file is not None, "loader_lead": config.loader_lead}
     loader = None
 
     def at_clock_start() -> None:  # the FPS window opens on every rank at once, and in SPDL's statistics
@@ -4224,37 +4198,25 @@ def _run_loop(config: _RunConfig, model: ModelBundle, outcome: _Outcome) -> None
     try:
         with _open_loader(config, images, policy) as loader:
             try:
-                with _tracing(config.trace if shard.rank == 0 else None, config.device) as outcome.profiler:
-                    outcome.result = benchmark(
-                        loader.batches, model, listed=len(images), warmup_batches=warmup, policy=policy,
-                        sync_clocks=at_clock_start, progress=progress,
-                        predictions=config.predictions_file is not None, loader_lead=config.loader_lead,
-                    )  # fmt: skip
+                with _tracing(config.trace if shard.rank == 0 else None, config.device) as report.profiler:
+                    report.result = benchmark(loader.batches, model, sync_clocks=at_clock_start, **options)
             except (RunStopped, RunInterrupted) as e:  # benchmark's partial result comes with it
-                outcome.result, outcome.error = e.result or outcome.result, e
+                report.result, report.error = e.result or report.result, e
                 loader.stop_at_once = isinstance(e, RunInterrupted)
             finally:
                 if progress is not None:
                     progress.close()
     except RunInterrupted as e:  # while the loader started or stopped: what was measured stands
-        outcome.error, outcome.stopped_cleanly = outcome.error or e, False
-    if loader is not None:
-        outcome.stopped_cleanly = outcome.stopped_cleanly and loader.stopped_cleanly
-        _add_loader_stats(outcome, loader.stats, config.decode_concurrency if shard.world_size == 1 else None)
-
-
-def _add_loader_stats(outcome: _Outcome, stats: _PipelineStats | None, concurrency: int | None) -> None:
-    """SPDL's stage statistics, what the loader had done when the FPS window opened (for the
-    bound on FPS; not with ``concurrency`` None: under torchrun, where the job's bound is every
-    rank's capacity), and the sink queue's occupancy per second in the timeline."""
-    if stats is None:
-        return
-    outcome.pipeline_stats = stats.summary()
-    if concurrency is not None:
-        _add_window_lead(outcome.result, stats, concurrency)
-    if t := outcome.result.timeline:
+        report.error = report.error or e
+    if loader is None or loader.stats is None:
+        return loader is not None and loader.stopped_cleanly
+    report.pipeline_stats = loader.stats.summary()
+    if shard.world_size == 1:  # under torchrun the bound on FPS is every rank's capacity: not known here
+        _add_window_lead(report.result, loader.stats, config.decode_concurrency)
+    if t := report.result.timeline:
         start, end = t["started_at"], t["started_at"] + t["end_s"]
-        t["sink_occupancy"] = stats.waiting_per_interval(start, end, t["interval_s"], len(t["images"]))
+        t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, t["interval_s"], len(t["images"]))
+    return loader.stopped_cleanly
 
 
 def _add_window_lead(result: RunResult, stats: _PipelineStats, concurrency: int) -> None:
@@ -4269,39 +4231,32 @@ def _add_window_lead(result: RunResult, stats: _PipelineStats, concurrency: int)
         result.loader_min_fps = batches_per_s * result.frames_timed / result.batches_timed
 
 
-def _measure_breakdown(config: _RunConfig, model: ModelBundle, result: RunResult) -> _Breakdown:
-    """After the end-to-end run: the same loader alone, reading its files alone, then the model
-    alone on as many batches of the run's size (never more work than the run had). With
-    ``--cold-cache`` the files are evicted again before each pass that reads them."""
-    _LG.info("Breakdown: timing the loader alone, then reading alone, then the model alone.")
-    images = config.my_images
-    if config.cold_cache:
-        _examine_page_cache(images.paths, evict=True)
-    with _open_loader(config, images, config.policy()) as loader:
-        loader_fps = measure_loader(loader.batches, config.device, config.warmup_batches)
-    # The read ceiling: the files read as the loader reads them, as many batches at once as it decodes.
-    cache = _examine_page_cache(images.paths, evict=config.cold_cache)
-    reads = _read_batches(images, config.batch_size, config.decode_concurrency, config.max_image_bytes,
-                          config.timeout)  # fmt: skip
-    fps, mb_s = _measure_reads(reads, config.warmup_batches)
-    read = fps, mb_s, cache.resident_after if config.cold_cache else cache.resident, config.cold_cache
-    model_fps = _measure_model(model, min(config.batch_size, len(images)), result.batches, config.warmup_batches)
-    return _Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device, read)
-
-
-def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle, outcome: _Outcome) -> None:
-    """The breakdown, into the report; the run's result stands whatever cuts it short."""
-    try:
-        report.breakdown = _measure_breakdown(config, model, outcome.result)
+def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -> None:
+    """After the run, into the report: its loader alone, reading its files alone (each pass after
+    evicting them again with --cold-cache), the model alone on as many batches. What cuts it short
+    is said in the report; the run's result stands."""
+    images, result, cold = config.my_images, report.result, config.cold_cache
+    batch_size = min(config.batch_size, len(images))
+    try:  # from the first line: a signal as soon as it is logged cuts the breakdown, not the run
+        _LG.info("Breakdown: timing the loader alone, then reading alone, then the model alone.")
+        if cold:
+            _examine_page_cache(images.paths, evict=True)
+        with _open_loader(config, images, config.policy()) as loader:
+            loader_fps = measure_loader(loader.batches, config.device, config.warmup_batches)
+        # The read ceiling: the files read as the loader reads them, as many batches at once as it decodes.
+        cache = _examine_page_cache(images.paths, evict=cold)
+        limits = (config.max_image_bytes, config.timeout)
+        reads = _read_batches(images, config.batch_size, config.decode_concurrency, *limits)
+        fps, mb_s = _measure_reads(reads, config.warmup_batches)
+        read = fps, mb_s, cache.resident_after if cold else cache.resident, cold
+        model_fps = _measure_model(model, batch_size, result.batches, config.warmup_batches)
+        report.breakdown = _Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device, read)
     except RunInterrupted as e:
-        report.breakdown_cut, outcome.error = e.reason, e
+        report.breakdown_cut, report.error = e.reason, e
     except (RunStopped, RuntimeError, MemoryError) as e:  # said in the report, not the run's failure
         if not isinstance(e, RunStopped) and _is_out_of_memory(e):  # the model alone's batch: the run's advice
-            e = _out_of_memory(config.device, min(config.batch_size, len(config.my_images)))
-        if isinstance(e, RunStopped):
-            reason = _explain(e, config)[0]
-        else:
-            reason = str(e).splitlines()[0] if str(e) else ""
+            e = _out_of_memory(config.device, batch_size)
+        reason = _explain(e, config)[0] if isinstance(e, RunStopped) else (str(e).splitlines() or [""])[0]
         report.breakdown_cut = f"it failed: {type(e).__name__}: {reason}"
 
 
@@ -4311,35 +4266,34 @@ def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
         return None  # FFmpeg on the CPU is the reference itself
     decode = get_decode_func(config.device, config.transform, config.decoder, max_image_bytes=config.max_image_bytes)
     check = _check_decoder(decode, list(config.images.head(config.check_decoder)), config.transform, config.decoder)
-    _LG.info("Decoder check: %s against FFmpeg on the CPU, %d images, mean absolute difference %.2f (worst %.2f).",
-             config.decoder, check.images, check.mad_mean, check.mad_max)  # fmt: skip
+    line = "Decoder check: %s against FFmpeg on the CPU, %d images, mean absolute difference %.2f (worst %.2f)."
+    _LG.info(line, config.decoder, check.images, check.mad_mean, check.mad_max)
     return check
 
 
 def _build_model(config: _RunConfig) -> ModelBundle:
-    """The model bundle with the config's transform (compiled, it pads the run's short batches;
-    the sweep's batches vary in size)."""
+    """The model bundle with the config's transform (compiled, it pads short batches; not the sweep's)."""
     pad_to = None if config.sweep else min(config.batch_size, len(config.my_images))
-    model = get_model(config.model, config.device, pretrained=config.pretrained, checkpoint=config.checkpoint,
-                      compile=config.compile or False, dtype=config.dtype, batch_size=pad_to,
-                      transform=config.transform)  # fmt: skip
-    _LG.info("Model %s on %s in %s (%s), %s loader, decoder %s, %d images listed.", config.model, config.device,
-             str(config.dtype).removeprefix("torch."), config.dtype_reason, config.loader, config.decoder,
-             len(config.my_images))  # fmt: skip
+    settings = {"pretrained": config.pretrained, "checkpoint": config.checkpoint, "transform": config.transform}
+    settings |= {"compile": config.compile or False, "dtype": config.dtype, "batch_size": pad_to}
+    model = get_model(config.model, config.device, **settings)
+    dtype = f"{str(config.dtype).removeprefix('torch.')} ({config.dtype_reason})"
+    run = f"{config.loader} loader, decoder {config.decoder}, {len(config.my_images)} images listed"
+    _LG.info("Model %s on %s in %s, %s.", config.model, config.device, dtype, run)
     if config.compile and config.device.type == "cuda":
         slow = ": minutes on a GPU the first time (then cached); --compile-mode default takes seconds"
-        _LG.info("torch.compile (mode %s) compiles during the warm-up%s.", config.compile,
-                 slow if config.compile == "max-autotune" else "")  # fmt: skip
+        slow = slow if config.compile == "max-autotune" else ""
+        _LG.info("torch.compile (mode %s) compiles during the warm-up%s.", config.compile, slow)
     return model
 
 
-def _run(config: _RunConfig) -> tuple[_RunReport, _Outcome]:
+def _run(config: _RunConfig) -> _RunReport:
     """The decoder check, joining the torchrun job, the model, parity, the timed loop and the
     breakdown: what was measured, in a report. What stops the run before its loop (a signal while
-    the model compiles, out of memory in the parity pass) is an outcome too, nothing measured."""
+    the model compiles, out of memory in the parity pass) is in it too, nothing measured."""
     shard = config.shard
-    outcome = _Outcome(RunResult(len(config.my_images), partial=True))
-    report = _RunReport(outcome.result, config.to_dict(), _environment(config.device), [], world_size=shard.world_size)
+    result = RunResult(len(config.my_images), partial=True)
+    report = _RunReport(result, config.to_dict(), _environment(config.device), [], world_size=shard.world_size)
     try:
         if shard.rank == 0:
             report.decoder_check = _check_run_decoder(config)
@@ -4352,15 +4306,14 @@ def _run(config: _RunConfig) -> tuple[_RunReport, _Outcome]:
         what = "evicting them from" if config.cold_cache else "how much is in"  # after the reads above
         _LG.info("Page cache: %s files listed, %s the page cache.", len(config.my_images), what)
         page_cache = _examine_page_cache(config.my_images.paths, evict=config.cold_cache)
-        _run_loop(config, model, outcome)
-        outcome.result.page_cache, report.pipeline_stats = page_cache, outcome.pipeline_stats
-        if config.breakdown and outcome.error is None and outcome.stopped_cleanly:
-            _add_breakdown(report, config, model, outcome)
+        stopped_cleanly = _run_loop(config, model, report)
+        report.result.page_cache = page_cache
+        if config.breakdown and report.error is None and stopped_cleanly:
+            _add_breakdown(report, config, model)
     except (RunStopped, RunInterrupted) as e:
-        outcome.error = e
-    report.ranks = _combine_ranks(outcome, config)
-    report.result = outcome.result
-    return report, outcome
+        report.error = e
+    report.ranks = _combine_ranks(report, config)
+    return report
 
 
 def _explain(error: BaseException, config: _RunConfig | None) -> tuple[str, int]:
@@ -4380,9 +4333,8 @@ def _explain(error: BaseException, config: _RunConfig | None) -> tuple[str, int]
 
 
 def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | None]]]) -> list[str]:
-    """Write each ``(path, writer)`` that has a path, each on its own: one that fails (the disk,
-    or a plot that cannot be drawn) costs no other; one line per file not written. A writer that
-    returns False could not draw (no matplotlib): a note, not an error."""
+    """Write each ``(path, writer)`` that has a path: one that fails costs no other; returns (and says) a
+    line per file not written. A writer returning False could not draw (no matplotlib): a note."""
     errors = []
     for path, write in outputs:
         if path is None:
@@ -4401,22 +4353,23 @@ def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | 
     return errors
 
 
-def _finish(report: _RunReport, outcome: _Outcome, config: _RunConfig) -> int:
+def _finish(report: _RunReport, config: _RunConfig) -> int:
     """Say why the run stopped (if it did), print the report (rank 0, or a rank that stopped
     alone), write the files; return the exit status."""
-    shard, status, result = config.shard, 0, outcome.result
-    alone = shard.world_size > 1 and outcome.error is not None
-    if outcome.error is not None:
-        message, status = _explain(outcome.error, config)
-        job = outcome.job_stop_reason
-        report.result.stop_reason = job or message
+    shard, status, result = config.shard, 0, report.result
+    alone = shard.world_size > 1 and report.error is not None
+    if report.error is not None:
+        message, status = _explain(report.error, config)
+        job = report.job_stop_reason
+        result.stop_reason = job or message
         label = f"rank {shard.rank}: " if alone else ""
         _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
-    rows, timeline, profiler = _in_list_order(result.predictions, config.images), result.timeline, outcome.profiler
+    rows = _in_list_order(result.predictions or [], config.images)
+    timeline, profiler = result.timeline, report.profiler
     outputs = [
         (config.results_file, lambda path: _write_results(path, report)),
-        (config.predictions_file, lambda path: _write_predictions(path, rows or [])),  # a stopped run's rows too
-        (config.plot if timeline else None, lambda path: _plot_timeline(timeline or {}, path, _run_title(report))),
+        (config.predictions_file, lambda path: _write_predictions(path, rows)),  # a stopped run's rows too
+        (config.plot if timeline else None, lambda path: _plot_timeline(timeline, path, _run_title(report))),
         (config.trace if profiler is not None else None, lambda path: _export_trace(profiler, path)),
     ]
     try:
@@ -4449,8 +4402,7 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _interrupt(signum: int, _frame: object) -> None:
-    """SIGINT or SIGTERM during a run: RunInterrupted where the run is, so that its partial result
-    is still reported; a second signal ends the process at once."""
+    """SIGINT or SIGTERM: RunInterrupted where the run is, its partial result reported; a second ends it."""
     for s in _SIGNALS:
         signal.signal(s, signal.SIG_DFL)
     raise RunInterrupted(signum)
@@ -4482,9 +4434,8 @@ def _held_status(held: list[int]) -> int:
 
 
 def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
-    """Log INFO and up (DEBUG with ``debug``). SPDL's own per-stage statistics lines, which it
-    logs at INFO when each stage ends, only with ``spdl_stats`` or ``debug``: by default the
-    end-of-run summary says it, over the FPS window."""
+    """Log INFO and up (DEBUG with ``debug``); SPDL's per-stage statistics only with ``spdl_stats`` or
+    ``debug`` (the summary gives them over the FPS window)."""
     fmt = "%(asctime)s [%(levelname)s] %(message)s"
     logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO, force=True)
     if not (debug or spdl_stats):
@@ -4496,9 +4447,9 @@ def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
 def _run_job(config: _RunConfig) -> int:
     """The run, alone or as one rank of a torchrun job. Returns the exit status."""
     try:
-        report, outcome = _run(config)
+        report = _run(config)
         with _signals_held() as held:
-            status = _finish(report, outcome, config)
+            status = _finish(report, config)
     finally:
         if config.shard.world_size > 1:
             import torch.distributed as dist
@@ -4514,8 +4465,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import datetime
 
     start_time = datetime.datetime.now().astimezone().isoformat(timespec="seconds")  # ISO 8601, local offset
+    for stream in (sys.stdout, sys.stderr):  # escape what a strict stream (a notebook's) cannot encode,
+        with contextlib.suppress(AttributeError, ValueError):  # a name that is not UTF-8, rather than stop there
+            stream.reconfigure(errors="backslashreplace")
     args = _parse_args(argv)
-    _escape_unprintable()
     command = (*_program(), *(sys.argv[1:] if argv is None else argv))
     _init_logging(args.debug, spdl_stats=args.stats_interval is not None)
     warnings.filterwarnings("ignore", category=WarmupIncluded)  # the summary's first line says it
@@ -4540,9 +4493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _program() -> list[str]:
-    """How this process was started, as a user would type it again: ``python -m
-    imagenet_classification``, ``python PATH.py``, or the installed command (by name when that
-    name on PATH is this one)."""
+    """How this process was started, as a user would type it again: ``python -m imagenet_classification``,
+    ``python PATH.py``, or the installed command (by name when that name on PATH is this one)."""
     import shutil
 
     main_module = sys.modules.get("__main__")
@@ -4560,7 +4512,6 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point: :py:func:`main`, then the process ends at once with its status.
     (The interpreter's shutdown would wait for decode threads still busy, forever for one stuck in a
     hung read, abort as Gloo's threads free their last tensors, and warn of SPDL buffers alive.)"""
-    _escape_unprintable()
     try:
         status = main(argv)
     except SystemExit as e:  # argparse: a malformed command line (2), or --help (0)
@@ -4575,14 +4526,6 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
             stream.flush()
     _end_children()
     os._exit(status)
-
-
-def _escape_unprintable() -> None:
-    """Escape on screen what stdout and stderr cannot encode (a name that is not UTF-8, read with
-    surrogateescape): a strict stream (a notebook's) would otherwise cut the summary there."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, ValueError):
-            stream.reconfigure(errors="backslashreplace")
 
 
 def _end_children() -> None:

@@ -441,8 +441,8 @@ def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(da
     ic._init_logging()  # onto this test's stderr (an earlier in-process main() left it on its own)
     config = ic._preflight(ic._parse_args([str(a) for a in args]), ic._Shard())
     plot.mkdir()  # the plot's name taken by a folder after the start-up check
-    report, outcome = ic._run(config)
-    assert ic._finish(report, outcome, config) == 1
+    report = ic._run(config)
+    assert ic._finish(report, config) == 1
     stdout, stderr = capfd.readouterr()
     assert "Images: listed=12 classified=12" in stdout
     (line,) = _errors(stderr)  # (whether matplotlib could draw it, or not)
@@ -456,7 +456,7 @@ def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(da
         raise ValueError("x and y must have same first dimension, but have shapes (4,) and (5,)")
 
     monkeypatch.setattr(ic, "_plot_timeline", cannot_draw)
-    assert ic._finish(report, outcome, config) == 1
+    assert ic._finish(report, config) == 1
     stdout, stderr = capfd.readouterr()
     assert "Images: listed=12 classified=12" in stdout and "Traceback" not in stderr
     assert _errors(stderr) == [f"error: {plot}: not written (ValueError: x and y must have same first dimension, "
