@@ -65,7 +65,13 @@ def test_transform_overrides_reach_the_loader_and_the_model():
 
 def test_results_as_csv_one_row_with_timms_columns_and_the_run_recorded(jpeg_set, tmp_path):
     csv_path, json_path = tmp_path / "r.csv", tmp_path / "r.json"
-    common = ["--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "-b", "4", "--warmup-batches",
+    # The two runs' accuracies are compared: the same weights in both, not each process's random ones.
+    import timm
+
+    checkpoint = tmp_path / "tiny.pth"
+    torch.save(timm.create_model("test_efficientnet").state_dict(), checkpoint)
+    model = ["--model", "test_efficientnet", "--checkpoint", checkpoint, "--device", "cpu", "--num-threads", "2"]
+    common = ["--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *model, "-b", "4", "--warmup-batches",
               "1", "--img-size", "64", "--crop-pct", "1.0", "--interpolation", "bilinear"]  # fmt: skip
     proc = run_cli(*common, "--results-file", csv_path)
     assert proc.returncode == 0, proc.stderr
