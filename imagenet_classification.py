@@ -833,7 +833,7 @@ class EvalTransform:
         else:
             cfg = timm.data.resolve_data_config(overrides or {}, model=model)
         height, width = cfg["input_size"][-2:]
-        crop_mode = cfg.get("crop_mode") or "center"
+        crop_mode = cfg["crop_mode"]  # timm sets it: the given one, the config's, or "center"
         interpolation = str(cfg["interpolation"])
         reasons = []
         if height != width:

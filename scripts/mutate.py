@@ -190,6 +190,7 @@ GROUPS: dict[str, Group] = {
             "tests/test_semantic.py::test_pil_decoder_equals_timms_transform",
             "tests/test_semantic.py::test_ffmpeg_decoder_follows_timms_transform_in_each_mode",
             "tests/test_newcomer.py::test_transform_overrides_reach_the_loader_and_the_model",
+            "tests/test_newcomer.py::test_a_crop_mode_given_reaches_the_transform",
         ],
         [
             "tests/test_decode.py::test_geometry_matches_torchvision",

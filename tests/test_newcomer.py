@@ -14,6 +14,7 @@ import torch
 from imagenet_classification import (
     COMPILE_MODE,
     EvalTransform,
+    InputError,
     WarmupIncluded,
     _parse_args,
     benchmark,
@@ -61,6 +62,13 @@ def test_transform_overrides_reach_the_loader_and_the_model():
     assert bundle.preprocessing.mean.flatten().tolist() == [0.5] * 3
     assert bundle.preprocessing.std.flatten().tolist() == [0.25] * 3
     assert EvalTransform.from_model("test_efficientnet").size != 96  # the config's own otherwise
+
+
+def test_a_crop_mode_given_reaches_the_transform():
+    assert EvalTransform.from_model("test_efficientnet").crop_mode == "center"
+    assert EvalTransform.from_model("test_efficientnet", {"crop_mode": "squash"}).crop_mode == "squash"
+    with pytest.raises(InputError, match="its crop mode 'border' is neither center nor squash"):
+        EvalTransform.from_model("test_efficientnet", {"crop_mode": "border"})
 
 
 def test_results_as_csv_one_row_with_timms_columns_and_the_run_recorded(jpeg_set, tmp_path):
