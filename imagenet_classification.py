@@ -2059,12 +2059,10 @@ class _PILDataset(torch.utils.data.IterableDataset):
 _DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a worker died
 
 
-def _torch_loader_batches(
-    loader: torch.utils.data.DataLoader | Iterator, device: torch.device, policy: BadImagePolicy | None
-) -> Iterator[_Batch]:
+def _torch_loader_batches(loader: torch.utils.data.DataLoader | Iterator, device: torch.device) -> Iterator[_Batch]:
     """The DataLoader's batches (from the loader, or an iterator over it) on the device, their bad
-    images in ``Batch.failures``. Raises TimeoutError (no batch within the DataLoader's ``timeout``),
-    RunStopped (``loader``: a worker died), ImageDecodeError (a bad image, without a policy)."""
+    images in ``Batch.failures`` (for benchmark's policy). Raises TimeoutError (no batch within the
+    DataLoader's ``timeout``) and RunStopped (``loader``: a worker died)."""
     batches = iter(loader)
     while True:
         try:
@@ -2081,8 +2079,6 @@ def _torch_loader_batches(
             message = f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})"
             raise RunStopped(message, "loader") from None
         errors = [ImageDecodeError(path, reason) for path, reason in failures]
-        if errors and policy is None:
-            raise errors[0]
         yield _Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths, errors)
 
 
@@ -2101,11 +2097,11 @@ _ABANDONED: list = []  # DataLoader iterators not shut down after an interrupt: 
 
 
 @contextlib.contextmanager
-def _open_torch_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) -> Iterator[_Loader]:
+def _open_torch_loader(config: _RunConfig, images: ImageList) -> Iterator[_Loader]:
     """The DataLoader baseline over ``images``, as a running loader; its workers shut down on the way out."""
     dataset = _PILDataset(images, config.transform, config.max_image_bytes, config.batch_size)
     workers = iter(_get_torch_loader(dataset, config.num_threads, config.device, config.timeout))
-    loader = _Loader(_torch_loader_batches(workers, config.device, policy))
+    loader = _Loader(_torch_loader_batches(workers, config.device))
     try:
         yield loader
     finally:
@@ -3201,7 +3197,7 @@ def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
     def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> _Batch:
         images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
         batches = _PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
-        return next(_torch_loader_batches(iter(batches), config.device, policy))
+        return next(_torch_loader_batches(iter(batches), config.device))
 
     decode = decode_like_the_dataloader
     if config.loader != "torch":
@@ -4115,7 +4111,7 @@ class _Loader:
 def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) -> Iterator[_Loader]:
     """Start the loader the config names over ``images``; stop it on the way out."""
     if config.loader == "torch":
-        with _open_torch_loader(config, images, policy) as loader:
+        with _open_torch_loader(config, images) as loader:
             yield loader
         return
     in_processes, limit = config.decode_processes, config.max_image_bytes

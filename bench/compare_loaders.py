@@ -252,7 +252,7 @@ def open_loader(kind: str, flist: Path, threads: int, batch_size: int, transform
     images, cpu = ic.read_file_list(flist, f"{flist.parent}/"), torch.device("cpu")
     if kind == "torch":
         loader = ic._get_torch_loader(ic._PILDataset(images, transform, batch_size=batch_size), threads, cpu, 120)
-        yield ic._torch_loader_batches(loader, cpu, ic.BadImagePolicy())
+        yield ic._torch_loader_batches(loader, cpu)
         return
     decode = ic.get_decode_func(cpu, transform, policy=ic.BadImagePolicy())
     pipeline = ic.get_pipeline(images, batch_size, decode, threads, 16, threads)

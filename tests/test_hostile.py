@@ -328,7 +328,7 @@ def test_a_worker_dying_while_its_batch_is_handed_over_is_a_loader_failure(error
     with pytest.raises(
         ic.RunStopped, match=f"the DataLoader failed: a worker's connection broke \\({type(error).__name__}"
     ) as info:
-        next(ic._torch_loader_batches(batches(), torch.device("cpu"), ic.BadImagePolicy()))
+        next(ic._torch_loader_batches(batches(), torch.device("cpu")))
     assert info.value.kind == "loader"
 
 

@@ -144,7 +144,7 @@ def mixed_items(tmp_path_factory) -> list[tuple[str, int]]:
 def _batches(loader: str, items: list[tuple[str, int]], transform: EvalTransform, policy: BadImagePolicy):
     if loader == "torch":
         dataset = _PILDataset(read_file_list_of(items), transform, batch_size=4)
-        return _torch_loader_batches(_get_torch_loader(dataset, 0, torch.device("cpu"), 0), torch.device("cpu"), policy)
+        return _torch_loader_batches(_get_torch_loader(dataset, 0, torch.device("cpu"), 0), torch.device("cpu"))
     decode = get_decode_func("cpu", transform, loader, policy)
     return (decode(items[i : i + 4]) for i in range(0, len(items), 4))
 
