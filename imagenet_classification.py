@@ -1942,6 +1942,7 @@ def get_pipeline(
     concurrency: int,
     buffer_size: int,
     num_threads: int,
+    report_stats_interval: float = -1,
     stats: _PipelineStats | None = None,
     decode_processes: int = 0,
 ) -> Pipeline:
@@ -1956,12 +1957,14 @@ def get_pipeline(
         concurrency: Batches decoded at once.
         buffer_size: Decoded batches held ready for the consumer.
         num_threads: Threads in the pipeline's pool.
-        stats: Collects the stage statistics (:py:meth:`_PipelineStats.summary`); SPDL logs its own
-            every ``stats.interval`` seconds (without it: at each stage's end).
+        report_stats_interval: SPDL logs each stage's statistics every this many seconds (-1: at
+            each stage's end only).
+        stats: Collects the stage statistics (:py:meth:`_PipelineStats.summary`); its ``interval``
+            then sets SPDL's.
         decode_processes: Decode in this many worker processes (SPDL's ``PipelineBuilder.to``),
             ``concurrency`` batches at once each; ``decode_func`` must be picklable (:py:class:`_ProcessDecode`).
     """
-    hooks = {}
+    hooks: dict[str, Any] = {"report_stats_interval": report_stats_interval}
     if stats is not None:
         hooks = dict(queue_class=stats.queue, task_hook_factory=stats.task_hooks, report_stats_interval=stats.interval)
     builder = PipelineBuilder().add_source(_batched(src, batch_size))

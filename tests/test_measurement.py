@@ -2,6 +2,7 @@
 
 import io
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -213,3 +214,17 @@ def test_run_reports_spdl_stage_stats(jpeg_set, tmp_path, capfd):
                          "torch", "--results-file", out)  # fmt: skip
     assert torch_run.returncode == 0, torch_run.stderr
     assert "pipeline_stats" not in read_json(out) and "SPDL stages" not in torch_run.stdout
+
+
+def test_report_stats_interval_makes_spdl_log_during_the_run(caplog):
+    # The design's notebook knob: SPDL's per-stage lines every S seconds, not only at each stage's end.
+    def decode_lines(interval: float) -> int:
+        caplog.clear()
+        pipeline = get_pipeline(iter(range(40)), 2, lambda items: (time.sleep(0.03), items)[1], 1, 2, 1, interval)
+        with pipeline.auto_stop():
+            assert sum(1 for _ in pipeline.get_iterator(timeout=30)) == 20
+        return sum("[decode]" in r.getMessage() or ":decode]" in r.getMessage() for r in caplog.records)
+
+    caplog.set_level(logging.INFO, logger="spdl.pipeline")  # the CLI quiets it
+    assert decode_lines(-1) == 1  # at the stage's end
+    assert decode_lines(0.1) >= 3  # a 0.6 s stage: every 0.1 s, and at its end
