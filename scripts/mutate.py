@@ -118,6 +118,7 @@ GROUPS: dict[str, Group] = {
             "test_benchmark_defaults_to_the_clis_warmup_and_to_stopping_at_a_bad_image",
             "test_fps_window_leaves_out_a_slow_warmup",
             "test_timeline_by_hand",
+            "test_timeline_covers_the_idle_tail_after_the_last_batch",
             "test_loader_alone_and_model_alone_are_timed_after_their_warmup",
             "test_fps_of_a_window_the_loader_had_buffered_stays_within_its_stated_bound",
         )

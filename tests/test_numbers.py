@@ -586,6 +586,18 @@ def test_timeline_by_hand():
     assert (half["interval_s"], half["images"], half["images_per_s"]) == (0.5, [0, 4, 0, 6], [0.0, 8.0, 0.0, 12.0])
 
 
+def test_timeline_covers_the_idle_tail_after_the_last_batch():
+    # The warm-up's batch ends about 1.2 s in, the last 1.3 s in, and the loader ends 1.2 s after
+    # it: the timeline spans the whole run (about 2.5 s, 3 seconds), the last second empty.
+    def loader():
+        yield from _slow_loader((1.2, [AT_RANK_1] * 2), (0.1, [AT_RANK_1] * 3))
+        time.sleep(1.2)
+
+    t = benchmark(loader(), _bundle(), listed=5, warmup_batches=1).timeline
+    assert t["end_s"] == pytest.approx(2.5, abs=0.4)
+    assert (t["images"], t["batch_images"]) == ([0, 5, 0], [2, 3])
+
+
 @pytest.mark.parametrize("warmup_batches", [2, 3])
 def test_fps_window_of_a_run_no_longer_than_the_warmup_covers_it_all(warmup_batches):
     # 2 batches, each after 0.3 s: a warm-up of 2 (just as long) or of 3 (longer) covers them all.
