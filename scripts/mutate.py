@@ -125,6 +125,7 @@ GROUPS: dict[str, Group] = {
         + [
             "tests/test_accounting.py::test_silently_dropped_batch_is_caught",
             "tests/test_newcomer.py::test_benchmark_says_when_its_warmup_is_in_the_fps",
+            "tests/test_newcomer.py::test_predictions_in_list_order_with_class_names",
             "tests/test_page_cache.py::test_the_disk_in_the_verdict_by_hand",
             *_RUN_AT_LIMIT,
         ],

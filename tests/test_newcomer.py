@@ -117,9 +117,10 @@ def test_the_cpu_run_does_not_compile_by_default(jpeg_set, tmp_path, capfd):
 def test_benchmark_says_when_its_warmup_is_in_the_fps():
     from tests.test_numbers import _batch, _bundle
 
-    with pytest.warns(WarmupIncluded, match="only 3 batch"):
+    with pytest.warns(WarmupIncluded, match="only 3 batch") as warned:
         result = benchmark((_batch([1]) for _ in range(3)), _bundle(), listed=3)
     assert result.warmup_included and not math.isnan(result.fps)
+    assert warned[0].filename == __file__  # the warning points at the notebook's call, not the module
     with torch.inference_mode(False):
         import warnings
 
