@@ -252,8 +252,8 @@ def test_bad_image_policy_bookkeeping_by_hand():
 
 @pytest.mark.parametrize(
     "value, accepted",
-    [("0", True), ("101", True), ("0%", True), ("100%", True), ("-1", False), ("-5%", False), ("100.5%", False),
-     ("2.5", False), ("x%", False)],
+    [("0", True), ("101", True), ("0%", True), ("100%", True), ("-1", False), ("-5%", False), ("-0.5%", False),
+     ("100.5%", False), ("2.5", False), ("x%", False)],
 )  # fmt: skip
 def test_max_bad_values_accepted_and_refused(tmp_path, capsys, value, accepted):
     # In-process and cheap: an accepted value goes on to the file-list check, which stops the run.
