@@ -119,6 +119,7 @@ GROUPS: dict[str, Group] = {
             "test_fps_window_leaves_out_a_slow_warmup",
             "test_timeline_by_hand",
             "test_timeline_covers_the_idle_tail_after_the_last_batch",
+            "test_predictions_hold_each_images_top5_classes_and_their_probabilities",
             "test_loader_alone_and_model_alone_are_timed_after_their_warmup",
             "test_fps_of_a_window_the_loader_had_buffered_stays_within_its_stated_bound",
         )
@@ -286,6 +287,18 @@ _CLOCKS = (
     "on the CPU both marks read CLOCK_MONOTONIC (time.monotonic and time.perf_counter on Linux) microseconds "
     "apart at the window's start; on a GPU the mark is a CUDA event and the mutant raises (an error, not a figure)"
 )
+_PADS_COMMENT = "# every candidate at once: a row per pad, a column per length"
+
+
+def _ok(a: str = "start >= 0", b: str = "start + src_len <= length", c: str = "<=") -> str:
+    """_resize_region's test of its candidates, with one part of it mutated."""
+    return f"ok = ({a}) & ({b}) & (np.maximum(np.abs(first), np.abs(last)) {c} REGION_TOLERANCE)"
+
+
+_PAST_END = (
+    "NOT equivalent on a GPU: on the CPU each batch is marked before the window closes, so the bins of the "
+    "run's span already hold it; only a GPU's event, timed apart from the host clock, can fall past the end"
+)
 _FLOOR = "times are never negative: for t >= 0, int(t // i), round(t // i) and int(t / i) are the same bin"
 _BOUND = "any count above every shard's batches does: no rank reaches it, every rank times all of its batches"
 _FILTER = (
@@ -320,25 +333,25 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      'region = "" if (src_w, src_w) == (width, height) else f"crop={src_w}:{src_h}:{x0}:{y0}:exact=1,"',
      "true only for a square image, whose sides have the same region: the same test"),
     ("_resize_region", "if ratio <= 1:", "a side that is not scaled is resized whole: the same samples, more work"),
-    ("_resize_region", "for pad in range(5, 17):", _REGION),
-    ("_resize_region", "for pad in range(4, 18):", _REGION),
-    ("_resize_region", "for pad in range(4, 16):", _REGION),
-    ("_resize_region", "for out in range(crop + pad + 4, max(crop + pad + 40, best_out)):", _REGION),
-    ("_resize_region", "for out in range(crop + pad + 5, min(crop + pad + 40, best_out)):", _REGION),
-    ("_resize_region", "for out in range(crop + pad + 4, min(crop + pad + 41, best_out)):", _REGION),
-    ("_resize_region", "for out in range(crop + pad + 4, min(crop + pad + 39, best_out)):", _REGION),
-    ("_resize_region", "src_len = 2 * math.floor(out * ratio / 2)", _REGION),
-    ("_resize_region", "start = 2 * math.ceil(ideal_start / 2)", _REGION),
-    ("_resize_region", "if start <= 0 or start + src_len > length:", _REGION),
-    ("_resize_region", "if start < 0 or start + src_len >= length:", _REGION),
-    ("_resize_region", "if start < 1 or start + src_len > length:", _REGION),
-    ("_resize_region", "if start < -1 or start + src_len > length:", "start is even: the same test as start < 0"),
-    ("_resize_region", "if max(abs(first), abs(first + (crop - 1) * (step - ratio))) < REGION_TOLERANCE:", _REGION),
-    ("_resize_region", "if max(abs(first), abs(first + (crop + 1) * (step - ratio))) <= REGION_TOLERANCE:",
+    ("_resize_region", "pads = np.arange(4, 18)[:, None]  " + _PADS_COMMENT, _REGION),
+    ("_resize_region", "pads = np.arange(4, 16)[:, None]  " + _PADS_COMMENT, _REGION),
+    ("_resize_region", "out = crop + pads + 5 + np.arange(36)", _REGION),
+    ("_resize_region", "out = crop + pads + 4 + np.arange(37)", _REGION),
+    ("_resize_region", "out = crop + pads + 4 + np.arange(35)", _REGION),
+    ("_resize_region", "last = first + (crop + 1) * (step - ratio)",
      "the error is linear in k: bounded at k = 0 and k = crop + 1, it is bounded at crop - 1. " + _REGION),
-    ("_resize_region", "if max(abs(first), abs(first + (crop - 0) * (step - ratio))) <= REGION_TOLERANCE:",
+    ("_resize_region", "last = first + (crop - 0) * (step - ratio)",
      "the error is linear in k: bounded at k = 0 and k = crop, it is bounded at crop - 1. " + _REGION),
-    ("_resize_region", "best, best_out = (start, src_len, out, pad), best_out", _REGION),
+    ("_resize_region", _ok(c="<"), _REGION),
+    ("_resize_region", _ok(a="start > 0"), _REGION),
+    ("_resize_region", _ok(b="start + src_len < length"), _REGION),
+    ("_resize_region", _ok(a="start >= 1"), _REGION),
+    ("_resize_region", _ok(a="start >= -1"), "start is even: the same test as start >= 0"),
+    ("_resize_region", _ok(a="ideal_start >= 0"),
+     "ideal_start >= 0 implies start >= 0 (start is it rounded to even): only fewer regions. " + _REGION),
+    ("_resize_region", _ok(b="ideal_start + src_len <= length"),
+     "start is within REGION_TOLERANCE of ideal_start and start, src_len, length are integers: a region past "
+     "the frame's end still fails, only fewer regions pass. " + _REGION),
     ("_TimingWindow", "elif self.batches >= self.warmup_batches:", "the equal case is taken by the `if` above"),
     ("_TimingWindow", "event = torch.cuda.Event(enable_timing=False)", _GPU),
     ("_TimingWindow", "times = [self._start_mark.elapsed_time(event) * 1e3 for event, _ in self.marks]", _GPU),
@@ -349,35 +362,41 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("_TimingWindow", "times = [t - self.t_start for t, _ in self.marks]", _CLOCKS),
     ("_TimingWindow", '"warmup_end_s": (self.t_warm - self._start_mark) if timed else 0.0,', _CLOCKS),
     ("_TimingWindow", '"end_s": self.t_end - self._start_mark,', _CLOCKS),
-    ("_TimingWindow", "images = [0] * (round(max(times, default=0.0) // interval) + 1)", _FLOOR),
-    ("_TimingWindow", "images = [0] * (int(max(times, default=0.0) / interval) + 1)", _FLOOR),
+    ("_TimingWindow", "last = round(max(times, default=0.0) // interval) + 1", _FLOOR),
+    ("_TimingWindow", "last = int(max(times, default=0.0) / interval) + 1", _FLOOR),
+    ("_TimingWindow", "last = int(max(times, default=0.0) // interval) + 0", _PAST_END),
+    ("_TimingWindow", "last = int(max(times, default=0.0) // interval) - 1", _PAST_END),
+    ("_TimingWindow", "last = int(min(times, default=0.0) // interval) + 1", _PAST_END),
+    ("_TimingWindow", "images = [0] * max(_bin_count(self.t_end - self._start_mark, interval), last)", _CLOCKS),
     ("_TimingWindow", "images[round(t // interval)] += frames", _FLOOR),
     ("_TimingWindow", "images[int(t / interval)] += frames", _FLOOR),
-    ("_TimingWindow", "for t, frames in zip(times, (f for _, f in self.marks), strict=False):",
+    ("_TimingWindow", "for t, frames in zip(times, counts, strict=False):",
      "both come from self.marks: always the same length"),
     ("_TimingWindow", '"batch_end_s": [round(t, 7) for t in times],',
      "the batch ends are kept to the microsecond; 10 us more or less is far below what a batch's end means"),
     ("_TimingWindow", '"batch_end_s": [round(t, 5) for t in times],',
      "the batch ends are kept to the microsecond; 10 us more or less is far below what a batch's end means"),
+    ("_Loop", "probs, classes = logits.softmax(dim=-1).topk(min(5, logits.shape[-1]), dim=1)", "logits are N x C: dim 1 is dim -1"),
+    ("_Loop", "probs, classes = logits.softmax(dim=-1).topk(min(5, logits.shape[1]), dim=-1)", "logits are N x C: shape[1] is shape[-1]"),
+    ("_Loop", "probs, classes = logits.softmax(dim=1).topk(min(5, logits.shape[-1]), dim=-1)", "logits are N x C: dim 1 is dim -1"),
+    ("_Loop", 'self.kept.append((classes, probs, labels[:, -1], tuple(getattr(batch, "paths", ()))))',
+     "labels are N x 1: column -1 is column 0"),
+    ("EvalTransform.from_model", 'return cls(int(height), float(cfg["crop_pct"]), interpolation, mean, std, crop_mode)',
+     "a transform that is not square is refused just above: height is width"),
     ("RunResult", "predictions: list[dict] | None = field(default=None, repr=True)",
      "repr only: no figure, and the results file leaves predictions out"),
     ("_Breakdown.from_rates", 'bottleneck = "loader" if loader_fps <= model_fps else "model"',
      "only a tie of two measured rates differs, where neither side is the bottleneck"),
-    ("_timed_rate", "return frames / seconds if seconds >= 0 else 0.0",
+    ("measure_loader", "return frames / seconds if seconds >= 0 else 0.0",
      "seconds is never 0 or less: two reads of a monotonic nanosecond clock around the loop"),
-    ("_timed_rate", "return frames / seconds if seconds > 0 else 1.0",
+    ("measure_loader", "return frames / seconds if seconds > 0 else 1.0",
      "seconds is never 0 or less: two reads of a monotonic nanosecond clock around the loop"),
-    ("_timed_rate", "return frames / seconds if seconds > -1 else 0.0",
+    ("measure_loader", "return frames / seconds if seconds > -1 else 0.0",
      "seconds is never 0 or less: two reads of a monotonic nanosecond clock around the loop"),
     ("_measure_model", "images = torch.randint(1, 256, (batch_size, size, size, 3), dtype=torch.uint8, device=device)",
      "the pixel values of the synthetic images do not change the model's speed"),
     ("_measure_model", "images = torch.randint(0, 255, (batch_size, size, size, 3), dtype=torch.uint8, device=device)",
      "the pixel values of the synthetic images do not change the model's speed"),
-    ("_reduce_results", 'on = device if device.type != "cuda" else torch.device("cpu")',
-     "on the CPU both give the CPU; on a GPU, NCCL refuses CPU tensors and the run stops with an error: "
-     "no wrong figure (and no GPU here to show it)"),
-    ("_reduce_results", "total = RunResult(**dict(zip(fields, counts.tolist(), strict=False)))",
-     "both come from `fields`: always the same length"),
     ("_warmup_for_all_ranks", "most = math.ceil(shard.size_of(listed, 0) * batch_size)", _BOUND),
     ("_warmup_for_all_ranks", "most = math.ceil(shard.size_of(listed, -1) / batch_size)",
      "'rank -1' has rank 0's lines or one more: " + _BOUND),

@@ -137,7 +137,7 @@ MUTANTS: list[SemanticMutant] = [
       "if length >= crop else -((crop - length) // 2)", "if length >= crop else round((length - crop) / 2)",
       PIL_PIXELS),
     M("the model's crop mode ignored (squash and border taken as center)",
-      'crop_mode = cfg.get("crop_mode") or "center"', 'crop_mode = "center"', CONFIG),
+      'crop_mode = cfg["crop_mode"]', 'crop_mode = "center"', CONFIG),
     M("the device resize without antialiasing", 'antialias=mode != "nearest"', "antialias=False", DEVICE_PIXELS),
     M("the model's input not scaled from 0-255 to 0-1 before normalising",
       "(x.float() / 255.0 - self.mean) / self.std", "(x.float() - self.mean) / self.std", MODEL_INPUT),

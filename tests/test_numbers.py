@@ -414,6 +414,18 @@ def test_top1_and_top5_with_labels_at_ranks_1_5_and_6():
     assert [int(v) for v in _bundle(zero_first, batch_size=8)(images, labels)] == [2, 2]
 
 
+def test_predictions_hold_each_images_top5_classes_and_their_probabilities():
+    # Three images in one batch: each row has the model's five best classes, their softmax over
+    # the 1000 classes (not over the batch), its own label and whether it is a hit.
+    expected = _ranking_bias().softmax(dim=-1)[RANKING[:5]].tolist()
+    result = benchmark(iter([_batch([AT_RANK_1, AT_RANK_6, AT_RANK_5])]), _bundle(), listed=3, predictions=True)
+    rows = result.predictions
+    assert [r["top5"] for r in rows] == [RANKING[:5]] * 3
+    assert all(r["probs"] == pytest.approx(expected, abs=1e-6) for r in rows)
+    assert [(r["label"], r["correct1"], r["correct5"]) for r in rows] == [
+        (AT_RANK_1, True, True), (AT_RANK_6, False, False), (AT_RANK_5, False, True)]  # fmt: skip
+
+
 def test_short_batches_are_padded_to_the_compiled_batch_size():
     # A compiled model is given full batches only, so the last, short one compiles nothing new.
     padded, pairs, unpadded = RankedLogits(), RankedLogits(), RankedLogits()
