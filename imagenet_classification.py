@@ -2977,7 +2977,7 @@ _COUNTS = "classified failed top1_correct top5_correct frames_timed batches batc
 
 def _rank_share(result: RunResult, rank: int, device: torch.device) -> dict:
     """A rank's part of the job's totals, as JSON; its first keys (``_RANK_KEYS``) its entry in ``ranks``."""
-    entry = {"rank": rank, "classified": result.classified, "fps": result.fps, "elapsed_s": result.elapsed_s}
+    entry = {"rank": rank, "fps": result.fps, "elapsed_s": result.elapsed_s}  # and "classified", a count
     counts = {k: getattr(result, k) for k in _COUNTS}
     flags = {"listed": result.listed, "partial": result.partial, "warmup_included": result.warmup_included}
     lists = {"failures": result.failures, "decoder_backends": result.decoder_backends}
@@ -3530,7 +3530,7 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
         print(f"WARNING: only {result.batches} batch(es), not more than the warm-up: FPS includes it", file=file)
     over = result.fps_max_overstatement
     if over is not None and over > FPS_WINDOW_SLACK:
-        lead = min(result.loader_lead or 0, result.batches_timed)
+        lead = min(result.loader_lead, result.batches_timed)  # known: the bound is
         had = "all of them" if lead == result.batches_timed else f"{lead}"
         bound = "FPS may be the model's rate alone" if over == math.inf else f"FPS may be up to {over:.0%} high"
         line = f"WARNING: the FPS window holds {result.batches_timed} batches and the loader may have had {had} "

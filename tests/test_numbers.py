@@ -318,12 +318,12 @@ import imagenet_classification as ic
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 ic._init_distributed(torch.device("cpu"), 60)
 result = ic.RunResult(listed=5, classified=3, failed=2, frames_timed=3, elapsed_s=1.0, batches=2, batches_timed=1,
-                      loader_lead=4)
+                      loader_lead=4, decoder_backends={{"hardware": 2, "cpu": 1}})
 result.record_failures([ic.ImageDecodeError("a.JPEG", "empty"), ic.ImageDecodeError("b.JPEG", "cut")])
 result.predictions = [dict(path="c.JPEG", top1=1)]
 total, ranks = ic._reduce_results(result, ic._Shard(0, 1, 0), torch.device("cpu"))
 print(json.dumps(dict(failures=total.failures, predictions=total.predictions, lead=total.loader_lead,
-                      timed=total.batches_timed, ranks=ranks)))
+                      timed=total.batches_timed, ranks=ranks, listed=total.listed, backends=total.decoder_backends)))
 """
 
 
@@ -336,6 +336,7 @@ def test_reduce_results_keeps_failures_predictions_and_the_lead(tmp_path):
     assert out["failures"] == [{"path": "a.JPEG", "reason": "empty"}, {"path": "b.JPEG", "reason": "cut"}]
     assert (out["predictions"], out["lead"], out["timed"]) == ([{"path": "c.JPEG", "top1": 1}], 4, 1)
     assert out["ranks"] == [{"rank": 0, "classified": 3, "fps": 3.0, "elapsed_s": 1.0, "device": "cpu"}]
+    assert (out["listed"], out["backends"]) == (5, {"hardware": 2, "cpu": 1})
 
 
 # --- Shards -------------------------------------------------------------------------------------

@@ -169,6 +169,9 @@ def test_the_disk_in_the_verdict_by_hand():
     assert _Breakdown.from_rates(600.0, 40.0, 36.0, cpu, (41.0, 5.0, 0.0, True)).bottleneck == "model"
     # A read pass that read nothing (every file refused) says nothing about the disk.
     assert _Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (0.0, 0.0, 0.0, True)).bottleneck == "loader"
+    tie = io.StringIO()  # the loader as fast as reading alone: the disk sets its pace
+    _print_breakdown(_Breakdown.from_rates(40.0, 600.0, 36.0, cpu, (40.0, 4.0, 0.0, True)), tie)
+    assert "The loader runs at 100% of reading alone: the disk sets its pace" in tie.getvalue()
     # However slow: a disk that reads half an image a second sets the pace of a loader at 0.52.
     assert _Breakdown.from_rates(0.52, 600.0, 0.5, cpu, (0.5, 0.1, 0.0, True)).bottleneck == "disk"
     printed = io.StringIO()
