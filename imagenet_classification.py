@@ -1110,8 +1110,10 @@ class _FilterGraphCache:
         output = graph.get_frames()
         if output is None:
             raise RuntimeError("the filter graph produced no frame")
-        if cached or key in seen:  # only a graph that worked goes into the cache
-            seen.pop(key, None)
+        if cached:  # back at the LRU's newest end
+            graphs[key] = graph
+        elif key in seen:  # a size's second image: only a graph that worked goes into the cache
+            del seen[key]
             graphs[key] = graph
             if len(graphs) > self.capacity:
                 del graphs[next(iter(graphs))]
