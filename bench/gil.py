@@ -8,6 +8,7 @@ builds it, files read from disk) runs over the set again and again, and:
 - py-spy samples it twice at once, ``--gil`` (only samples holding the GIL) and ``--idle`` (every
   sample): the share of the decode function's samples that hold the GIL is the share of its
   time; times the time per image, the GIL-held time per image, and its inverse the ceiling;
+  the GIL-holding samples' innermost frames, each with its share of them, say where it is held;
 - perf counts ``PyEval_SaveThread`` calls (a uprobe on libpython: every release of the GIL, each
   a point where another thread may take it) over the same window: the GIL hand-offs per image;
   two threads decoding at once show it agrees: their voluntary context switches (``/proc``),
@@ -29,6 +30,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -59,6 +61,7 @@ import imagenet_classification as ic  # noqa: E402
 
 DECODE_FUNCTION = "decode_batch_ffmpeg"  # the frame every sample of the decode loop has
 LIBPYTHON_PROBE = "PyEval_SaveThread"
+IDLE_LOOP = Path("idle-loop")  # --child idle-loop: time.sleep(0) in a loop (the uprobes' own cost)
 
 
 def _paths(flist: Path) -> list[str]:
@@ -69,8 +72,15 @@ def child_loop(flist: Path, seconds: float, threads: int) -> None:
     """The decode loop, for the parent to sample: the module's decode function over the list's
     batches of 32, again and again, in ``threads`` threads, for ``seconds``. Prints ``ready`` after
     an untimed pass over the first 256 images, then every 0.2 s ``monotonic-time images-done``."""
-    paths = _paths(flist)
-    decode = ic.get_decode_func("cpu", ic.EvalTransform(), policy=ic.BadImagePolicy(skip=True))
+    if flist == IDLE_LOOP:  # the GIL released once per item, next to nothing held between
+        paths = ["-"] * 256
+
+        def decode(batch: list) -> tuple:
+            return None, [time.sleep(0) for _ in batch]
+
+    else:
+        paths = _paths(flist)
+        decode = ic.get_decode_func("cpu", ic.EvalTransform(), policy=ic.BadImagePolicy(skip=True))
     batches = [[(p, 0) for p in paths[i : i + 32]] for i in range(0, len(paths), 32)]
     for batch in batches[:8]:
         decode(batch)
@@ -109,14 +119,14 @@ def _images_between(ticks: list[tuple[float, int]], start: float, end: float) ->
     return at(end) - at(start)
 
 
-def _samples(path: Path) -> int:
-    """Samples in a py-spy raw file whose stack is in the decode function."""
-    total = 0
+def _samples(path: Path) -> collections.Counter:
+    """A py-spy raw file's samples in the decode function, by innermost frame (``function (file:line)``)."""
+    frames: collections.Counter = collections.Counter()
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if DECODE_FUNCTION in stack:
-            total += int(count)
-    return total
+            frames[stack.rpartition(";")[2]] += int(count)
+    return frames
 
 
 def _voluntary_switches(pid: int) -> int:
@@ -137,26 +147,27 @@ def _libpython() -> str | None:
     return None
 
 
-def _perf_probe() -> str | None:
-    """A perf uprobe on PyEval_SaveThread, added if need be; None without perf or uprobes."""
+def _perf_probe(function: str = LIBPYTHON_PROBE, at: str = "") -> str | None:
+    """A perf uprobe on a libpython function (``at="%return"``: on its return), added if need be;
+    None without perf or uprobes."""
     library = _libpython()
     if library is None or shutil.which("perf") is None:
         return None
-    probe = f"{LIBPYTHON_PROBE}_gilbench"
+    probe = f"{function}_gilbench"
+    event = f"{probe}__return" if at == "%return" else probe  # perf's name for a return probe
     listed = subprocess.run(["perf", "probe", "-l"], capture_output=True, text=True).stdout
-    if probe not in listed:
-        added = subprocess.run(["perf", "probe", "-x", library, f"{probe}={LIBPYTHON_PROBE}"], capture_output=True,
+    if f":{event} " not in listed:
+        added = subprocess.run(["perf", "probe", "-x", library, f"{probe}={function}{at}"], capture_output=True,
                                text=True)  # fmt: skip
         if added.returncode:
             return None
     events = subprocess.run(["perf", "probe", "-l"], capture_output=True, text=True).stdout.split()
-    return next((e for e in events if e.endswith(f":{probe}")), None)
+    return next((e for e in events if e.endswith(f":{event}")), None)
 
 
-def sample(flist: Path, seconds: float, rate: int, threads: int = 1, module: Path | None = None) -> dict:
-    """One child decode loop (:py:func:`child_loop`), sampled by py-spy (``--gil`` and ``--idle``
-    at once, non-blocking) and counted by perf, over the same ``seconds``; the module imported
-    from ``module`` (a folder) if given."""
+def _start_child(flist: Path, seconds: float, threads: int = 1, module: Path | None = None) -> tuple:
+    """``(child, ticks, reader)``: a child decode loop (:py:func:`child_loop`) for ``seconds`` and
+    a bit, ready; its ticks filled in by the reader thread until it ends."""
     env = {**os.environ, "GIL_BENCH_MODULE": str(module)} if module else None
     child = subprocess.Popen([sys.executable, __file__, "--child", str(flist), "--seconds", str(seconds + 4),
                               "--threads", str(threads)], stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
@@ -166,6 +177,45 @@ def sample(flist: Path, seconds: float, rate: int, threads: int = 1, module: Pat
     assert child.stdout.readline().strip() == "ready"
     reader.start()
     time.sleep(0.5)
+    return child, ticks, reader
+
+
+def held_stretches(flist: Path, seconds: float) -> dict | None:
+    """The cross-check by another method: each stretch for which the child's decode thread holds
+    the GIL, timed by perf between uprobes, from ``PyEval_RestoreThread``'s return to the next
+    ``PyEval_SaveThread`` (the clock the child's ticks use); None without perf or uprobes."""
+    events = [_perf_probe(), _perf_probe("PyEval_RestoreThread", "%return")]
+    if None in events:
+        return None
+    child, ticks, reader = _start_child(flist, seconds)
+    data = Path(os.environ.get("TMPDIR", "/tmp")) / f"gil_{child.pid}.perf"
+    record = ["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-o", str(data), "-p", str(child.pid)]
+    subprocess.run([*record, "-e", events[0], "-e", events[1], "--", "sleep", str(int(seconds))], check=True)
+    child.wait()
+    reader.join()
+    script = subprocess.run(["perf", "script", "-i", str(data), "-F", "tid,time,event", "--ns"], capture_output=True,
+                            text=True, check=True).stdout  # fmt: skip
+    data.unlink()
+    by_thread: dict[str, list[tuple[float, bool]]] = collections.defaultdict(list)
+    for tid, stamp, event in (line.split()[:3] for line in script.splitlines() if line.strip()):
+        by_thread[tid].append((float(stamp.rstrip(":")), event.endswith("__return:")))
+    marks = max(by_thread.values(), key=len)  # the decode thread's
+    held, taken = [], None
+    for stamp, is_taken in marks:
+        if is_taken:
+            taken = stamp
+        elif taken is not None:
+            held.append(stamp - taken)
+            taken = None
+    images = _images_between(ticks, marks[0][0], marks[-1][0])
+    return {"held_us_per_image": 1e6 * sum(held) / images, "stretches_per_image": len(held) / images}
+
+
+def sample(flist: Path, seconds: float, rate: int, threads: int = 1, module: Path | None = None) -> dict:
+    """One child decode loop (:py:func:`child_loop`), sampled by py-spy (``--gil`` and ``--idle``
+    at once, non-blocking) and counted by perf, over the same ``seconds``; the module imported
+    from ``module`` (a folder) if given."""
+    child, ticks, reader = _start_child(flist, seconds, threads, module)
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"gil_{child.pid}"
     spy = [shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking",
            "--format", "raw", "-r", str(rate), "-d", str(int(seconds)), "-p", str(child.pid)]  # fmt: skip
@@ -184,7 +234,8 @@ def sample(flist: Path, seconds: float, rate: int, threads: int = 1, module: Pat
     child.wait()
     reader.join()
     images = _images_between(ticks, start, end)
-    gil, idle = _samples(Path(f"{out}.gil")), _samples(Path(f"{out}.idle"))
+    held = _samples(Path(f"{out}.gil"))
+    gil, idle = held.total(), _samples(Path(f"{out}.idle")).total()
     releases = None
     if event:
         releases = int(runs[-1].stderr.read().split(",")[0]) / images
@@ -195,7 +246,23 @@ def sample(flist: Path, seconds: float, rate: int, threads: int = 1, module: Pat
     return {"images": images, "seconds": end - start, "per_image_ms": 1e3 * per_image_s, "gil_samples": gil,
             "idle_samples": idle, "gil_share": share, "gil_per_image_us": 1e6 * share * per_image_s,
             "ceiling_fps": 1 / (share * per_image_s), "gil_releases_per_image": releases,
-            "voluntary_switches_per_image": switches / images}  # fmt: skip
+            "voluntary_switches_per_image": switches / images,
+            "gil_held_at": {frame: n / gil for frame, n in held.most_common(12)}}  # fmt: skip
+
+
+def _print_where(runs: list[dict], top: int = 8) -> None:
+    """Where the decode loop holds the GIL: the innermost frames of the GIL-holding samples, each
+    with its share of them (the mean over the runs) and, in this module, its line of source."""
+    shares: collections.Counter = collections.Counter()
+    for run in runs:
+        shares.update({frame: share / len(runs) for frame, share in run["gil_held_at"].items()})
+    source = (ROOT / "imagenet_classification.py").read_text().splitlines()
+    print(f"{'':9s} where the GIL is held (share of the samples holding it):")
+    for frame, share in shares.most_common(top):
+        name, _, place = frame.rpartition(" (")
+        file, _, line = place.rstrip(")").rpartition(":")
+        text = source[int(line) - 1].strip() if file == "imagenet_classification.py" and line.isdigit() else ""
+        print(f"{'':11s}{100 * share:5.1f} %  {name}, {file}:{line}  {text[:70]}")
 
 
 def _module_at(commit: str, out: Path) -> Path:
@@ -270,6 +337,7 @@ def main() -> None:
     parser.add_argument("--before", metavar="COMMIT", help="also sample the module as of this commit, side by side")
     parser.add_argument("--no-targets", action="store_false", dest="targets", help="only the GIL figures")
     parser.add_argument("--no-sampling", action="store_false", dest="sampling", help="only the loader's ratios")
+    parser.add_argument("--uprobes", action="store_true", help="also time each GIL-held stretch with perf uprobes")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -304,6 +372,15 @@ def main() -> None:
               f"{statistics.median(releases) if releases else 'n/a (no perf uprobe)'}; two threads: voluntary "
               f"switches per image {two['voluntary_switches_per_image']:.2f}, GIL held "
               f"{100 * two['gil_share']:.2f} % of each thread's loop")  # fmt: skip
+        _print_where(runs)
+        if args.uprobes and (exact := held_stretches(flist, args.seconds)):
+            idle = held_stretches(IDLE_LOOP, args.seconds)  # the probes' own cost, per stretch
+            cost = idle["held_us_per_image"] / idle["stretches_per_image"]
+            n = exact["stretches_per_image"]
+            results["sampled"][name]["uprobes"] = {**exact, "probe_cost_us_per_stretch": cost}
+            print(f"{'':9s} uprobes: {exact['held_us_per_image']:.1f} us held per image over {n:.1f} stretches; "
+                  f"a loop holding next to nothing reads {cost:.2f} us a stretch (the probes' own cost): "
+                  f"about {exact['held_us_per_image'] - n * cost:.0f} us")  # fmt: skip
     if not args.targets:
         (args.out / "gil.json").write_text(json.dumps(results, indent=2) + "\n")
         return None
