@@ -62,7 +62,7 @@ bench: ffmpeg $(VENV)/.installed
 	$(PY) bench/compare_loaders.py --out bench/out
 	$(PY) bench/compare_loaders.py --out bench/out/imagenet-mix --mix imagenet
 	$(PY) bench/decode_paths.py --out bench/out
-	$(PY) bench/gil.py --out bench/out
+	$(PY) bench/gil.py --out bench/out --uprobes
 
 # Mutation testing of the measurement core (README.md, "Testing"), then the semantic mutants:
 # about 30 minutes on 2 cores, not part of `make test`. Report in build/mutate/report.json.

@@ -373,7 +373,10 @@ def main() -> None:
               f"switches per image {two['voluntary_switches_per_image']:.2f}, GIL held "
               f"{100 * two['gil_share']:.2f} % of each thread's loop")  # fmt: skip
         _print_where(runs)
-        if args.uprobes and (exact := held_stretches(flist, args.seconds)):
+        exact = held_stretches(flist, args.seconds) if args.uprobes else None
+        if args.uprobes and exact is None:
+            print(f"{'':9s} uprobes: n/a (no perf, or no uprobes on this kernel)")
+        if exact:
             idle = held_stretches(IDLE_LOOP, args.seconds)  # the probes' own cost, per stretch
             cost = idle["held_us_per_image"] / idle["stretches_per_image"]
             n = exact["stretches_per_image"]
