@@ -190,9 +190,11 @@ def held_stretches(flist: Path, seconds: float) -> dict | None:
     child, ticks, reader = _start_child(flist, seconds)
     data = Path(os.environ.get("TMPDIR", "/tmp")) / f"gil_{child.pid}.perf"
     record = ["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-o", str(data), "-p", str(child.pid)]
-    subprocess.run([*record, "-e", events[0], "-e", events[1], "--", "sleep", str(int(seconds))], check=True)
+    recorded = subprocess.run([*record, "-e", events[0], "-e", events[1], "--", "sleep", str(int(seconds))])
     child.wait()
     reader.join()
+    if recorded.returncode:  # perf said why
+        return None
     script = subprocess.run(["perf", "script", "-i", str(data), "-F", "tid,time,event", "--ns"], capture_output=True,
                             text=True, check=True).stdout  # fmt: skip
     data.unlink()
