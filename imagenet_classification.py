@@ -210,10 +210,13 @@ def _number(kind: type, low: float, what: str, high: float = math.inf) -> Callab
     return parse
 
 
-_count = _number(int, 1, "a whole number of at least 1")
-_count0 = _number(int, 0, "a whole number of at least 0")
+# Counts are held by C ints on their way (itertools.islice, SPDL's and torch's sizes): 2**31 - 1 at most.
+_COUNT_MAX = 2**31 - 1
+_count = _number(int, 1, f"a whole number from 1 to {_COUNT_MAX}", _COUNT_MAX)
+_count0 = _number(int, 0, f"a whole number from 0 to {_COUNT_MAX}", _COUNT_MAX)
 _seconds = _number(float, 1e-3, "a number of seconds above 0")
 _timeout = _number(float, 1e-3, "at most 1e6 seconds, above 0", 1e6)  # longer overflow the DataLoader's clock
+_image_mb = _number(int, 1, "a whole number of MiB from 1 to 4096", 4096)  # a file is read whole, up to this
 _img_size = _number(int, 1, "at most 4096 pixels, at least 1", 4096)  # a larger crop is a typo, not a model's input
 _fraction = _number(float, 1e-6, "a number in (0, 1]", 1)
 
@@ -243,7 +246,7 @@ def _data_flags(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--prefix", default="", help="prepended to every path in the file list")
     data.add_argument("--labels", type=Path, help="labels by file name: LOC_val_solution.csv, or 'name label' lines")
     data.add_argument("--max-samples", "--num-samples", type=_count, help="use only the first N images (default: all)")
-    data.add_argument("--max-image-mb", type=_count, default=MAX_IMAGE_MB, help="a larger image file is a bad image")
+    data.add_argument("--max-image-mb", type=_image_mb, default=MAX_IMAGE_MB, help="a larger image file is a bad image")
 
 
 def _loader_flags(parser: argparse.ArgumentParser) -> None:
@@ -3225,7 +3228,8 @@ _SWEEP_WARMUP = 2  # batches before each timed pass
 def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) -> dict[str, list[int]]:
     """The values to sweep of each of ``_SWEPT``, from ``auto`` (threads doubling from 1 to the CPU
     count) or ``NAME=V1,V2,...`` specs; a setting not named keeps its value from ``defaults``.
-    ValueError for any other spec, or a value not a whole number of at least 1 (0 for ``decode-processes``)."""
+    ValueError for any other spec, or a value not a whole number from 1 (0 for ``decode-processes``)
+    to :py:data:`_COUNT_MAX`."""
     grid = {name: [value] for name, value in defaults.items()}
     for spec in specs:
         if spec == "auto":
@@ -3239,8 +3243,8 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
         except ValueError:
             raise ValueError(f"{spec!r}: the values must be whole numbers") from None
         least = 0 if name == "decode-processes" else 1
-        if numbers[0] < least:
-            raise ValueError(f"{spec!r}: the values must be at least {least}")
+        if numbers[0] < least or numbers[-1] > _COUNT_MAX:
+            raise ValueError(f"{spec!r}: the values must be from {least} to {_COUNT_MAX}")
         grid[name] = numbers
     return grid
 
