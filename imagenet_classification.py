@@ -3244,7 +3244,7 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
             raise ValueError(f"{spec!r}: the values must be whole numbers") from None
         least = 0 if name == "decode-processes" else 1
         if numbers[0] < least or numbers[-1] > _COUNT_MAX:
-            raise ValueError(f"{spec!r}: the values must be from {least} to {_COUNT_MAX}")
+            raise ValueError(f"{spec!r}: the values must be at least {least} and at most {_COUNT_MAX}")
         grid[name] = numbers
     return grid
 

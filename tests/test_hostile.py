@@ -190,7 +190,7 @@ def test_a_broken_stdout_keeps_the_results_file(dataset, tmp_path):
         (["--max-samples", "2147483648"], "argument --max-samples/--num-samples: expected a whole number from 1"),
         (["--warmup-batches", "99999999999999999999"], "argument --warmup-batches: expected a whole number from 0"),
         (["--max-image-mb", "4097"], "argument --max-image-mb: expected a whole number of MiB from 1 to 4096"),
-        (["--sweep", "decode-processes=0,10000000000000000000000"], "the values must be from 0 to 2147483647"),
+        (["--sweep", "decode-processes=0,10000000000000000000000"], "at least 0 and at most 2147483647"),
         (["--trace", "t", "--breakdown"], "--trace profiles the run"),
         (["--model", "mobilenetv3_large_100.miil_in21k"], "11221 output classes, not ImageNet-1k's 1000"),
         (["--model", "vit_base_patch16_sapiens2.fb"], "its input is 768 x 1024, not square"),
