@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -193,13 +194,13 @@ def held_stretches(flist: Path, seconds: float) -> dict | None:
     recorded = subprocess.run([*record, "-e", events[0], "-e", events[1], "--", "sleep", str(int(seconds))])
     child.wait()
     reader.join()
-    if recorded.returncode:  # perf said why
-        return None
     script = subprocess.run(["perf", "script", "-i", str(data), "-F", "tid,time,event", "--ns"], capture_output=True,
-                            text=True, check=True).stdout  # fmt: skip
-    data.unlink()
+                            text=True) if recorded.returncode == 0 else None  # fmt: skip
+    data.unlink(missing_ok=True)
+    if script is None or script.returncode:  # perf said why
+        return None
     by_thread: dict[str, list[tuple[float, bool]]] = collections.defaultdict(list)
-    for tid, stamp, event in (line.split()[:3] for line in script.splitlines() if line.strip()):
+    for tid, stamp, event in (line.split()[:3] for line in script.stdout.splitlines() if line.strip()):
         by_thread[tid].append((float(stamp.rstrip(":")), event.endswith("__return:")))
     marks = max(by_thread.values(), key=len)  # the decode thread's
     held, taken = [], None
@@ -211,6 +212,25 @@ def held_stretches(flist: Path, seconds: float) -> dict | None:
             taken = None
     images = _images_between(ticks, marks[0][0], marks[-1][0])
     return {"held_us_per_image": 1e6 * sum(held) / images, "stretches_per_image": len(held) / images}
+
+
+@functools.cache
+def _probe_cost_us(seconds: float) -> float:
+    """The uprobes' own cost per stretch, read once on a loop that holds the GIL next to nothing."""
+    idle = held_stretches(IDLE_LOOP, seconds)
+    return idle["held_us_per_image"] / idle["stretches_per_image"]
+
+
+def _uprobe_check(flist: Path, seconds: float) -> dict | None:
+    """:py:func:`held_stretches` on the set, less the probes' own cost, printed; None without perf."""
+    exact = held_stretches(flist, seconds)
+    if exact is None:
+        print(f"{'':9s} uprobes: n/a (no perf, or no uprobes on this kernel)")
+        return None
+    held, n, cost = exact["held_us_per_image"], exact["stretches_per_image"], _probe_cost_us(seconds)
+    print(f"{'':9s} uprobes: {held:.1f} us held per image over {n:.1f} stretches; a loop holding next to nothing "
+          f"reads {cost:.2f} us a stretch (the probes' own cost): about {held - n * cost:.0f} us")  # fmt: skip
+    return {**exact, "probe_cost_us_per_stretch": cost}
 
 
 def sample(flist: Path, seconds: float, rate: int, threads: int = 1, module: Path | None = None) -> dict:
@@ -375,17 +395,8 @@ def main() -> None:
               f"switches per image {two['voluntary_switches_per_image']:.2f}, GIL held "
               f"{100 * two['gil_share']:.2f} % of each thread's loop")  # fmt: skip
         _print_where(runs)
-        exact = held_stretches(flist, args.seconds) if args.uprobes else None
-        if args.uprobes and exact is None:
-            print(f"{'':9s} uprobes: n/a (no perf, or no uprobes on this kernel)")
-        if exact:
-            idle = held_stretches(IDLE_LOOP, args.seconds)  # the probes' own cost, per stretch
-            cost = idle["held_us_per_image"] / idle["stretches_per_image"]
-            n = exact["stretches_per_image"]
-            results["sampled"][name]["uprobes"] = {**exact, "probe_cost_us_per_stretch": cost}
-            print(f"{'':9s} uprobes: {exact['held_us_per_image']:.1f} us held per image over {n:.1f} stretches; "
-                  f"a loop holding next to nothing reads {cost:.2f} us a stretch (the probes' own cost): "
-                  f"about {exact['held_us_per_image'] - n * cost:.0f} us")  # fmt: skip
+        if args.uprobes:
+            results["sampled"][name]["uprobes"] = _uprobe_check(flist, args.seconds)
     if not args.targets:
         (args.out / "gil.json").write_text(json.dumps(results, indent=2) + "\n")
         return None
