@@ -2097,8 +2097,27 @@ def _get_torch_loader(
     Its batches are whole already: no ``batch_size`` of its own (``default_convert`` keeps them)."""
     timeout = timeout if num_workers else 0  # torch refuses a timeout for an in-process loader
     return torch.utils.data.DataLoader(
-        dataset, batch_size=None, num_workers=num_workers, pin_memory=device.type == "cuda", timeout=timeout
+        dataset,
+        batch_size=None,
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+        timeout=timeout,
+        worker_init_fn=_quiet_worker,
     )
+
+
+def _quiet_worker(worker_id: int) -> None:
+    """In a DataLoader worker: a batch's hand-over that breaks because the main process stopped taking
+    it (an interrupt) prints no traceback. multiprocessing's resource sharer, the thread that passes a
+    batch's memory to the main process, sends what it cannot send to ``sys.excepthook``; the main
+    process reports the run, and a broken hand-over of its own (``_torch_loader_batches``)."""
+    default = sys.excepthook
+
+    def hook(kind, value, traceback):
+        if not issubclass(kind, ConnectionError):
+            default(kind, value, traceback)
+
+    sys.excepthook = hook
 
 
 _ABANDONED: list = []  # DataLoader iterators not shut down after an interrupt: their workers end with the process

@@ -423,6 +423,17 @@ def test_a_signal_stops_the_dataloader_baseline_quickly(dataset):
     assert "(PARTIAL RUN)" in stdout and "Traceback" not in stderr
 
 
+def test_a_dataloader_worker_drops_only_a_broken_hand_over(monkeypatch):
+    # In a worker, multiprocessing's resource sharer sends a hand-over the stopped main process broke
+    # to sys.excepthook: that one is dropped, and every other error still reaches the default hook.
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: seen.append(kind))
+    ic._quiet_worker(0)
+    for kind in (ConnectionResetError, BrokenPipeError, ValueError, MemoryError):
+        sys.excepthook(kind, kind(), None)
+    assert seen == [ValueError, MemoryError]
+
+
 # --- Round three: what the user asked for is written, whatever the run met --------------------------
 
 
