@@ -294,10 +294,14 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     transform.add_argument("--img-size", type=_img_size, metavar="N", help="side of the square crop fed to the model")
     transform.add_argument("--crop-pct", type=_fraction, metavar="F", help="resize the shorter side to img-size / F")
     transform.add_argument("--interpolation", choices=sorted(_FFMPEG_SCALE_FLAGS), help="the resize's filter")
-    number = _number(float, 0, "a number")
-    for name in ("mean", "std"):
-        scale = f"per-channel {name} on the 0-1 scale"
-        transform.add_argument(f"--{name}", type=number, nargs=3, metavar=("R", "G", "B"), help=scale)
+    # On the 0-1 scale: 123.7 or 58.4 (the 0-255 one) would classify noise; a std near 0 overflows.
+    scale = "on the 0-1 scale (values on the 0-255 one / 255)"
+    numbers = {"mean": _number(float, 0, f"a number from 0 to 1 {scale}", 1)}
+    numbers["std"] = _number(float, 1e-3, f"a number from 0.001 to 1 {scale}", 1)
+    for name, number in numbers.items():
+        transform.add_argument(
+            f"--{name}", type=number, nargs=3, metavar=("R", "G", "B"), help=f"per-channel {name} on the 0-1 scale"
+        )
 
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
@@ -847,6 +851,10 @@ class EvalTransform:
             reasons.append(f"its crop mode {crop_mode!r} is neither center nor squash")
         if reasons:
             raise InputError(f"its evaluation transform cannot be reproduced here: {'; '.join(reasons)}", "--model")
+        short = math.floor(width / cfg["crop_pct"])  # every image's resize is at least short x short
+        if short * short > MAX_IMAGE_PIXELS:
+            message = f"{width} / {cfg['crop_pct']} resizes each image's shorter side to {short} pixels: "
+            raise InputError(message + f"every image would be over the limit of {MAX_IMAGE_PIXELS:,}", "--crop-pct")
         mean = tuple(float(v) for v in cfg["mean"])
         std = tuple(float(v) for v in cfg["std"])
         return cls(int(width), float(cfg["crop_pct"]), interpolation, mean, std, crop_mode)
@@ -2159,11 +2167,12 @@ class Preprocessing(torch.nn.Module):
 
 class Classification(torch.nn.Module):
     """Top-1 and top-5 hits of logits ``N x C`` against int64 labels ``N x 1`` (-1 never matches):
-    two 0-d int64 tensors on the logits' device."""
+    two 0-d int64 tensors on the logits' device. A row with a NaN or infinite logit is no hit: topk
+    still ranks it, and would count whatever classes it happens to put first."""
 
     def forward(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
-        hits = top == labels
+        hits = (top == labels) & logits.isfinite().all(dim=-1, keepdim=True)
         return hits[:, :1].sum(), hits.sum()
 
 
@@ -2421,11 +2430,12 @@ class RunResult:
     FPS is ``frames_timed / elapsed_s`` over the ``batches_timed`` batches after the warm-up, or
     over all of them (``warmup_included``) when there were no more. ``decoder_fallbacks``: images a
     GPU decoder left to the CPU; ``decoder_backends``: images each of its backends decoded, warm-up
-    included. ``loader_lead``: batches the loader can hold ahead of the model (after an SPDL run,
-    what it held when the window opened); ``loader_min_fps``: a rate it is known to have reached in
-    the window. ``timeline``: see :py:meth:`_TimingWindow.timeline`. ``page_cache``: the listed
-    files' share in memory before the run. ``predictions``: one row per image classified, when asked
-    for (not in :py:meth:`to_dict`).
+    included. ``not_finite``: images classified whose logits held a NaN or an infinity (never a
+    hit: the model gave no prediction for them). ``loader_lead``: batches the loader can hold ahead
+    of the model (after an SPDL run, what it held when the window opened); ``loader_min_fps``: a
+    rate it is known to have reached in the window. ``timeline``: see
+    :py:meth:`_TimingWindow.timeline`. ``page_cache``: the listed files' share in memory before the
+    run. ``predictions``: one row per image classified, when asked for (not in :py:meth:`to_dict`).
     """
 
     listed: int | None
@@ -2438,6 +2448,7 @@ class RunResult:
     batches: int = 0
     decoder_fallbacks: int = 0
     decoder_backends: dict[str, int] = field(default_factory=dict)
+    not_finite: int = 0
     warmup_included: bool = False
     batches_timed: int = 0
     loader_lead: int | None = None
@@ -2710,8 +2721,9 @@ class _Loop:
         self.model, self.result = model, result
         self.top1 = torch.zeros((), dtype=torch.int64, device=device)
         self.top5 = torch.zeros((), dtype=torch.int64, device=device)
+        self.not_finite = torch.zeros((), dtype=torch.int64, device=device)
         self.window = _TimingWindow(device, warmup_batches, sync_clocks)
-        self.kept: list[tuple[Tensor, Tensor, Tensor, tuple[str, ...]]] | None = [] if predictions else None
+        self.kept: list[tuple[Tensor, Tensor, Tensor, Tensor, tuple[str, ...]]] | None = [] if predictions else None
 
     def classify(self, batch: tuple[Tensor, Tensor]) -> None:
         images, labels = batch
@@ -2723,9 +2735,11 @@ class _Loop:
                 b1, b5 = self.model.classification(logits, labels)
                 self.top1 += b1
                 self.top5 += b5
+                finite = logits.isfinite().all(dim=-1)
+                self.not_finite += finite.logical_not().sum()
             if self.kept is not None:  # on the device until the run ends
                 probs, classes = logits.softmax(dim=-1).topk(min(5, logits.shape[-1]), dim=-1)
-                self.kept.append((classes, probs, labels[:, 0], tuple(getattr(batch, "paths", ()))))
+                self.kept.append((classes, probs, labels[:, 0], finite, tuple(getattr(batch, "paths", ()))))
         self.result.classified += n
         self.window.add(n)
 
@@ -2736,25 +2750,31 @@ class _Loop:
         result.batches = window.batches
         result.batches_timed = window.batches if result.warmup_included else window.batches - window.warmup_batches
         result.top1_correct, result.top5_correct = int(self.top1), int(self.top5)
+        result.not_finite = int(self.not_finite)
         result.record_failures(failures)
         result.timeline = window.timeline()
         if self.kept is not None:
             result.predictions = [row for batch in self.kept for row in _prediction_rows(*batch)]
 
 
-def _prediction_rows(classes: Tensor, probs: Tensor, labels: Tensor, paths: tuple[str, ...]) -> Iterator[dict]:
+def _prediction_rows(
+    classes: Tensor, probs: Tensor, labels: Tensor, finite: Tensor, paths: tuple[str, ...]
+) -> Iterator[dict]:
+    """One row per image; an image whose logits were not finite has no probabilities (null, valid
+    JSON) and is correct at no rank, as :py:class:`Classification` counts it."""
     labels = labels.tolist()
     names = paths if len(paths) == len(labels) else [None] * len(labels)
-    for path, label, top, p in zip(names, labels, classes.tolist(), probs.tolist(), strict=True):
+    rows = zip(names, labels, classes.tolist(), probs.tolist(), finite.tolist(), strict=True)
+    for path, label, top, p, ok in rows:
         yield {
             "path": path,
             "label": label,
             "label_name": _class_name(label) if label >= 0 else None,
             "top5": top,
             "top5_names": [_class_name(c) for c in top],
-            "probs": [round(x, 6) for x in p],
-            "correct1": top[0] == label,
-            "correct5": label in top,
+            "probs": [round(x, 6) for x in p] if ok else None,
+            "correct1": ok and top[0] == label,
+            "correct5": ok and label in top,
         }
 
 
@@ -2996,7 +3016,8 @@ def _barrier() -> None:
 
 
 _RANK_KEYS = ("rank", "classified", "fps", "elapsed_s", "device")  # a rank's entry in the results file's ranks
-_COUNTS = "classified failed top1_correct top5_correct frames_timed batches batches_timed decoder_fallbacks".split()
+_COUNTS = "classified failed top1_correct top5_correct not_finite frames_timed batches batches_timed decoder_fallbacks"
+_COUNTS = _COUNTS.split()
 
 
 def _rank_share(result: RunResult, rank: int, device: torch.device) -> dict:
@@ -3567,6 +3588,10 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
         print(f"Accuracy (top{k})={acc:.2%} ({correct}/{result.classified}{skipped})", file=file)
     line = f"Images: listed={result.listed} classified={result.classified} failed={result.failed} "
     print(line + f"not_reached={result.not_reached}{' (PARTIAL RUN)' if result.partial else ''}", file=file)
+    if result.not_finite:
+        line = f"WARNING: {result.not_finite} of the {result.classified} images classified got NaN or infinite "
+        line += "logits: no prediction, counted as misses. A diverged checkpoint, --mean/--std, or an overflow "
+        print(line + "in --dtype float16 or bfloat16 (try --dtype float32)?", file=file)
     if result.decoder_fallbacks:
         share = result.decoder_fallbacks / result.classified if result.classified else 1.0
         note = "; the figures are mostly the CPU's" if share > FALLBACK_WARNING else ""
@@ -3839,14 +3864,14 @@ _PREDICTION_COLUMNS = ("path", "label", "label_name", "top5", "top5_names", "pro
 def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
     """Write one row per classified image as JSON Lines or, for a ``.csv`` path, CSV: top5 (class
     indices, best first) and probs (their softmax probabilities) joined by spaces, top5_names by
-    `` | ``, correct1 and correct5 as 0 or 1. Raises OSError."""
+    `` | ``, correct1 and correct5 as 0 or 1; no probs for logits that were not finite. Raises OSError."""
     if not str(path).lower().endswith(".csv"):
         _write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
         return
     flat = []
     for r in rows:
         row = {**r, "top5": " ".join(map(str, r["top5"])), "top5_names": " | ".join(r["top5_names"])}
-        row.update(probs=" ".join(map(str, r["probs"])), correct1=int(r["correct1"]), correct5=int(r["correct5"]))
+        row.update(probs=" ".join(map(str, r["probs"] or ())), correct1=int(r["correct1"]), correct5=int(r["correct5"]))
         flat.append(row)
     _write_atomically(path, _csv_text(flat, _PREDICTION_COLUMNS))
 

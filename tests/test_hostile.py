@@ -191,6 +191,10 @@ def test_a_broken_stdout_keeps_the_results_file(dataset, tmp_path):
         (["--warmup-batches", "99999999999999999999"], "argument --warmup-batches: expected a whole number from 0"),
         (["--max-image-mb", "4097"], "argument --max-image-mb: expected a whole number of MiB from 1 to 4096"),
         (["--sweep", "decode-processes=0,10000000000000000000000"], "at least 0 and at most 2147483647"),
+        # Normalisation on the 0-255 scale, or a std that overflows, would classify noise.
+        (["--mean", "123.7", "116.3", "103.5"], "argument --mean: expected a number from 0 to 1 on the 0-1 scale"),
+        (["--std", "0", "0.2", "0.2"], "argument --std: expected a number from 0.001 to 1"),
+        (["--crop-pct", "0.01"], "error: --crop-pct: 160 / 0.01 resizes each image's shorter side to 16000 pixels"),
         (["--trace", "t", "--breakdown"], "--trace profiles the run"),
         (["--model", "mobilenetv3_large_100.miil_in21k"], "11221 output classes, not ImageNet-1k's 1000"),
         (["--model", "vit_base_patch16_sapiens2.fb"], "its input is 768 x 1024, not square"),

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
@@ -173,6 +174,31 @@ def test_a_run_at_the_max_bad_limit_reports_exact_figures(ranked_set, ranked_che
             f"{b['efficiency']:.0%} of it{noise}") in lines  # fmt: skip
     assert (f"On the CPU the two share the cores: taking turns, with no overlap, they would reach "
             f"{shared:.1f} images/s") in lines  # fmt: skip
+
+
+@pytest.mark.parametrize("rows_file", ["p.jsonl", "p.csv"])
+def test_a_checkpoint_that_gives_nan_counts_no_hit_and_says_so(ranked_set, ranked_checkpoint, tmp_path, capfd,
+                                                                rows_file):  # fmt: skip
+    # A diverged training run's weights: one NaN in the classifier's bias, so every image's
+    # logits hold a NaN, while topk still ranks RANKING's classes among the first.
+    state = torch.load(ranked_checkpoint, weights_only=True)
+    state["classifier.bias"][5] = math.nan
+    torch.save(state, diverged := tmp_path / "diverged.pth")
+    out, rows = tmp_path / "r.json", tmp_path / rows_file
+    good = ranked_set.parent / "good.flist"
+    proc = run_main(capfd, "--input-flist", good, "--prefix", f"{good.parent}/", *RUN, "--checkpoint", diverged,
+                    "--results-file", out, "--predictions-file", rows)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    r = read_json(out)
+    assert (r["classified"], r["top1_correct"], r["top5_correct"], r["not_finite"]) == (17, 0, 0, 17)
+    assert "WARNING: 17 of the 17 images classified got NaN or infinite logits" in proc.stdout
+    if rows_file.endswith(".csv"):
+        table = list(csv.DictReader(rows.open()))
+        assert len(table) == 17
+        assert {(row["probs"], row["correct1"], row["correct5"]) for row in table} == {("", "0", "0")}
+    else:
+        lines = rows.read_text().splitlines()
+        assert len(lines) == 17 and all(json.loads(line)["probs"] is None for line in lines)  # valid JSON: no NaN
 
 
 @pytest.mark.parametrize("max_bad", ["2", "14.99%"], ids=["N", "percent"])
@@ -413,6 +439,43 @@ def test_top1_and_top5_with_labels_at_ranks_1_5_and_6():
     zero_first = RankedLogits(ranking=[0, 1, 2, 3, 4], last=999)
     images, labels = _batch([0, 281, 0])
     assert [int(v) for v in _bundle(zero_first, batch_size=8)(images, labels)] == [2, 2]
+
+
+class NotFiniteFor(RankedLogits):
+    """RankedLogits, with a NaN or an infinity in the logits of the rows given."""
+
+    def __init__(self, rows: dict[int, float]) -> None:
+        super().__init__()
+        self.rows = rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x).clone()
+        for row, value in self.rows.items():
+            logits[row, 7] = value
+        return logits
+
+
+def test_an_image_whose_logits_are_not_finite_is_no_hit_and_is_counted():
+    # topk still ranks a row of NaN: whatever classes it puts first would be hits.
+    logits = torch.full((2, 10), math.nan)
+    logits[1] = torch.arange(10.0)
+    labels = torch.tensor([[int(logits[0].topk(1).indices)], [9]])
+    assert [int(v) for v in Classification()(logits, labels)] == [1, 1]
+    logits[1, 3] = math.inf
+    assert [int(v) for v in Classification()(logits, labels)] == [0, 0]
+    # In a run: rows 0 (NaN) and 2 (inf) of 4, labels at rank 1 everywhere.
+    model = NotFiniteFor({0: math.nan, 2: math.inf})
+    result = benchmark(iter([_batch([AT_RANK_1] * 4)]), _bundle(model), listed=4, warmup_batches=0, predictions=True)
+    assert (result.classified, result.top1_correct, result.top5_correct, result.not_finite) == (4, 2, 2, 2)
+    rows = result.predictions
+    assert [(r["correct1"], r["correct5"], r["probs"] is None) for r in rows] == [
+        (False, False, True), (True, True, False), (False, False, True), (True, True, False)]  # fmt: skip
+    json.dumps(rows, allow_nan=False)  # valid JSON: no bare NaN
+    finite = benchmark(iter([_batch([AT_RANK_1] * 4)]), _bundle(), listed=4, warmup_batches=0)
+    for run, warned in ((result, True), (finite, False)):
+        out = io.StringIO()
+        _print_summary(run, out)
+        assert ("WARNING: 2 of the 4 images classified got NaN or infinite logits" in out.getvalue()) == warned
 
 
 def test_predictions_hold_each_images_top5_classes_and_their_probabilities():
@@ -662,7 +725,8 @@ def test_results_and_their_rates_by_hand(tmp_path):
     assert (empty["not_reached"], empty["fps"], empty["top1"], empty["top5"]) == (0, 0.0, 0.0, 0.0)
     assert RunResult(listed=3).to_dict() == {
         "listed": 3, "classified": 0, "failed": 0, "top1_correct": 0, "top5_correct": 0, "frames_timed": 0,
-        "elapsed_s": 0.0, "batches": 0, "decoder_fallbacks": 0, "decoder_backends": {}, "warmup_included": False,
+        "elapsed_s": 0.0, "batches": 0, "decoder_fallbacks": 0, "decoder_backends": {}, "not_finite": 0,
+        "warmup_included": False,
         "batches_timed": 0, "loader_lead": None, "loader_min_fps": None, "partial": False, "stop_reason": None,
         "failures": [], "timeline": None, "page_cache": None, "not_reached": 3, "fps": 0.0,
         "fps_max_overstatement": None, "fps_window_may_be_buffered": False, "top1": 0.0, "top5": 0.0,
