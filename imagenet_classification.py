@@ -24,7 +24,7 @@ From a notebook, each stage can be used alone::
 
 Exit status: 0 success; 1 the run stopped on a failure (bad image in strict mode, too many
 bad images, loader error, out of memory, results not written); 2 bad arguments or input found
-before the run; 3 the loader stalled; 130 / 143 interrupted by SIGINT / SIGTERM.
+before the run; 3 the loader stalled; 130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ if __name__ == "__main__":  # a signal while the libraries below load: one line,
         os.write(2, f"error: interrupted by {signal.Signals(signum).name} while starting\n".encode())
         os._exit(128 + signum)
 
-    for _signum in (signal.SIGINT, signal.SIGTERM):
+    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(_signum, _interrupted_while_starting)
 
 import spdl.io  # noqa: E402
@@ -132,7 +132,6 @@ TRACE_BATCHES = 60  # --trace keeps traces small: only this many batches are run
 MAX_IMAGE_MB = 64  # the default cap on one image file's size (--max-image-mb)
 MAX_IMAGE_PIXELS = 178_956_970  # larger images are refused before decoding, as PIL refuses them
 EXIT_FAILED, EXIT_USAGE, EXIT_STALLED = 1, 2, 3
-EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
 
 ################################################################################
@@ -181,8 +180,9 @@ class RunStopped(Exception):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM during a run (a KeyboardInterrupt, so that no library swallows it), with
-    the partial :py:class:`RunResult` once :py:func:`benchmark` has attached it."""
+    """SIGINT, SIGTERM or SIGHUP (a closed terminal, a dropped ssh) during a run (a KeyboardInterrupt,
+    so that no library swallows it), with the partial :py:class:`RunResult` once
+    :py:func:`benchmark` has attached it."""
 
     def __init__(self, signum: int = signal.SIGINT, result: RunResult | None = None) -> None:
         self.signum, self.result = signum, result
@@ -1982,6 +1982,7 @@ def get_pipeline(
         hooks = dict(queue_class=stats.queue, task_hook_factory=stats.task_hooks, report_stats_interval=stats.interval)
     builder = PipelineBuilder().add_source(_batched(src, batch_size))
     if decode_processes:
+        _start_resource_tracker()
         # spawn, not fork: the main process has threads (torch's, SPDL's) by the time the pool starts.
         pool = ProcessPoolExecutorConfig(
             max_workers=decode_processes, mp_context="spawn", initializer=_decode_worker_init
@@ -1992,15 +1993,32 @@ def get_pipeline(
     return builder.add_sink(buffer_size).build(num_threads=num_threads, max_failures=0, **hooks)
 
 
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (the pool's semaphores are in its care) with a hang-up
+    ignored, as it ignores SIGINT and SIGTERM itself: a closed terminal's SIGHUP reaches the whole
+    process group, and a relaunched tracker prints a traceback for each semaphore it never saw.
+    Its module's own ``ensure_running``, in its ``__all__``; a no-op once it runs."""
+    from multiprocessing import resource_tracker
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread sets signal handlers; the pool then starts the tracker as it is
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a disposition a child keeps through exec
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 def _decode_worker_init() -> None:
-    """In each ``--decode-processes`` worker: Ctrl-C (sent to the process group) is the main
-    process's to handle; the SIGTERM that ends a worker ends it quietly (SPDL's native library,
+    """In each ``--decode-processes`` worker: Ctrl-C and a hang-up (sent to the process group) are
+    the main process's to handle; the SIGTERM that ends a worker ends it quietly (SPDL's native library,
     loaded first, installs glog's handler, which prints a stack trace); no interpreter teardown,
     as in the main process (nanobind would list SPDL's objects still alive)."""
     import atexit
 
     spdl.io.utils.get_ffmpeg_versions()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     atexit.register(os._exit, 0)  # runs after multiprocessing's own exit handling, before the teardown
 
@@ -2115,10 +2133,12 @@ def _get_torch_loader(
 
 
 def _quiet_worker(worker_id: int) -> None:
-    """In a DataLoader worker: a batch's hand-over that breaks because the main process stopped taking
-    it (an interrupt) prints no traceback. multiprocessing's resource sharer, the thread that passes a
+    """In a DataLoader worker: a hang-up (sent to the process group) is the main process's to handle,
+    as torch leaves Ctrl-C to it; a batch's hand-over that breaks because the main process stopped
+    taking it (an interrupt) prints no traceback. multiprocessing's resource sharer, the thread that passes a
     batch's memory to the main process, sends what it cannot send to ``sys.excepthook``; the main
     process reports the run, and a broken hand-over of its own (``_torch_loader_batches``)."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     default = sys.excepthook
 
     def hook(kind, value, traceback):
@@ -3291,7 +3311,8 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
 
 def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
     """The settings ``--sweep`` asks for, thread counts and batch sizes capped at the ``listed``
-    images (a thread or a batch's row without an image costs memory; a queue allocates nothing)."""
+    images (a thread or a batch's row without an image costs memory; a queue allocates nothing),
+    worker processes at the most batches a setting has (an idle one costs an interpreter)."""
     defaults = {name: getattr(args, name.replace("-", "_")) for name in _SWEPT}
     try:
         grid = _parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
@@ -3300,6 +3321,8 @@ def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
     if args.loader == "torch" and len(grid["queue-size"]) > 1:
         raise InputError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
     capped = {**grid, **{name: sorted({min(v, listed) for v in grid[name]}) for name in ("num-threads", "batch-size")}}
+    batches = math.ceil(listed / min(capped["batch-size"]))
+    capped["decode-processes"] = sorted({min(v, max(1, batches)) for v in grid["decode-processes"]})
     if capped != grid:
         asked = ", ".join(f"{name}={','.join(map(str, grid[name]))}" for name in grid if capped[name] != grid[name])
         _LG.info("Sweep: %s capped at the %d images listed.", asked, listed)
@@ -4099,9 +4122,13 @@ def _preflight(
     decoder = "nvdec" if args.use_nvdec else "ffmpeg"
     if args.use_nvjpeg:
         decoder = "nvjpeg"
-    if args.decode_processes and (decoder != "ffmpeg" or args.loader == "torch"):
+    sweep = _sweep_grid(args, len(images)) if args.sweep else None
+    # A sweep's processes too: it would time the same loader under another name.
+    in_processes = max(sweep["decode-processes"]) if sweep else args.decode_processes
+    if in_processes and (decoder != "ffmpeg" or args.loader == "torch"):
         given = "--loader torch" if args.loader == "torch" else f"--use-{decoder}"
-        raise InputError(f"--decode-processes runs FFmpeg's decode in worker processes; not with {given}")
+        flag = "--sweep decode-processes=..." if sweep and not args.decode_processes else "--decode-processes"
+        raise InputError(f"{flag} runs FFmpeg's decode in worker processes; not with {given}")
     backend = _check_gpu_decoder(decoder, device)
     dtype, dtype_reason = _choose_dtype(device, args.dtype)
     compiled = args.compile if args.compile is not None else device.type == "cuda"
@@ -4113,6 +4140,9 @@ def _preflight(
     threads = min(args.num_threads, max(1, shard.size_of(len(images))))
     if threads < args.num_threads:
         _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
+    processes = min(args.decode_processes, max(1, math.ceil(shard.size_of(len(images)) / args.batch_size)))
+    if processes < args.decode_processes:  # each a Python interpreter with torch and SPDL (some 350 MB)
+        _LG.info("--decode-processes %d capped at %d, the batches this process has.", args.decode_processes, processes)
     torch_loader = args.loader == "torch"
     check_decoder = CHECK_DECODER_IMAGES if args.check_decoder is None else args.check_decoder
     derived = {
@@ -4123,13 +4153,14 @@ def _preflight(
         "decoder_backend": "pil" if torch_loader else backend,
         "transform": transform,
         "num_threads": threads,
+        "decode_processes": processes,
         "decode_concurrency": min(threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else threads,
         "dtype": dtype,
         "dtype_reason": dtype_reason,
         "compile": (args.compile_mode or COMPILE_MODE) if compiled else None,
         "check_decoder": 0 if torch_loader else check_decoder,
         "stats_interval": args.stats_interval or -1,
-        "sweep": _sweep_grid(args, len(images)) if args.sweep else None,
+        "sweep": sweep,
         "command": tuple(command),
         "start_time": start_time,
     }
@@ -4369,7 +4400,7 @@ def _explain(error: BaseException, config: _RunConfig | None) -> tuple[str, int]
     """The one line the command line prints for an error, with advice about its flags, and the
     exit status: the only place where library errors meet flags and exit statuses."""
     if isinstance(error, RunInterrupted):
-        return error.reason, EXIT_SIGINT if error.signum == signal.SIGINT else EXIT_SIGTERM
+        return error.reason, 128 + error.signum  # as a shell reports a process a signal ended
     if isinstance(error, InputError):
         line = str(error) if error.flag is None or str(error).startswith(error.flag) else f"{error.flag}: {error}"
         return f"{line}; {error.advice}" if error.advice else line, EXIT_USAGE
@@ -4447,11 +4478,11 @@ def _print_out(printer: Callable[..., None], *args: Any) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a hang-up: the terminal or ssh went, the files stay
 
 
 def _interrupt(signum: int, _frame: object) -> None:
-    """SIGINT or SIGTERM: RunInterrupted where the run is, its partial result reported; a second ends it."""
+    """A signal of ``_SIGNALS``: RunInterrupted where the run is, its partial result reported; a second ends it."""
     for s in _SIGNALS:
         signal.signal(s, signal.SIG_DFL)
     raise RunInterrupted(signum)

@@ -220,7 +220,7 @@ def _wait_for_log(proc: subprocess.Popen, words: str, timeout: float = 120) -> N
     raise AssertionError(f"no log line with {words!r}")
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_signal_stops_quickly_with_partial_result(dataset, signum, status):
     lines = dataset.read_text().splitlines()
     dataset.write_text("\n".join(lines * 400) + "\n")  # 4800 images: far longer than the test waits

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+import imagenet_classification as ic
 from imagenet_classification import _parse_sweep
-from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli
+from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli, run_main
 
 
 def _photos_with_a_bad_one(demo_photos: Path, root: Path) -> tuple[Path, Path]:
@@ -80,38 +81,58 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_signal_stops_every_decode_process_and_keeps_the_partial_result(tmp_path):
+# SIGTERM to the main process; a hang-up (a closed terminal) to the whole process group, workers too.
+@pytest.mark.parametrize("signum, group", [(signal.SIGTERM, False), (signal.SIGHUP, True)], ids=["term", "hangup"])
+def test_a_signal_stops_every_decode_process_and_keeps_the_partial_result(tmp_path, signum, group):
     flist = make_jpeg_set(tmp_path, 40)
     flist.write_text("\n".join(flist.read_text().splitlines() * 150) + "\n")  # 6000: far more than it reaches
     out = tmp_path / "r.json"
     cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), "--prefix",
            f"{flist.parent}/", *TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1",
            "--decode-processes", "2", "--num-threads", "1", "--results-file", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
     while len(workers := _worker_pids(proc.pid)) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, "the decode workers did not start"
         time.sleep(0.2)
     time.sleep(5)  # the workers decoding
     sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
+    if group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 143 and time.monotonic() - sent < 2.0, stderr[-2000:]
+    assert proc.returncode == 128 + signum and time.monotonic() - sent < 2.0, stderr[-2000:]
     while any(_running(pid) for pid in workers) and time.monotonic() - sent < 2.0:
         time.sleep(0.05)
     assert not any(_running(pid) for pid in workers), "a decode worker outlived the run by 2 s"
-    assert "interrupted by SIGTERM" in stderr and "(PARTIAL RUN)" in stdout and "Traceback" not in stderr
+    assert f"interrupted by {signum.name}" in stderr and "(PARTIAL RUN)" in stdout and "Traceback" not in stderr
     assert "SPDL stages: none timed in this process (the decode stage runs in worker processes)" in stdout
     result = read_json(out)
     assert result["partial"] is True and result["listed"] == 6000
     assert result["classified"] + result["failed"] + result["not_reached"] == 6000
 
 
-def test_decode_processes_are_for_ffmpeg_only(jpeg_set):
+def test_decode_processes_are_for_ffmpeg_only(jpeg_set, capfd):
     for flag in ("--use-nvjpeg", "--loader=torch"):
         proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--decode-processes", "2",
                        flag)  # fmt: skip
         assert proc.returncode == 2 and "--decode-processes" in proc.stderr, proc.stderr[-1000:]
+        # A sweep's setting too: it would time the DataLoader (or the GPU decoder) as "2 processes".
+        proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, flag,
+                        "--sweep", "decode-processes=0,2")  # fmt: skip
+        assert proc.returncode == 2 and "error: --sweep decode-processes=... runs FFmpeg's decode" in proc.stderr
+
+
+def test_worker_processes_are_capped_at_the_batches(jpeg_set, caplog):
+    # 30 images in batches of 16: 2 batches, so 2 worker processes at most (each an interpreter).
+    args = ["--input-flist", str(jpeg_set), "--prefix", f"{jpeg_set.parent}/", *TINY, "--batch-size", "16"]
+    config = ic._preflight(ic._parse_args([*args, "--decode-processes", "12"]), ic._Shard())
+    assert config.decode_processes == 2
+    assert "--decode-processes 12 capped at 2, the batches this process has." in caplog.text
+    assert ic._preflight(ic._parse_args([*args, "--decode-processes", "2"]), ic._Shard()).decode_processes == 2
+    sweep = ic._preflight(ic._parse_args([*args, "--sweep", "decode-processes=0,1,8"]), ic._Shard()).sweep
+    assert sweep["decode-processes"] == [0, 1, 2]
 
 
 def test_the_sweep_learns_processes(jpeg_set, tmp_path):
