@@ -239,7 +239,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def _data_flags(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
-    where = data.add_mutually_exclusive_group(required=True)
+    where = data.add_mutually_exclusive_group()  # one of them required: _parse_args, after --sweep's DATA_DIR
     where.add_argument("data", nargs="?", type=Path, metavar="DATA_DIR", help="--data-dir, as timm's scripts take it")
     where.add_argument("--input-flist", type=Path, help="one image path a line, optionally a label; - reads stdin")
     where.add_argument("--data-dir", type=Path, help="class folders (nXXXXXXXX/...), or a flat folder with --labels")
@@ -332,6 +332,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for add_flags in (_data_flags, _loader_flags, _model_flags, _run_flags):
         add_flags(parser)
     args = parser.parse_args(argv)
+    no_data = args.data is None and args.input_flist is None and args.data_dir is None
+    last = args.sweep[-1] if args.sweep else "auto"
+    if no_data and last != "auto" and "=" not in last:  # --sweep's nargs took DATA_DIR: `--sweep auto /data/val`
+        args.data = Path(args.sweep.pop())
+        if not args.sweep:
+            parser.error("--sweep needs a setting before DATA_DIR: auto, or e.g. num-threads=1,2,4")
+    elif no_data:
+        parser.error("one of the arguments DATA_DIR --input-flist --data-dir is required")
     args.data_dir = args.data if args.data is not None else args.data_dir
     torch_loader = args.loader == "torch"
     sweep_takes_no = ""  # the first flag given that --sweep cannot take

@@ -5,11 +5,12 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from imagenet_classification import _parse_sweep
+from imagenet_classification import _parse_args, _parse_sweep
 from tests.conftest import ROOT, TINY, read_json, run_cli, run_main
 
 FAST = [*TINY, "--no-compile", "--dtype", "float32"]
@@ -24,6 +25,20 @@ def test_sweep_specs():
     for bad in ("threads=1", "num-threads=", "num-threads=0,1", "batch-size=x", "auto=1"):
         with pytest.raises(ValueError):
             _parse_sweep([bad], defaults, 2)
+
+
+def test_a_data_dir_after_the_sweep_is_the_data_dir(capsys):
+    # --sweep takes one or more settings: the path after them is DATA_DIR, not a setting.
+    for argv in (["--sweep", "auto", "/data/val"], ["/data/val", "--sweep", "auto"]):
+        args = _parse_args(argv)
+        assert (args.data_dir, args.sweep) == (Path("/data/val"), ["auto"])
+    args = _parse_args(["--input-flist", "val.flist", "--sweep", "auto", "/data/val"])
+    assert args.sweep == ["auto", "/data/val"]  # a list was given: the path is a setting, which the sweep refuses
+    for argv, words in ((["--sweep", "/data/val"], "--sweep needs a setting before DATA_DIR"),
+                        (["--sweep", "auto"], "one of the arguments DATA_DIR --input-flist --data-dir is required")):
+        with pytest.raises(SystemExit) as stop:
+            _parse_args(argv)
+        assert stop.value.code == 2 and words in capsys.readouterr().err
 
 
 def test_sweep_on_real_photos_writes_table_json_and_plot(demo_photos, tmp_path):
