@@ -514,8 +514,9 @@ def read_labels(path: Path | str) -> _Labels:
     """Read labels for a flat folder of images, by image name (matched without its extension):
     Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``, whose first WordNet ID is
     the class) or ``name label`` lines, the label a WordNet ID or a class index. InputError names
-    a bad line with its number."""
+    a bad line with its number, and both lines that give one name two classes."""
     by_name: dict[str, int] = {}
+    first_line: dict[str, str] = {}  # where each name was labelled first, for a conflict's message
     for where, text in _rows(path):
         if "," in text:  # Kaggle: ImageId,PredictionString ("n01751748 0 0 100 100 …")
             name, _, rest = text.partition(",")
@@ -527,7 +528,15 @@ def read_labels(path: Path | str) -> _Labels:
         label = _parse_label(fields[0], where) if fields else None
         if label is None:
             raise InputError(f"{where}: expected 'name label' or 'ImageId,WNID …', got {text!r}")
-        by_name[_image_name(name.strip())] = label
+        name = _image_name(name.strip())
+        # The last label must not silently win: a.JPEG and a.png are one name (the extension is dropped).
+        if by_name.get(name, label) != label:
+            raise InputError(
+                f"{where}: gives {name!r} class {label}, but {first_line[name]} gives it class {by_name[name]}"
+                " (names are matched without their extension)"
+            )
+        by_name[name] = label
+        first_line.setdefault(name, where)
     if not by_name:
         raise InputError(f"{path}: no labels in it")
     return _Labels(str(path), by_name)

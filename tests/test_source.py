@@ -4,7 +4,7 @@ from importlib import resources
 
 import pytest
 
-from imagenet_classification import InputError, get_mappings, parse_wnid, read_file_list, source
+from imagenet_classification import InputError, get_mappings, parse_wnid, read_file_list, read_labels, source
 from tests.conftest import ROOT
 
 
@@ -83,3 +83,20 @@ def test_public_names_exist():
     seed_names = {"entrypoint", "benchmark", "source", "get_decode_func", "get_pipeline", "get_model",
                   "ModelBundle", "Classification", "Preprocessing", "get_mappings", "parse_wnid"}  # fmt: skip
     assert seed_names <= set(imagenet_classification.__all__)
+
+
+# --- Round four of the hostile sweep: labels, folder listings, stdin and odd text ------------------
+
+
+def test_labels_that_give_one_name_two_classes_name_both_lines(tmp_path):
+    # Names are matched without their extension: a.JPEG and a.png are one image's name.
+    labels = tmp_path / "labels.txt"
+    labels.write_text("a.JPEG n01440764\nb.JPEG 281\na.png n02123045\n")
+    with pytest.raises(InputError, match=r"labels\.txt:3: .*'a'.* 281.*labels\.txt:1.* 0"):
+        read_labels(labels)
+    kaggle = tmp_path / "LOC_val_solution.csv"
+    kaggle.write_text("ImageId,PredictionString\na,n01440764 1 2 3 4\nb,n02123045 1 2 3 4\na,n02123045 5 6 7 8\n")
+    with pytest.raises(InputError, match=r"LOC_val_solution\.csv:4: .*LOC_val_solution\.csv:2"):
+        read_labels(kaggle)
+    labels.write_text("a.JPEG n01440764\nb.JPEG 281\na.png 0\n")  # the same class twice: no conflict
+    assert dict(read_labels(labels)) == {"a": 0, "b": 281}
