@@ -574,12 +574,14 @@ def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterato
 
 def _image_files(folder: str) -> Iterator[str]:
     """Image files under ``folder``, hidden ones left out, in ImageFolder's ``sorted(os.walk())``
-    order; each entry's type from the directory listing, without a stat where it can."""
+    order; each entry's type from the directory listing, without a stat where it can. As in
+    ImageFolder, an entry named like an image that is no folder is listed, whatever it is: a
+    dangling link or a FIFO is then a bad image, counted, never silently left out of the total."""
     folders, pending = [], [folder]
     while pending:
         with os.scandir(path := pending.pop()) as it:
             entries = [e for e in it if e.name[0] != "."]
-        names = [e.name for e in entries if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()]
+        names = [e.name for e in entries if e.name.lower().endswith(IMAGE_EXTENSIONS) and not e.is_dir()]
         folders.append((path, sorted(names)))
         pending += [e.path for e in entries if e.is_dir()]
     for path, names in sorted(folders):
@@ -608,7 +610,7 @@ def _folder_rows(root: str, labels: _Labels | None) -> Iterator[tuple[str, int]]
         return
     with os.scandir(root) as it:
         top = sorted((e for e in it if e.name[0] != "."), key=lambda e: e.name)
-    if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()), None):
+    if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and not e.is_dir()), None):
         raise InputError(f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels")
     folders = []
     for entry in (e for e in top if e.is_dir()):

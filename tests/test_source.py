@@ -1,11 +1,21 @@
 """The file-list source and the class table."""
 
+import os
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
-from imagenet_classification import InputError, get_mappings, parse_wnid, read_file_list, read_labels, source
-from tests.conftest import ROOT
+from imagenet_classification import (
+    InputError,
+    get_mappings,
+    parse_wnid,
+    read_file_list,
+    read_labels,
+    scan_folder,
+    source,
+)
+from tests.conftest import ROOT, TINY, read_json, run_main, write_jpeg
 
 
 def _timm_list(name: str) -> list[str]:
@@ -100,3 +110,42 @@ def test_labels_that_give_one_name_two_classes_name_both_lines(tmp_path):
         read_labels(kaggle)
     labels.write_text("a.JPEG n01440764\nb.JPEG 281\na.png 0\n")  # the same class twice: no conflict
     assert dict(read_labels(labels)) == {"a": 0, "b": 281}
+
+
+def _tree_with_a_dangling_link_and_a_fifo(root: Path) -> Path:
+    """Class folders holding two JPEGs, a dangling link and a FIFO, each named like an image."""
+    write_jpeg(root / "n01440764" / "a.JPEG", (64, 48), (200, 10, 10))
+    write_jpeg(root / "n02123045" / "b.JPEG", (64, 48), (10, 200, 10))
+    (root / "n01440764" / "gone.JPEG").symlink_to(root / "nowhere.JPEG")
+    os.mkfifo(root / "n02123045" / "pipe.png")
+    return root
+
+
+def test_a_folder_lists_dangling_links_and_fifos_as_imagefolder_does(tmp_path):
+    root = _tree_with_a_dangling_link_and_a_fifo(tmp_path / "val")
+    names = [os.path.relpath(p, root) for p in scan_folder(root).paths]
+    assert names == ["n01440764/a.JPEG", "n01440764/gone.JPEG", "n02123045/b.JPEG", "n02123045/pipe.png"]
+    labels = tmp_path / "labels.txt"
+    labels.write_text("a 0\ngone 0\nb 281\npipe 281\n")
+    assert len(scan_folder(root, labels=read_labels(labels))) == 4  # the flat layout's listing too
+    (tmp_path / "empty").mkdir()
+    (root / "n01440764" / "c.JPEG").symlink_to(tmp_path / "empty")  # a link to a folder is a folder
+    assert len(scan_folder(root)) == 4
+    (root / "loose.JPEG").symlink_to(root / "nowhere.JPEG")  # beside the class folders: as any image
+    with pytest.raises(InputError, match="holds image files beside class folders"):
+        scan_folder(root)
+
+
+def test_a_folder_and_its_file_list_count_the_same_failures(tmp_path, capfd):
+    root = _tree_with_a_dangling_link_and_a_fifo(tmp_path / "val")
+    flist = tmp_path / "val.flist"
+    flist.write_text("".join(f"{os.path.relpath(p, root)}\n" for p in sorted(root.rglob("*.*"))))
+    fast = [*TINY, "--no-compile", "--batch-size", "2", "--skip-bad"]
+    counts = []
+    for where in (["--data-dir", root], ["--input-flist", flist, "--prefix", f"{root}/"]):
+        out = tmp_path / "r.json"
+        proc = run_main(capfd, *where, *fast, "--results-file", out)
+        assert proc.returncode == 0, proc.stderr
+        result = read_json(out)
+        counts.append((result["listed"], result["classified"], result["failed"]))
+    assert counts == [(4, 2, 2), (4, 2, 2)]
