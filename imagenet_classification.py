@@ -443,13 +443,16 @@ def _image_name(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
 
-def _rows(path: Path | str) -> Iterator[tuple[str, str]]:
+def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
     """``("file:line", stripped text)`` of each non-blank line of a text file (``-``: standard
-    input). InputError if it is missing, a folder, unreadable, not UTF-8 or binary (``/dev/zero``)."""
+    input), the one ``flag`` gives. InputError if it is missing, a folder, unreadable, not UTF-8
+    or binary (``/dev/zero``), or standard input is closed."""
     name = "<stdin>" if str(path) == "-" else str(path)
-    f = sys.stdin.buffer
+    if name == "<stdin>" and sys.stdin is None:  # started with it closed (<&-): Python's sys.stdin is None
+        raise InputError(f"{name}: not open ({flag} -)")
+    f = sys.stdin.buffer if name == "<stdin>" else None  # a closed stdin is no trouble for a file
     try:
-        if name != "<stdin>":
+        if f is None:
             f = open(path, "rb")  # noqa: SIM115 - closed below
         for lineno in itertools.count(1):
             raw = f.readline(_MAX_LINE_BYTES)
@@ -471,7 +474,7 @@ def _rows(path: Path | str) -> Iterator[tuple[str, str]]:
     except OSError as e:
         raise InputError(f"{name}: cannot read it ({e.strerror or e})") from None
     finally:
-        if f is not sys.stdin.buffer:
+        if f is not None and name != "<stdin>":
             f.close()
 
 
@@ -517,7 +520,7 @@ def read_labels(path: Path | str) -> _Labels:
     a bad line with its number, and both lines that give one name two classes."""
     by_name: dict[str, int] = {}
     first_line: dict[str, str] = {}  # where each name was labelled first, for a conflict's message
-    for where, text in _rows(path):
+    for where, text in _rows(path, "--labels"):
         if "," in text:  # Kaggle: ImageId,PredictionString ("n01751748 0 0 100 100 …")
             name, _, rest = text.partition(",")
             if not by_name and name.strip().lower() == "imageid":
@@ -557,7 +560,7 @@ def read_file_list(
 
 def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterator[tuple[str, int]]:
     with_column: bool | None = None  # as the first line has it
-    for where, text in _rows(path):
+    for where, text in _rows(path, "--input-flist"):
         parts = text.rsplit(None, 1)
         label = _parse_label(parts[1], where) if len(parts) == 2 else None
         if with_column is None:

@@ -1,6 +1,8 @@
 """The file-list source and the class table."""
 
 import os
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -149,3 +151,21 @@ def test_a_folder_and_its_file_list_count_the_same_failures(tmp_path, capfd):
         result = read_json(out)
         counts.append((result["listed"], result["classified"], result["failed"]))
     assert counts == [(4, 2, 2), (4, 2, 2)]
+
+
+@pytest.mark.parametrize("flag", ["--input-flist", "--labels", None])
+def test_a_closed_stdin_is_one_line(tmp_path, flag):
+    # Started with stdin closed (cron, <&-), Python has no sys.stdin: only a list read from it fails.
+    flist = tmp_path / "val.flist"
+    flist.write_text("val/n01440764/a.JPEG\n")
+    where = {"--input-flist": ["-"], "--labels": [flist, "--labels", "-"], None: [flist]}[flag]
+    command = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", *where, "--no-compile"]
+    proc = subprocess.run(
+        ["sh", "-c", 'exec "$@" <&-', "sh", *map(str, command)], capture_output=True, text=True, timeout=300
+    )
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    if flag is None:  # the list was read: the image it names is what is missing
+        assert len(errors) == 1 and "the first listed image, val/n01440764/a.JPEG, does not" in errors[0]
+    else:
+        assert errors == [f"error: <stdin>: not open ({flag} -)"], proc.stderr
