@@ -484,10 +484,13 @@ def _parse_label(text: str, where: str) -> int | None:
         if (index := _class_index().get(text)) is None:
             raise InputError(f"{where}: {text} is not one of the {NUM_CLASSES} ImageNet classes")
         return index
-    if re.fullmatch(r"[+-]?\d+", text):
-        if not 0 <= int(text) < NUM_CLASSES:
-            raise InputError(f"{where}: class index {text} is out of range (0-{NUM_CLASSES - 1})")
-        return int(text)
+    if match := re.fullmatch(r"([+-]?)0*(\d+)", text):
+        sign, digits = match.groups()
+        # Too many digits (leading zeros aside) is out of range; int() would refuse over 4,300.
+        if len(digits) > len(str(NUM_CLASSES)) or not 0 <= (index := int(sign + digits)) < NUM_CLASSES:
+            shown = text if len(text) <= 20 else f"{text[:10]}… ({len(text) - len(sign)} digits)"
+            raise InputError(f"{where}: class index {shown} is out of range (0-{NUM_CLASSES - 1})")
+        return index
     return None
 
 

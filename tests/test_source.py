@@ -169,3 +169,19 @@ def test_a_closed_stdin_is_one_line(tmp_path, flag):
         assert len(errors) == 1 and "the first listed image, val/n01440764/a.JPEG, does not" in errors[0]
     else:
         assert errors == [f"error: <stdin>: not open ({flag} -)"], proc.stderr
+
+
+def test_a_label_of_thousands_of_digits_is_out_of_range(tmp_path):
+    # int() refuses strings of over 4,300 digits; the line is an index out of range all the same.
+    flist, labels = tmp_path / "list.txt", tmp_path / "labels.txt"
+    flist.write_text("val/n01440764/a.JPEG " + "9" * 5000 + "\n")
+    with pytest.raises(InputError, match=r"list\.txt:1: class index 9+… \(5000 digits\) is out of range \(0-999\)"):
+        read_file_list(flist)
+    labels.write_text("a.JPEG 0\nb.JPEG -" + "0" * 5000 + "7\n")
+    with pytest.raises(InputError, match=r"labels\.txt:2: class index -0+… \(5001 digits\) is out of range") as e:
+        read_labels(labels)
+    assert len(str(e.value)) < len(str(labels)) + 80  # not the 5000 digits
+    flist.write_text("val/n01440764/a.JPEG " + "0" * 5000 + "281\n")  # zeros first: still index 281
+    assert read_file_list(flist).labels == (281,)
+    flist.write_text("val/n01440764/a.JPEG -0\nval/n01440764/b.JPEG +999\n")  # as int() reads them
+    assert read_file_list(flist).labels == (0, 999)
