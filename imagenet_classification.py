@@ -461,8 +461,10 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
             if len(raw) == _MAX_LINE_BYTES and not raw.endswith(b"\n") or b"\0" in raw:
                 binary = f"binary data or a line over {_MAX_LINE_BYTES} bytes: not a text list"
                 raise InputError(f"{name}:{lineno}: {binary}")
-            try:  # utf-8-sig: line 1 may begin with a byte-order mark, as Windows editors write
-                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").strip()
+            # utf-8-sig drops a byte-order mark (Windows editors write one) at the start of any
+            # line: lists joined with cat have one on a later line, invisible in a path
+            try:
+                text = raw.decode("utf-8-sig").strip()
             except UnicodeDecodeError:
                 raise InputError(f"{name}:{lineno}: not UTF-8 text") from None
             if text:

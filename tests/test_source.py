@@ -185,3 +185,13 @@ def test_a_label_of_thousands_of_digits_is_out_of_range(tmp_path):
     assert read_file_list(flist).labels == (281,)
     flist.write_text("val/n01440764/a.JPEG -0\nval/n01440764/b.JPEG +999\n")  # as int() reads them
     assert read_file_list(flist).labels == (0, 999)
+
+
+def test_a_byte_order_mark_on_any_line_is_dropped(tmp_path):
+    # Lists joined with cat, one of them saved by Notepad: its mark begins a later line.
+    bom = "\ufeff".encode()
+    flist, labels = tmp_path / "list.txt", tmp_path / "labels.txt"
+    flist.write_bytes(bom + b"val/n01440764/a.JPEG\n" + bom + b"val/n03709823/b.JPEG\r\n")
+    assert read_file_list(flist).paths == ("val/n01440764/a.JPEG", "val/n03709823/b.JPEG")
+    labels.write_bytes(b"a.JPEG 0\n" + bom + b"b.JPEG 636\n")
+    assert dict(read_labels(labels)) == {"a": 0, "b": 636}
