@@ -458,6 +458,9 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
             raw = f.readline(_MAX_LINE_BYTES)
             if not raw:
                 return
+            if b"\r" in raw.strip() and b"\0" not in raw:  # read by LF, a list of CR-ended lines is one line
+                cr_only = "the lines end in CR alone (classic Mac); end them in LF: tr '\\r' '\\n'"
+                raise InputError(f"{name}:{lineno}: {cr_only}")
             if len(raw) == _MAX_LINE_BYTES and not raw.endswith(b"\n") or b"\0" in raw:
                 binary = f"binary data or a line over {_MAX_LINE_BYTES} bytes: not a text list"
                 raise InputError(f"{name}:{lineno}: {binary}")

@@ -195,3 +195,16 @@ def test_a_byte_order_mark_on_any_line_is_dropped(tmp_path):
     assert read_file_list(flist).paths == ("val/n01440764/a.JPEG", "val/n03709823/b.JPEG")
     labels.write_bytes(b"a.JPEG 0\n" + bom + b"b.JPEG 636\n")
     assert dict(read_labels(labels)) == {"a": 0, "b": 636}
+
+
+def test_lines_ending_in_cr_alone_are_named(tmp_path):
+    # Classic Mac OS ends lines in CR: the file is one line to a reader of LF and CRLF lines.
+    flist = tmp_path / "list.txt"
+    flist.write_bytes(b"val/n01440764/a.JPEG\rval/n03709823/b.JPEG\r")
+    with pytest.raises(InputError, match=r"list\.txt:1: the lines end in CR"):
+        read_file_list(flist)
+    flist.write_bytes(b"val/n01440764/a.JPEG 0\r" * 1000)  # over one line's 8192 bytes: no binary data either
+    with pytest.raises(InputError, match=r"list\.txt:1: the lines end in CR"):
+        read_file_list(flist)
+    flist.write_bytes(b"val/n01440764/a.JPEG\r\nval/n03709823/b.JPEG\r\n")  # CRLF stays fine
+    assert len(read_file_list(flist)) == 2
