@@ -344,6 +344,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         (torch_loader and args.check_decoder is not None, "--check-decoder checks a GPU decoder; not --loader torch"),
         (torch_loader and args.stats_interval is not None, "--stats-interval logs SPDL's stages; --loader torch: none"),
         (args.data_dir is not None and args.prefix, "--prefix applies to --input-flist, not to --data-dir"),
+        (str(args.input_flist) == str(args.labels) == "-", "--input-flist - and --labels - cannot both read stdin"),
         (args.trace is not None and args.breakdown, "--trace profiles the run, which --breakdown times unprofiled"),
         (sweep_takes_no, f"--sweep times many settings, skipping bad images; it takes no {sweep_takes_no}"),
         (args.sweep and args.cold_cache, "--sweep reads the same files, warm after one pass; it takes no --cold-cache"),

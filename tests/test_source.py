@@ -208,3 +208,10 @@ def test_lines_ending_in_cr_alone_are_named(tmp_path):
         read_file_list(flist)
     flist.write_bytes(b"val/n01440764/a.JPEG\r\nval/n03709823/b.JPEG\r\n")  # CRLF stays fine
     assert len(read_file_list(flist)) == 2
+
+
+def test_the_file_list_and_the_labels_cannot_both_be_stdin(capfd):
+    proc = run_main(capfd, "--input-flist", "-", "--labels", "-", *TINY)
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert "--input-flist -" in errors[0] and "--labels -" in errors[0] and "stdin" in errors[0], proc.stderr
