@@ -356,6 +356,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         (torch_loader and args.check_decoder is not None, "--check-decoder checks a GPU decoder; not --loader torch"),
         (torch_loader and args.stats_interval is not None, "--stats-interval logs SPDL's stages; --loader torch: none"),
         (args.data_dir is not None and args.prefix, "--prefix applies to --input-flist, not to --data-dir"),
+        (str(args.input_flist) == str(args.labels) == "-", "--input-flist - and --labels - cannot both read stdin"),
         (args.trace is not None and args.breakdown, "--trace profiles the run, which --breakdown times unprofiled"),
         (sweep_takes_no, f"--sweep times many settings, skipping bad images; it takes no {sweep_takes_no}"),
         (args.sweep and args.cold_cache, "--sweep reads the same files, warm after one pass; it takes no --cold-cache"),
@@ -455,23 +456,31 @@ def _image_name(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
 
-def _rows(path: Path | str) -> Iterator[tuple[str, str]]:
+def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
     """``("file:line", stripped text)`` of each non-blank line of a text file (``-``: standard
-    input). InputError if it is missing, a folder, unreadable, not UTF-8 or binary (``/dev/zero``)."""
+    input), the one ``flag`` gives. InputError if it is missing, a folder, unreadable, not UTF-8
+    or binary (``/dev/zero``), or standard input is closed."""
     name = "<stdin>" if str(path) == "-" else str(path)
-    f = sys.stdin.buffer
+    if name == "<stdin>" and sys.stdin is None:  # started with it closed (<&-): Python's sys.stdin is None
+        raise InputError(f"{name}: not open ({flag} -)")
+    f = sys.stdin.buffer if name == "<stdin>" else None  # a closed stdin is no trouble for a file
     try:
-        if name != "<stdin>":
+        if f is None:
             f = open(path, "rb")  # noqa: SIM115 - closed below
         for lineno in itertools.count(1):
             raw = f.readline(_MAX_LINE_BYTES)
             if not raw:
                 return
+            if b"\r" in raw.strip() and b"\0" not in raw:  # read by LF, a list of CR-ended lines is one line
+                cr_only = "the lines end in CR alone (classic Mac); end them in LF: tr '\\r' '\\n'"
+                raise InputError(f"{name}:{lineno}: {cr_only}")
             if len(raw) == _MAX_LINE_BYTES and not raw.endswith(b"\n") or b"\0" in raw:
                 binary = f"binary data or a line over {_MAX_LINE_BYTES} bytes: not a text list"
                 raise InputError(f"{name}:{lineno}: {binary}")
-            try:  # utf-8-sig: line 1 may begin with a byte-order mark, as Windows editors write
-                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").strip()
+            # utf-8-sig drops a byte-order mark (Windows editors write one) at the start of any
+            # line: lists joined with cat have one on a later line, invisible in a path
+            try:
+                text = raw.decode("utf-8-sig").strip()
             except UnicodeDecodeError:
                 raise InputError(f"{name}:{lineno}: not UTF-8 text") from None
             if text:
@@ -483,7 +492,7 @@ def _rows(path: Path | str) -> Iterator[tuple[str, str]]:
     except OSError as e:
         raise InputError(f"{name}: cannot read it ({e.strerror or e})") from None
     finally:
-        if f is not sys.stdin.buffer:
+        if f is not None and name != "<stdin>":
             f.close()
 
 
@@ -493,10 +502,13 @@ def _parse_label(text: str, where: str) -> int | None:
         if (index := _class_index().get(text)) is None:
             raise InputError(f"{where}: {text} is not one of the {NUM_CLASSES} ImageNet classes")
         return index
-    if re.fullmatch(r"[+-]?\d+", text):
-        if not 0 <= int(text) < NUM_CLASSES:
-            raise InputError(f"{where}: class index {text} is out of range (0-{NUM_CLASSES - 1})")
-        return int(text)
+    if match := re.fullmatch(r"([+-]?)0*(\d+)", text):
+        sign, digits = match.groups()
+        # Too many digits (leading zeros aside) is out of range; int() would refuse over 4,300.
+        if len(digits) > len(str(NUM_CLASSES)) or not 0 <= (index := int(sign + digits)) < NUM_CLASSES:
+            shown = text if len(text) <= 20 else f"{text[:10]}… ({len(text) - len(sign)} digits)"
+            raise InputError(f"{where}: class index {shown} is out of range (0-{NUM_CLASSES - 1})")
+        return index
     return None
 
 
@@ -526,9 +538,10 @@ def read_labels(path: Path | str) -> _Labels:
     """Read labels for a flat folder of images, by image name (matched without its extension):
     Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``, whose first WordNet ID is
     the class) or ``name label`` lines, the label a WordNet ID or a class index. InputError names
-    a bad line with its number."""
+    a bad line with its number, and both lines that give one name two classes."""
     by_name: dict[str, int] = {}
-    for where, text in _rows(path):
+    first_line: dict[str, str] = {}  # where each name was labelled first, for a conflict's message
+    for where, text in _rows(path, "--labels"):
         if "," in text:  # Kaggle: ImageId,PredictionString ("n01751748 0 0 100 100 …")
             name, _, rest = text.partition(",")
             if not by_name and name.strip().lower() == "imageid":
@@ -539,7 +552,15 @@ def read_labels(path: Path | str) -> _Labels:
         label = _parse_label(fields[0], where) if fields else None
         if label is None:
             raise InputError(f"{where}: expected 'name label' or 'ImageId,WNID …', got {text!r}")
-        by_name[_image_name(name.strip())] = label
+        name = _image_name(name.strip())
+        # The last label must not silently win: a.JPEG and a.png are one name (the extension is dropped).
+        if by_name.get(name, label) != label:
+            raise InputError(
+                f"{where}: gives {name!r} class {label}, but {first_line[name]} gives it class {by_name[name]}"
+                " (names are matched without their extension)"
+            )
+        by_name[name] = label
+        first_line.setdefault(name, where)
     if not by_name:
         raise InputError(f"{path}: no labels in it")
     return _Labels(str(path), by_name)
@@ -560,7 +581,7 @@ def read_file_list(
 
 def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterator[tuple[str, int]]:
     with_column: bool | None = None  # as the first line has it
-    for where, text in _rows(path):
+    for where, text in _rows(path, "--input-flist"):
         parts = text.rsplit(None, 1)
         label = _parse_label(parts[1], where) if len(parts) == 2 else None
         if with_column is None:
@@ -577,12 +598,14 @@ def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterato
 
 def _image_files(folder: str) -> Iterator[str]:
     """Image files under ``folder``, hidden ones left out, in ImageFolder's ``sorted(os.walk())``
-    order; each entry's type from the directory listing, without a stat where it can."""
+    order; each entry's type from the directory listing, without a stat where it can. As in
+    ImageFolder, an entry named like an image that is no folder is listed, whatever it is: a
+    dangling link or a FIFO is then a bad image, counted, never silently left out of the total."""
     folders, pending = [], [folder]
     while pending:
         with os.scandir(path := pending.pop()) as it:
             entries = [e for e in it if e.name[0] != "."]
-        names = [e.name for e in entries if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()]
+        names = [e.name for e in entries if e.name.lower().endswith(IMAGE_EXTENSIONS) and not e.is_dir()]
         folders.append((path, sorted(names)))
         pending += [e.path for e in entries if e.is_dir()]
     for path, names in sorted(folders):
@@ -611,7 +634,7 @@ def _folder_rows(root: str, labels: _Labels | None) -> Iterator[tuple[str, int]]
         return
     with os.scandir(root) as it:
         top = sorted((e for e in it if e.name[0] != "."), key=lambda e: e.name)
-    if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()), None):
+    if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and not e.is_dir()), None):
         raise InputError(f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels")
     folders = []
     for entry in (e for e in top if e.is_dir()):
