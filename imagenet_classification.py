@@ -2801,7 +2801,7 @@ class _Progress:
         self.total, self.stream = total, stream or sys.stderr
         try:
             self.live = self.stream.isatty()
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):  # AttributeError: no stderr at all (2>&-), no terminal
             self.live = False
         self.interval = 0.5 if self.live else 30.0
         self.started = self.last = time.perf_counter()
@@ -4408,12 +4408,16 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
 
 def _say(line: str) -> None:
     """One line on stderr; a closed stderr does not stop the run from ending well."""
+    if sys.stderr is None:  # fd 2 closed at start (2>&-): print(file=None) would write it to stdout
+        return
     with contextlib.suppress(OSError, ValueError):
         print(line, file=sys.stderr, flush=True)
 
 
 def _print_out(printer: Callable[..., None], *args: Any) -> None:
     """Print to stdout; if the reader is gone (``| head``), stop printing, not the run."""
+    if sys.stdout is None:  # fd 1 closed at start (>&-, cron): Python has no stdout, nothing to print
+        return
     try:
         printer(*args)
         sys.stdout.flush()
@@ -4545,7 +4549,7 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
         _say(f"error: unexpected {type(e).__name__}: {e} (a bug; the traceback above says where)")
         status = EXIT_FAILED
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in filter(None, (sys.stdout, sys.stderr)):  # None: closed when the process started
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     _end_children()

@@ -738,3 +738,17 @@ def test_stdout_as_a_results_file_is_refused_before_the_run_wherever_it_goes(dat
     piped = subprocess.run(cmd, capture_output=True, text=True, timeout=300)  # ... | cat: a pipe
     assert piped.returncode == 2 and "Model test_efficientnet" not in piped.stderr
     _one_line_error(piped, "--results-file /dev/stdout: not a regular file (a folder, device, FIFO or pipe)")
+
+
+# --- Round four: outputs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("closed", [1, 2])
+def test_a_closed_stdout_or_stderr_does_not_fail_the_run(dataset, tmp_path, closed):
+    out = tmp_path / "r.json"
+    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--results-file", out)
+    # `>&-` or `2>&-` (cron, some daemons): Python starts with sys.stdout (or sys.stderr) None
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.close(closed))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "error:" not in proc.stdout + proc.stderr  # nor an error line on stdout
+    assert read_json(out)["classified"] == 12
