@@ -3578,7 +3578,7 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
     if result.page_cache is not None:
         print("\n".join(_page_cache_lines(result.page_cache)), file=file)
     for failure in result.failures[:10]:
-        print(f"  failed: {failure['path']}: {failure['reason']}", file=file)
+        print(_printable(f"  failed: {failure['path']}: {failure['reason']}"), file=file)
     if len(result.failures) > 10:
         print(f"  ... and {len(result.failures) - 10} more (all in the results file)", file=file)
 
@@ -3659,7 +3659,8 @@ def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
     if report.breakdown is not None:
         _print_breakdown(report.breakdown, file)
     if report.breakdown_cut is not None:
-        print(f"Breakdown cut short ({report.breakdown_cut}): the end-to-end result above is complete", file=file)
+        cut = _printable(report.breakdown_cut)
+        print(f"Breakdown cut short ({cut}): the end-to-end result above is complete", file=file)
 
 
 PLOT_HINT = "pip install matplotlib (or, in the checkout, pip install '.[plot]') to draw it"
@@ -4411,7 +4412,25 @@ def _say(line: str) -> None:
     if sys.stderr is None:  # fd 2 closed at start (2>&-): print(file=None) would write it to stdout
         return
     with contextlib.suppress(OSError, ValueError):
-        print(line, file=sys.stderr, flush=True)
+        print(_printable(line), file=sys.stderr, flush=True)
+
+
+def _printable(text: str) -> str:
+    """``text`` as one line on a screen: each character that is not printable (a newline or carriage
+    return in a file name, a terminal's escape, a zero-width or bidi mark) backslash-escaped as Python's
+    repr writes it: ``\\n``, ``\\x1b``; a name's byte that is not UTF-8 as ``\\udce9``, as the streams'
+    backslashreplace writes it. A name with a newline would split the line, and could print a fake
+    ``FPS=`` line for a script that reads stdout."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _printable_record(record: logging.LogRecord) -> bool:
+    """A filter of this module's log: its message as one printable line (a path in it, a library's
+    error text); the traceback of ``exc_info`` is apart, and stays as it is."""
+    record.msg, record.args = _printable(record.getMessage()), None
+    return True
 
 
 def _print_out(printer: Callable[..., None], *args: Any) -> None:
@@ -4466,6 +4485,7 @@ def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
     ``debug`` (the summary gives them over the FPS window)."""
     fmt = "%(asctime)s [%(levelname)s] %(message)s"
     logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO, force=True)
+    _LG.addFilter(_printable_record)  # added once, however often this runs
     if not (debug or spdl_stats):
         logging.getLogger("spdl.pipeline").setLevel(logging.WARNING)
     # Logged only where torch finds no CUDA runtime, i.e. on a CPU run, when compiling: noise there.

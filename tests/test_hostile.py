@@ -752,3 +752,28 @@ def test_a_closed_stdout_or_stderr_does_not_fail_the_run(dataset, tmp_path, clos
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and "error:" not in proc.stdout + proc.stderr  # nor an error line on stdout
     assert read_json(out)["classified"] == 12
+
+
+def test_control_characters_in_names_are_escaped_on_screen(tmp_path, capfd):
+    root = tmp_path / "data"
+    make_jpeg_set(root, 4)
+    folder = root / "val" / "n01440764"
+    bad = folder / "x\nFPS=99999.00 (8 in 0.00 s)\x1b[2K.JPEG"  # a newline, and a terminal's escape sequence
+    bad.write_bytes(b"not a JPEG" * 30)
+    good = folder / "a\nb\tc.JPEG"
+    os.rename(next(folder.glob("ILSVRC*")), good)
+    rows = tmp_path / "p.csv"
+    status, stdout, stderr = _main(["--data-dir", root / "val", *FAST, "--skip-bad", "--predictions-file", rows], capfd)
+    assert status == 0, stderr
+    assert len(re.findall(r"^FPS=", stdout, re.MULTILINE)) == 1  # no line injected by a name
+    (failed,) = [line for line in stdout.splitlines() if "failed: " in line]
+    assert "x\\nFPS=99999.00 (8 in 0.00 s)\\x1b[2K.JPEG: " in failed and "\x1b" not in stdout
+    import csv  # a data file keeps the name as it is (CSV quotes it), as the results file does
+
+    with open(rows, newline="") as f:
+        assert str(good) in [row["path"] for row in csv.DictReader(f)]
+    # A strict run's error line: one line, on stderr only.
+    status, stdout, stderr = _main(["--data-dir", root / "val", *FAST], capfd)
+    assert status == 1 and len(re.findall(r"^FPS=", stdout + stderr, re.MULTILINE)) == 1, stderr
+    (line,) = _errors(stderr)
+    assert "x\\nFPS=99999.00 (8 in 0.00 s)\\x1b[2K.JPEG" in line and "\x1b" not in stderr
