@@ -3414,8 +3414,12 @@ def _sweep_command(config: _RunConfig) -> int:
         _print_out(_print_sweep, sweep, config.command)
         title = f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting"
         outputs = [
-            (config.results_file, lambda path: _write_atomically(path, _sweep_file_text(path, sweep, payload))),
-            (config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
+            (
+                "the results",
+                config.results_file,
+                lambda path: _write_atomically(path, _sweep_file_text(path, sweep, payload)),
+            ),
+            ("the plot", config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
         ]
         not_written = _write_outputs(outputs)
         if config.plot is None:
@@ -4357,18 +4361,21 @@ def _explain(error: BaseException, config: _RunConfig | None) -> tuple[str, int]
     return f"{error} ({error.advice})" if error.advice else str(error), EXIT_FAILED
 
 
-def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | None]]]) -> list[str]:
-    """Write each ``(path, writer)`` that has a path: one that fails costs no other; returns (and says) a
-    line per file not written. A writer returning False could not draw (no matplotlib): a note."""
+def _write_outputs(outputs: Sequence[tuple[str, Path | None, Callable[[Path], bool | None]]]) -> list[str]:
+    """Write each ``(what, path, writer)`` that has a path: one that fails costs no other; returns (and
+    says) a line per file not written, naming ``what`` is lost ("the results", which the summary above
+    has, or the per-image rows, the plot, the trace, which are nowhere else). A writer returning False
+    could not draw (no matplotlib): a note."""
     errors = []
-    for path, write in outputs:
+    for what, path, write in outputs:
         if path is None:
             continue
         try:
             if write(path) is False:
                 _say(f"note: {path} not drawn: {PLOT_HINT}")
         except OSError as e:
-            errors.append(f"{path}: cannot write the results there ({e.strerror or e}); they are only above")
+            above = "; they are only above" if what == "the results" else ""
+            errors.append(f"{path}: cannot write {what} there ({e.strerror or e}){above}")
         except Exception as e:  # e.g. matplotlib on data it cannot draw: this file alone is lost, not the run's
             _LG.debug("writing %s failed", path, exc_info=True)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -4391,11 +4398,15 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
     rows = _in_list_order(result.predictions or [], config.images)
     timeline, profiler = result.timeline, report.profiler
-    outputs = [
-        (config.results_file, lambda path: _write_results(path, report)),
-        (config.predictions_file, lambda path: _write_predictions(path, rows)),  # a stopped run's rows too
-        (config.plot if timeline else None, lambda path: _plot_timeline(timeline, path, _run_title(report))),
-        (config.trace if profiler is not None else None, lambda path: _export_trace(profiler, path)),
+    outputs = [  # a stopped run's too
+        ("the results", config.results_file, lambda path: _write_results(path, report)),
+        ("the per-image rows", config.predictions_file, lambda path: _write_predictions(path, rows)),
+        (
+            "the plot",
+            config.plot if timeline else None,
+            lambda path: _plot_timeline(timeline, path, _run_title(report)),
+        ),
+        ("the trace", config.trace if profiler is not None else None, lambda path: _export_trace(profiler, path)),
     ]
     try:
         if shard.rank == 0 or alone:  # the summary first: no file, however it fails, can cost it

@@ -777,3 +777,31 @@ def test_control_characters_in_names_are_escaped_on_screen(tmp_path, capfd):
     assert status == 1 and len(re.findall(r"^FPS=", stdout + stderr, re.MULTILINE)) == 1, stderr
     (line,) = _errors(stderr)
     assert "x\\nFPS=99999.00 (8 in 0.00 s)\\x1b[2K.JPEG" in line and "\x1b" not in stderr
+
+
+def _full_disk_run(flist: Path, limit: int, *args: str) -> subprocess.CompletedProcess:
+    """The run as on a disk that takes no file over ``limit`` bytes (RLIMIT_FSIZE: a write past it fails
+    with EFBIG, as one on a full disk fails with ENOSPC; neither needs root)."""
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails, rather than the process ending
+
+    cmd = _cli("--input-flist", flist, "--prefix", f"{flist.parent}/", *FAST, *args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=small_files)
+
+
+def test_each_file_that_cannot_be_written_says_what_is_lost(dataset, tmp_path):
+    out, rows, plot = tmp_path / "r.json", tmp_path / "p.csv", tmp_path / "t.png"
+    for path in (out, rows, plot):
+        path.write_text("old\n")
+    # A disk that takes no file over 1 kB: the results (3 kB), the rows (2 kB), the plot (40 kB) all fail.
+    proc = _full_disk_run(dataset, 1024, "--results-file", out, "--predictions-file", rows, "--plot", plot)
+    assert proc.returncode == 1 and "Images: listed=12 classified=12" in proc.stdout, proc.stderr
+    assert _errors(proc.stderr) == [
+        f"error: {out}: cannot write the results there (File too large); they are only above",
+        f"error: {rows}: cannot write the per-image rows there (File too large)",
+        f"error: {plot}: cannot write the plot there (File too large)",
+    ], proc.stderr
+    assert [p.read_text() for p in (out, rows, plot)] == ["old\n"] * 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "p.csv", "r.json", "t.png"]
