@@ -57,7 +57,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import asdict, dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any, NamedTuple, TextIO
+from typing import Any, BinaryIO, NamedTuple, TextIO
 
 if __name__ == "__main__":  # a signal while the libraries below load: one line, not a traceback
 
@@ -3537,7 +3537,7 @@ class _RunReport:
     world_size: int | None = None  # the job's processes (default: one per entry of ``ranks``)
     error: BaseException | None = None  # what stopped the run
     job_stop_reason: str | None = None  # under torchrun: what stopped the job, if a peer's failure did
-    profiler: torch.profiler.profile | None = None  # --trace: torch's trace, exported after the summary
+    trace: tuple[torch.profiler.profile, BinaryIO] | None = None  # --trace: written after the summary
 
     def to_dict(self) -> dict:
         payload = {**self.result.to_dict(), "world_size": self.world_size or len(self.ranks), "ranks": self.ranks}
@@ -4187,9 +4187,10 @@ def _stop_pipeline(pipeline: Pipeline, at_once: bool, in_processes: bool) -> boo
 
 
 @contextlib.contextmanager
-def _tracing(path: Path | None, device: torch.device) -> Iterator[torch.profiler.profile | None]:
-    """With a path, record SPDL's trace (into PATH.pftrace as it goes) and torch's: yields torch's
-    profiler, whose trace (PATH.json) the caller exports once the run has ended or stopped."""
+def _tracing(path: Path | None, device: torch.device) -> Iterator[tuple[torch.profiler.profile, BinaryIO] | None]:
+    """With a path, record torch's trace and SPDL's: yields torch's profiler and the file that SPDL's
+    trace goes to as it is recorded, in memory (Perfetto's writes fail without a word: on a full disk
+    PATH.pftrace would be cut short); the caller writes both once the run has ended or stopped."""
     if path is None:
         yield None
         return
@@ -4198,13 +4199,32 @@ def _tracing(path: Path | None, device: torch.device) -> Iterator[torch.profiler
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     else:  # Kineto's 'gpuGetDeviceCount failed' on a CPU run is an error line about nothing
         os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-    with torch.profiler.profile(activities=activities) as profiler, spdl.io.utils.tracing(f"{path}.pftrace"):
-        yield profiler
+    memfd = getattr(os, "memfd_create", None)  # Linux; elsewhere a temporary file
+    spdl_trace = os.fdopen(memfd("pftrace"), "w+b") if memfd else tempfile.TemporaryFile()
+    with torch.profiler.profile(activities=activities) as profiler:
+        with spdl.io.utils.tracing(os.dup(spdl_trace.fileno())):  # SPDL closes the descriptor it is given
+            yield profiler, spdl_trace
 
 
-def _export_trace(profiler: torch.profiler.profile, path: Path) -> None:
-    """Write torch's trace beside SPDL's, and say where both are."""
-    profiler.export_chrome_trace(f"{path}.json")
+def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path) -> None:
+    """Write torch's trace (PATH.json) and SPDL's (PATH.pftrace), each whole or not at all (the old
+    file left whole), and say where both are. Raises OSError."""
+    profiler, spdl_trace = trace
+    target = Path(os.path.realpath(f"{path}.json"))
+    # Kineto's save() fails without a word (a full disk leaves no file, or a cut one, and its .tmp):
+    # it writes into a folder of ours beside the trace, and what it wrote must read back as JSON.
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as scratch:
+        profiler.export_chrome_trace(os.path.join(scratch, "trace.json"))
+        try:
+            exported = Path(scratch, "trace.json").read_bytes()
+            json.loads(exported)
+        except (OSError, ValueError):
+            raise OSError(errno.EIO, "torch's profiler left no whole file, and says not why: a full disk?") from None
+    with spdl_trace:
+        spdl_trace.seek(0)
+        recorded = spdl_trace.read()
+    _write_atomically(f"{path}.json", exported)
+    _write_atomically(f"{path}.pftrace", recorded)
     _say(f"trace: {path}.json (torch's profiler) and {path}.pftrace (SPDL's); open either in https://ui.perfetto.dev")
 
 
@@ -4227,7 +4247,7 @@ def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> boo
     try:
         with _open_loader(config, images, policy) as loader:
             try:
-                with _tracing(config.trace if shard.rank == 0 else None, config.device) as report.profiler:
+                with _tracing(config.trace if shard.rank == 0 else None, config.device) as report.trace:
                     report.result = benchmark(loader.batches, model, sync_clocks=at_clock_start, **options)
             except (RunStopped, RunInterrupted) as e:  # benchmark's partial result comes with it
                 report.result, report.error = e.result or report.result, e
@@ -4397,7 +4417,7 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         label = f"rank {shard.rank}: " if alone else ""
         _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
     rows = _in_list_order(result.predictions or [], config.images)
-    timeline, profiler = result.timeline, report.profiler
+    timeline, trace = result.timeline, report.trace
     outputs = [  # a stopped run's too
         ("the results", config.results_file, lambda path: _write_results(path, report)),
         ("the per-image rows", config.predictions_file, lambda path: _write_predictions(path, rows)),
@@ -4406,7 +4426,7 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
             config.plot if timeline else None,
             lambda path: _plot_timeline(timeline, path, _run_title(report)),
         ),
-        ("the trace", config.trace if profiler is not None else None, lambda path: _export_trace(profiler, path)),
+        ("the trace", config.trace if trace is not None else None, lambda path: _export_trace(trace, path)),
     ]
     try:
         if shard.rank == 0 or alone:  # the summary first: no file, however it fails, can cost it

@@ -805,3 +805,18 @@ def test_each_file_that_cannot_be_written_says_what_is_lost(dataset, tmp_path):
     ], proc.stderr
     assert [p.read_text() for p in (out, rows, plot)] == ["old\n"] * 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "p.csv", "r.json", "t.png"]
+
+
+def test_a_trace_that_cannot_be_written_is_one_line_and_keeps_the_old_files(dataset, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    trace = out / "t"
+    Path(f"{trace}.json").write_text('{"old": "trace"}\n')
+    Path(f"{trace}.pftrace").write_bytes(b"old")
+    # torch's trace (about 200 kB) does not fit, SPDL's (about 13 kB) would: Kineto's save() fails without a word
+    proc = _full_disk_run(dataset, 64 * 1024, "--trace", trace)
+    assert proc.returncode == 1 and "Images: listed=12 classified=12" in proc.stdout, proc.stderr
+    _one_line_error(proc, f"{trace}: cannot write the trace there")
+    assert "trace: " not in proc.stderr  # no success line for a file not written
+    assert Path(f"{trace}.json").read_text() == '{"old": "trace"}\n' and Path(f"{trace}.pftrace").read_bytes() == b"old"
+    assert sorted(p.name for p in out.iterdir()) == ["t.json", "t.pftrace"]  # no temporary file left
