@@ -3984,7 +3984,9 @@ def _read_images(args: argparse.Namespace) -> ImageList:
 
 
 def _check_files(args: argparse.Namespace, images: ImageList) -> None:
-    """The checkpoint, and every file the run will write: none may be an input or another output."""
+    """The checkpoint, and every file the run will write: none may be a file the run reads (by real path:
+    the list, the labels, the checkpoint, the class table, this module, a ``local-dir:`` model's config
+    and weights, a listed image) or another output."""
     if args.checkpoint is not None and not args.checkpoint.is_file():
         what = "no such file" if not args.checkpoint.exists() else "not a regular file"
         raise InputError(f"--checkpoint {args.checkpoint}: {what}")
@@ -3993,14 +3995,27 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     if args.trace is not None:
         _check_output_path("--trace", args.trace)  # a file name, PATH.json and PATH.pftrace beside it
         outputs += [("--trace", Path(f"{args.trace}{suffix}")) for suffix in (".json", ".pftrace")]
-    inputs = {os.path.realpath(p) for p in (args.input_flist, args.labels, args.checkpoint) if p and str(p) != "-"}
+    read = [args.input_flist, args.labels, args.checkpoint, CLASS_TSV, __file__]
+    source, _, folder = args.model.partition(":")
+    if source == "local-dir" and os.path.isdir(folder):  # its config, and any file timm may take for weights
+        weights = (".safetensors", ".pth", ".pth.tar", ".bin")  # timm's checkpoint suffixes (_hub._EXT_PRIORITY)
+        read += [e.path for e in os.scandir(folder) if e.name == "config.json" or e.name.endswith(weights)]
+    inputs = {os.path.realpath(p) for p in read if p and str(p) != "-"}
     seen: set[str] = set()
+    links: list[str] | None = None
     for flag, path in outputs:
         if path is None:
             continue
         target = _check_output_path(flag, path)
-        listed = {os.path.realpath(p) for p in images.paths if os.path.basename(p) == os.path.basename(target)}
-        if target in inputs | listed | seen:
+        listed = False
+        if target not in inputs | seen and os.path.exists(target):  # a file not there yet is no listed image
+            if links is None:  # a link's target may have any name: an lstat per listed image, once
+                links = [p for p in images.paths if os.path.islink(p)]
+            # Otherwise a path's real one ends in its own name: only those of the target's name can lead there.
+            name = os.path.basename(target)
+            named = (p for p in images.paths if os.path.basename(p) == name)
+            listed = any(os.path.realpath(p) == target for p in itertools.chain(named, links))
+        if target in inputs | seen or listed:
             why = "that file is one of the run's inputs or outputs; writing would replace it"
             raise InputError(f"{flag} {path}: {why}")
         seen.add(target)

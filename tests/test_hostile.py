@@ -820,3 +820,45 @@ def test_a_trace_that_cannot_be_written_is_one_line_and_keeps_the_old_files(data
     assert "trace: " not in proc.stderr  # no success line for a file not written
     assert Path(f"{trace}.json").read_text() == '{"old": "trace"}\n' and Path(f"{trace}.pftrace").read_bytes() == b"old"
     assert sorted(p.name for p in out.iterdir()) == ["t.json", "t.pftrace"]  # no temporary file left
+
+
+def test_outputs_that_are_files_the_run_reads_are_refused(dataset, tmp_path, capfd):
+    # The class table beside the module (a checkout, an editable install): every later run would fail.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("imagenet_classification.py", "imagenet_class.tsv"):
+        (copy / name).write_bytes((ROOT / name).read_bytes())
+    cmd = [sys.executable, copy / "imagenet_classification.py", "--input-flist", dataset, "--prefix",
+           f"{dataset.parent}/", *FAST, "--results-file", copy / "imagenet_class.tsv"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    _one_line_error(proc, "is one of the run's inputs or outputs")
+    assert (copy / "imagenet_class.tsv").read_bytes() == (ROOT / "imagenet_class.tsv").read_bytes()
+    # A local-dir: model's config and weights.
+    ldir = tmp_path / "ldir"
+    ldir.mkdir()
+    config = {"architecture": "test_efficientnet", "num_classes": 1000, "pretrained_cfg": {"input_size": [3, 160, 160],
+              "crop_pct": 0.875, "interpolation": "bicubic", "mean": [0.485, 0.456, 0.406],
+              "std": [0.229, 0.224, 0.225], "num_classes": 1000}}  # fmt: skip
+    (ldir / "config.json").write_text(json.dumps(config))
+    (ldir / "model.safetensors").write_bytes(b"weights")
+    base = ["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--model", f"local-dir:{ldir}"]
+    for name in ("config.json", "model.safetensors"):
+        status, _, stderr = _main([*base, "--results-file", ldir / name], capfd)
+        assert status == 2 and "is one of the run's inputs or outputs" in _errors(stderr)[0], stderr
+    assert json.loads((ldir / "config.json").read_text()) == config
+    assert (ldir / "model.safetensors").read_bytes() == b"weights"
+    # A listed image reached through a link of another name (class folders of links are a common layout).
+    store, folder = tmp_path / "links" / "store", tmp_path / "links" / "val" / "n01440764"
+    store.mkdir(parents=True)
+    folder.mkdir(parents=True)
+    image = store / "img0001.jpg"
+    image.write_bytes((dataset.parent / dataset.read_text().splitlines()[0]).read_bytes())
+    (folder / "ILSVRC2012_val_00000000_n01440764.JPEG").symlink_to("../../store/img0001.jpg")
+    flist = tmp_path / "links" / "val.flist"
+    flist.write_text("val/n01440764/ILSVRC2012_val_00000000_n01440764.JPEG\n")
+    base = ["--input-flist", flist, "--prefix", f"{flist.parent}/", *FAST]
+    for target in (image, folder / "ILSVRC2012_val_00000000_n01440764.JPEG"):  # the file, or the link's name
+        status, _, stderr = _main([*base, "--results-file", target], capfd)
+        assert status == 2 and "is one of the run's inputs or outputs" in _errors(stderr)[0], stderr
+    assert image.read_bytes()[:2] == b"\xff\xd8"
