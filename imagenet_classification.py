@@ -57,7 +57,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import asdict, dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any, NamedTuple, TextIO
+from typing import Any, BinaryIO, NamedTuple, TextIO
 
 if __name__ == "__main__":  # a signal while the libraries below load: one line, not a traceback
 
@@ -2872,7 +2872,7 @@ class _Progress:
         self.total, self.stream = total, stream or sys.stderr
         try:
             self.live = self.stream.isatty()
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):  # AttributeError: no stderr at all (2>&-), no terminal
             self.live = False
         self.interval = 0.5 if self.live else 30.0
         self.started = self.last = time.perf_counter()
@@ -3489,8 +3489,12 @@ def _sweep_command(config: _RunConfig) -> int:
         _print_out(_print_sweep, sweep, config.command)
         title = f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting"
         outputs = [
-            (config.results_file, lambda path: _write_atomically(path, _sweep_file_text(path, sweep, payload))),
-            (config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
+            (
+                "the results",
+                config.results_file,
+                lambda path: _write_atomically(path, _sweep_file_text(path, sweep, payload)),
+            ),
+            ("the plot", config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
         ]
         not_written = _write_outputs(outputs)
         if config.plot is None:
@@ -3608,7 +3612,7 @@ class _RunReport:
     world_size: int | None = None  # the job's processes (default: one per entry of ``ranks``)
     error: BaseException | None = None  # what stopped the run
     job_stop_reason: str | None = None  # under torchrun: what stopped the job, if a peer's failure did
-    profiler: torch.profiler.profile | None = None  # --trace: torch's trace, exported after the summary
+    trace: tuple[torch.profiler.profile, BinaryIO] | None = None  # --trace: written after the summary
 
     def to_dict(self) -> dict:
         payload = {**self.result.to_dict(), "world_size": self.world_size or len(self.ranks), "ranks": self.ranks}
@@ -3657,7 +3661,7 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
     if result.page_cache is not None:
         print("\n".join(_page_cache_lines(result.page_cache)), file=file)
     for failure in result.failures[:10]:
-        print(f"  failed: {failure['path']}: {failure['reason']}", file=file)
+        print(_printable(f"  failed: {failure['path']}: {failure['reason']}"), file=file)
     if len(result.failures) > 10:
         print(f"  ... and {len(result.failures) - 10} more (all in the results file)", file=file)
 
@@ -3738,7 +3742,8 @@ def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
     if report.breakdown is not None:
         _print_breakdown(report.breakdown, file)
     if report.breakdown_cut is not None:
-        print(f"Breakdown cut short ({report.breakdown_cut}): the end-to-end result above is complete", file=file)
+        cut = _printable(report.breakdown_cut)
+        print(f"Breakdown cut short ({cut}): the end-to-end result above is complete", file=file)
 
 
 PLOT_HINT = "pip install matplotlib (or, in the checkout, pip install '.[plot]') to draw it"
@@ -4058,7 +4063,9 @@ def _read_images(args: argparse.Namespace) -> ImageList:
 
 
 def _check_files(args: argparse.Namespace, images: ImageList) -> None:
-    """The checkpoint, and every file the run will write: none may be an input or another output."""
+    """The checkpoint, and every file the run will write: none may be a file the run reads (by real path:
+    the list, the labels, the checkpoint, the class table, this module, a ``local-dir:`` model's config
+    and weights, a listed image) or another output."""
     if args.checkpoint is not None and not args.checkpoint.is_file():
         what = "no such file" if not args.checkpoint.exists() else "not a regular file"
         raise InputError(f"--checkpoint {args.checkpoint}: {what}")
@@ -4067,14 +4074,27 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     if args.trace is not None:
         _check_output_path("--trace", args.trace)  # a file name, PATH.json and PATH.pftrace beside it
         outputs += [("--trace", Path(f"{args.trace}{suffix}")) for suffix in (".json", ".pftrace")]
-    inputs = {os.path.realpath(p) for p in (args.input_flist, args.labels, args.checkpoint) if p and str(p) != "-"}
+    read = [args.input_flist, args.labels, args.checkpoint, CLASS_TSV, __file__]
+    source, _, folder = args.model.partition(":")
+    if source == "local-dir" and os.path.isdir(folder):  # its config, and any file timm may take for weights
+        weights = (".safetensors", ".pth", ".pth.tar", ".bin")  # timm's checkpoint suffixes (_hub._EXT_PRIORITY)
+        read += [e.path for e in os.scandir(folder) if e.name == "config.json" or e.name.endswith(weights)]
+    inputs = {os.path.realpath(p) for p in read if p and str(p) != "-"}
     seen: set[str] = set()
+    links: list[str] | None = None
     for flag, path in outputs:
         if path is None:
             continue
         target = _check_output_path(flag, path)
-        listed = {os.path.realpath(p) for p in images.paths if os.path.basename(p) == os.path.basename(target)}
-        if target in inputs | listed | seen:
+        listed = False
+        if target not in inputs | seen and os.path.exists(target):  # a file not there yet is no listed image
+            if links is None:  # a link's target may have any name: an lstat per listed image, once
+                links = [p for p in images.paths if os.path.islink(p)]
+            # Otherwise a path's real one ends in its own name: only those of the target's name can lead there.
+            name = os.path.basename(target)
+            named = (p for p in images.paths if os.path.basename(p) == name)
+            listed = any(os.path.realpath(p) == target for p in itertools.chain(named, links))
+        if target in inputs | seen or listed:
             why = "that file is one of the run's inputs or outputs; writing would replace it"
             raise InputError(f"{flag} {path}: {why}")
         seen.add(target)
@@ -4269,9 +4289,10 @@ def _stop_pipeline(pipeline: Pipeline, at_once: bool, in_processes: bool) -> boo
 
 
 @contextlib.contextmanager
-def _tracing(path: Path | None, device: torch.device) -> Iterator[torch.profiler.profile | None]:
-    """With a path, record SPDL's trace (into PATH.pftrace as it goes) and torch's: yields torch's
-    profiler, whose trace (PATH.json) the caller exports once the run has ended or stopped."""
+def _tracing(path: Path | None, device: torch.device) -> Iterator[tuple[torch.profiler.profile, BinaryIO] | None]:
+    """With a path, record torch's trace and SPDL's: yields torch's profiler and the file that SPDL's
+    trace goes to as it is recorded, in memory (Perfetto's writes fail without a word: on a full disk
+    PATH.pftrace would be cut short); the caller writes both once the run has ended or stopped."""
     if path is None:
         yield None
         return
@@ -4280,13 +4301,32 @@ def _tracing(path: Path | None, device: torch.device) -> Iterator[torch.profiler
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     else:  # Kineto's 'gpuGetDeviceCount failed' on a CPU run is an error line about nothing
         os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-    with torch.profiler.profile(activities=activities) as profiler, spdl.io.utils.tracing(f"{path}.pftrace"):
-        yield profiler
+    memfd = getattr(os, "memfd_create", None)  # Linux; elsewhere a temporary file
+    spdl_trace = os.fdopen(memfd("pftrace"), "w+b") if memfd else tempfile.TemporaryFile()
+    with torch.profiler.profile(activities=activities) as profiler:
+        with spdl.io.utils.tracing(os.dup(spdl_trace.fileno())):  # SPDL closes the descriptor it is given
+            yield profiler, spdl_trace
 
 
-def _export_trace(profiler: torch.profiler.profile, path: Path) -> None:
-    """Write torch's trace beside SPDL's, and say where both are."""
-    profiler.export_chrome_trace(f"{path}.json")
+def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path) -> None:
+    """Write torch's trace (PATH.json) and SPDL's (PATH.pftrace), each whole or not at all (the old
+    file left whole), and say where both are. Raises OSError."""
+    profiler, spdl_trace = trace
+    target = Path(os.path.realpath(f"{path}.json"))
+    # Kineto's save() fails without a word (a full disk leaves no file, or a cut one, and its .tmp):
+    # it writes into a folder of ours beside the trace, and what it wrote must read back as JSON.
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as scratch:
+        profiler.export_chrome_trace(os.path.join(scratch, "trace.json"))
+        try:
+            exported = Path(scratch, "trace.json").read_bytes()
+            json.loads(exported)
+        except (OSError, ValueError):
+            raise OSError(errno.EIO, "torch's profiler left no whole file, and says not why: a full disk?") from None
+    with spdl_trace:
+        spdl_trace.seek(0)
+        recorded = spdl_trace.read()
+    _write_atomically(f"{path}.json", exported)
+    _write_atomically(f"{path}.pftrace", recorded)
     _say(f"trace: {path}.json (torch's profiler) and {path}.pftrace (SPDL's); open either in https://ui.perfetto.dev")
 
 
@@ -4309,7 +4349,7 @@ def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> boo
     try:
         with _open_loader(config, images, policy) as loader:
             try:
-                with _tracing(config.trace if shard.rank == 0 else None, config.device) as report.profiler:
+                with _tracing(config.trace if shard.rank == 0 else None, config.device) as report.trace:
                     report.result = benchmark(loader.batches, model, sync_clocks=at_clock_start, **options)
             except (RunStopped, RunInterrupted) as e:  # benchmark's partial result comes with it
                 report.result, report.error = e.result or report.result, e
@@ -4443,18 +4483,21 @@ def _explain(error: BaseException, config: _RunConfig | None) -> tuple[str, int]
     return f"{error} ({error.advice})" if error.advice else str(error), EXIT_FAILED
 
 
-def _write_outputs(outputs: Sequence[tuple[Path | None, Callable[[Path], bool | None]]]) -> list[str]:
-    """Write each ``(path, writer)`` that has a path: one that fails costs no other; returns (and says) a
-    line per file not written. A writer returning False could not draw (no matplotlib): a note."""
+def _write_outputs(outputs: Sequence[tuple[str, Path | None, Callable[[Path], bool | None]]]) -> list[str]:
+    """Write each ``(what, path, writer)`` that has a path: one that fails costs no other; returns (and
+    says) a line per file not written, naming ``what`` is lost ("the results", which the summary above
+    has, or the per-image rows, the plot, the trace, which are nowhere else). A writer returning False
+    could not draw (no matplotlib): a note."""
     errors = []
-    for path, write in outputs:
+    for what, path, write in outputs:
         if path is None:
             continue
         try:
             if write(path) is False:
                 _say(f"note: {path} not drawn: {PLOT_HINT}")
         except OSError as e:
-            errors.append(f"{path}: cannot write the results there ({e.strerror or e}); they are only above")
+            above = "; they are only above" if what == "the results" else ""
+            errors.append(f"{path}: cannot write {what} there ({e.strerror or e}){above}")
         except Exception as e:  # e.g. matplotlib on data it cannot draw: this file alone is lost, not the run's
             _LG.debug("writing %s failed", path, exc_info=True)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -4476,12 +4519,16 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         label = f"rank {shard.rank}: " if alone else ""
         _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
     rows = _in_list_order(result.predictions or [], config.images)
-    timeline, profiler = result.timeline, report.profiler
-    outputs = [
-        (config.results_file, lambda path: _write_results(path, report)),
-        (config.predictions_file, lambda path: _write_predictions(path, rows)),  # a stopped run's rows too
-        (config.plot if timeline else None, lambda path: _plot_timeline(timeline, path, _run_title(report))),
-        (config.trace if profiler is not None else None, lambda path: _export_trace(profiler, path)),
+    timeline, trace = result.timeline, report.trace
+    outputs = [  # a stopped run's too
+        ("the results", config.results_file, lambda path: _write_results(path, report)),
+        ("the per-image rows", config.predictions_file, lambda path: _write_predictions(path, rows)),
+        (
+            "the plot",
+            config.plot if timeline else None,
+            lambda path: _plot_timeline(timeline, path, _run_title(report)),
+        ),
+        ("the trace", config.trace if trace is not None else None, lambda path: _export_trace(trace, path)),
     ]
     try:
         if shard.rank == 0 or alone:  # the summary first: no file, however it fails, can cost it
@@ -4495,12 +4542,34 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
 
 def _say(line: str) -> None:
     """One line on stderr; a closed stderr does not stop the run from ending well."""
+    if sys.stderr is None:  # fd 2 closed at start (2>&-): print(file=None) would write it to stdout
+        return
     with contextlib.suppress(OSError, ValueError):
-        print(line, file=sys.stderr, flush=True)
+        print(_printable(line), file=sys.stderr, flush=True)
+
+
+def _printable(text: str) -> str:
+    """``text`` as one line on a screen: each character that is not printable (a newline or carriage
+    return in a file name, a terminal's escape, a zero-width or bidi mark) backslash-escaped as Python's
+    repr writes it: ``\\n``, ``\\x1b``; a name's byte that is not UTF-8 as ``\\udce9``, as the streams'
+    backslashreplace writes it. A name with a newline would split the line, and could print a fake
+    ``FPS=`` line for a script that reads stdout."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _printable_record(record: logging.LogRecord) -> bool:
+    """A filter of this module's log: its message as one printable line (a path in it, a library's
+    error text); the traceback of ``exc_info`` is apart, and stays as it is."""
+    record.msg, record.args = _printable(record.getMessage()), None
+    return True
 
 
 def _print_out(printer: Callable[..., None], *args: Any) -> None:
     """Print to stdout; if the reader is gone (``| head``), stop printing, not the run."""
+    if sys.stdout is None:  # fd 1 closed at start (>&-, cron): Python has no stdout, nothing to print
+        return
     try:
         printer(*args)
         sys.stdout.flush()
@@ -4549,6 +4618,7 @@ def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
     ``debug`` (the summary gives them over the FPS window)."""
     fmt = "%(asctime)s [%(levelname)s] %(message)s"
     logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO, force=True)
+    _LG.addFilter(_printable_record)  # added once, however often this runs
     if not (debug or spdl_stats):
         logging.getLogger("spdl.pipeline").setLevel(logging.WARNING)
     # Logged only where torch finds no CUDA runtime, i.e. on a CPU run, when compiling: noise there.
@@ -4632,7 +4702,7 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
         _say(f"error: unexpected {type(e).__name__}: {e} (a bug; the traceback above says where)")
         status = EXIT_FAILED
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in filter(None, (sys.stdout, sys.stderr)):  # None: closed when the process started
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     _end_children()

@@ -742,3 +742,127 @@ def test_stdout_as_a_results_file_is_refused_before_the_run_wherever_it_goes(dat
     piped = subprocess.run(cmd, capture_output=True, text=True, timeout=300)  # ... | cat: a pipe
     assert piped.returncode == 2 and "Model test_efficientnet" not in piped.stderr
     _one_line_error(piped, "--results-file /dev/stdout: not a regular file (a folder, device, FIFO or pipe)")
+
+
+# --- Round four: outputs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("closed", [1, 2])
+def test_a_closed_stdout_or_stderr_does_not_fail_the_run(dataset, tmp_path, closed):
+    out = tmp_path / "r.json"
+    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--results-file", out)
+    # `>&-` or `2>&-` (cron, some daemons): Python starts with sys.stdout (or sys.stderr) None
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.close(closed))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "error:" not in proc.stdout + proc.stderr  # nor an error line on stdout
+    assert read_json(out)["classified"] == 12
+
+
+def test_control_characters_in_names_are_escaped_on_screen(tmp_path, capfd):
+    root = tmp_path / "data"
+    make_jpeg_set(root, 4)
+    folder = root / "val" / "n01440764"
+    bad = folder / "x\nFPS=99999.00 (8 in 0.00 s)\x1b[2K.JPEG"  # a newline, and a terminal's escape sequence
+    bad.write_bytes(b"not a JPEG" * 30)
+    good = folder / "a\nb\tc.JPEG"
+    os.rename(next(folder.glob("ILSVRC*")), good)
+    rows = tmp_path / "p.csv"
+    status, stdout, stderr = _main(["--data-dir", root / "val", *FAST, "--skip-bad", "--predictions-file", rows], capfd)
+    assert status == 0, stderr
+    assert len(re.findall(r"^FPS=", stdout, re.MULTILINE)) == 1  # no line injected by a name
+    (failed,) = [line for line in stdout.splitlines() if "failed: " in line]
+    assert "x\\nFPS=99999.00 (8 in 0.00 s)\\x1b[2K.JPEG: " in failed and "\x1b" not in stdout
+    import csv  # a data file keeps the name as it is (CSV quotes it), as the results file does
+
+    with open(rows, newline="") as f:
+        assert str(good) in [row["path"] for row in csv.DictReader(f)]
+    # A strict run's error line: one line, on stderr only.
+    status, stdout, stderr = _main(["--data-dir", root / "val", *FAST], capfd)
+    assert status == 1 and len(re.findall(r"^FPS=", stdout + stderr, re.MULTILINE)) == 1, stderr
+    (line,) = _errors(stderr)
+    assert "x\\nFPS=99999.00 (8 in 0.00 s)\\x1b[2K.JPEG" in line and "\x1b" not in stderr
+
+
+def _full_disk_run(flist: Path, limit: int, *args: str) -> subprocess.CompletedProcess:
+    """The run as on a disk that takes no file over ``limit`` bytes (RLIMIT_FSIZE: a write past it fails
+    with EFBIG, as one on a full disk fails with ENOSPC; neither needs root)."""
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails, rather than the process ending
+
+    cmd = _cli("--input-flist", flist, "--prefix", f"{flist.parent}/", *FAST, *args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=small_files)
+
+
+def test_each_file_that_cannot_be_written_says_what_is_lost(dataset, tmp_path):
+    out, rows, plot = tmp_path / "r.json", tmp_path / "p.csv", tmp_path / "t.png"
+    for path in (out, rows, plot):
+        path.write_text("old\n")
+    # A disk that takes no file over 1 kB: the results (3 kB), the rows (2 kB), the plot (40 kB) all fail.
+    proc = _full_disk_run(dataset, 1024, "--results-file", out, "--predictions-file", rows, "--plot", plot)
+    assert proc.returncode == 1 and "Images: listed=12 classified=12" in proc.stdout, proc.stderr
+    assert _errors(proc.stderr) == [
+        f"error: {out}: cannot write the results there (File too large); they are only above",
+        f"error: {rows}: cannot write the per-image rows there (File too large)",
+        f"error: {plot}: cannot write the plot there (File too large)",
+    ], proc.stderr
+    assert [p.read_text() for p in (out, rows, plot)] == ["old\n"] * 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "p.csv", "r.json", "t.png"]
+
+
+def test_a_trace_that_cannot_be_written_is_one_line_and_keeps_the_old_files(dataset, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    trace = out / "t"
+    Path(f"{trace}.json").write_text('{"old": "trace"}\n')
+    Path(f"{trace}.pftrace").write_bytes(b"old")
+    # torch's trace (about 200 kB) does not fit, SPDL's (about 13 kB) would: Kineto's save() fails without a word
+    proc = _full_disk_run(dataset, 64 * 1024, "--trace", trace)
+    assert proc.returncode == 1 and "Images: listed=12 classified=12" in proc.stdout, proc.stderr
+    _one_line_error(proc, f"{trace}: cannot write the trace there")
+    assert "trace: " not in proc.stderr  # no success line for a file not written
+    assert Path(f"{trace}.json").read_text() == '{"old": "trace"}\n' and Path(f"{trace}.pftrace").read_bytes() == b"old"
+    assert sorted(p.name for p in out.iterdir()) == ["t.json", "t.pftrace"]  # no temporary file left
+
+
+def test_outputs_that_are_files_the_run_reads_are_refused(dataset, tmp_path, capfd):
+    # The class table beside the module (a checkout, an editable install): every later run would fail.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("imagenet_classification.py", "imagenet_class.tsv"):
+        (copy / name).write_bytes((ROOT / name).read_bytes())
+    cmd = [sys.executable, copy / "imagenet_classification.py", "--input-flist", dataset, "--prefix",
+           f"{dataset.parent}/", *FAST, "--results-file", copy / "imagenet_class.tsv"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    _one_line_error(proc, "is one of the run's inputs or outputs")
+    assert (copy / "imagenet_class.tsv").read_bytes() == (ROOT / "imagenet_class.tsv").read_bytes()
+    # A local-dir: model's config and weights.
+    ldir = tmp_path / "ldir"
+    ldir.mkdir()
+    config = {"architecture": "test_efficientnet", "num_classes": 1000, "pretrained_cfg": {"input_size": [3, 160, 160],
+              "crop_pct": 0.875, "interpolation": "bicubic", "mean": [0.485, 0.456, 0.406],
+              "std": [0.229, 0.224, 0.225], "num_classes": 1000}}  # fmt: skip
+    (ldir / "config.json").write_text(json.dumps(config))
+    (ldir / "model.safetensors").write_bytes(b"weights")
+    base = ["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--model", f"local-dir:{ldir}"]
+    for name in ("config.json", "model.safetensors"):
+        status, _, stderr = _main([*base, "--results-file", ldir / name], capfd)
+        assert status == 2 and "is one of the run's inputs or outputs" in _errors(stderr)[0], stderr
+    assert json.loads((ldir / "config.json").read_text()) == config
+    assert (ldir / "model.safetensors").read_bytes() == b"weights"
+    # A listed image reached through a link of another name (class folders of links are a common layout).
+    store, folder = tmp_path / "links" / "store", tmp_path / "links" / "val" / "n01440764"
+    store.mkdir(parents=True)
+    folder.mkdir(parents=True)
+    image = store / "img0001.jpg"
+    image.write_bytes((dataset.parent / dataset.read_text().splitlines()[0]).read_bytes())
+    (folder / "ILSVRC2012_val_00000000_n01440764.JPEG").symlink_to("../../store/img0001.jpg")
+    flist = tmp_path / "links" / "val.flist"
+    flist.write_text("val/n01440764/ILSVRC2012_val_00000000_n01440764.JPEG\n")
+    base = ["--input-flist", flist, "--prefix", f"{flist.parent}/", *FAST]
+    for target in (image, folder / "ILSVRC2012_val_00000000_n01440764.JPEG"):  # the file, or the link's name
+        status, _, stderr = _main([*base, "--results-file", target], capfd)
+        assert status == 2 and "is one of the run's inputs or outputs" in _errors(stderr)[0], stderr
+    assert image.read_bytes()[:2] == b"\xff\xd8"

@@ -34,8 +34,10 @@ def test_a_data_dir_after_the_sweep_is_the_data_dir(capsys):
         assert (args.data_dir, args.sweep) == (Path("/data/val"), ["auto"])
     args = _parse_args(["--input-flist", "val.flist", "--sweep", "auto", "/data/val"])
     assert args.sweep == ["auto", "/data/val"]  # a list was given: the path is a setting, which the sweep refuses
-    for argv, words in ((["--sweep", "/data/val"], "--sweep needs a setting before DATA_DIR"),
-                        (["--sweep", "auto"], "one of the arguments DATA_DIR --input-flist --data-dir is required")):
+    for argv, words in (
+        (["--sweep", "/data/val"], "--sweep needs a setting before DATA_DIR"),
+        (["--sweep", "auto"], "one of the arguments DATA_DIR --input-flist --data-dir is required"),
+    ):
         with pytest.raises(SystemExit) as stop:
             _parse_args(argv)
         assert stop.value.code == 2 and words in capsys.readouterr().err
