@@ -3912,8 +3912,15 @@ def _csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
 
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
+    # csv quotes a field holding the line terminator, not one holding a carriage return, which a
+    # reader takes for a line's end: a row with one (a file name's) is quoted whole.
+    quoted = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writeheader()
-    writer.writerows(rows)
+    for row in rows:
+        if any("\r" in value for value in row.values() if isinstance(value, str)):
+            quoted.writerow(row)
+        else:
+            writer.writerow(row)
     return text.getvalue()
 
 
