@@ -4700,6 +4700,7 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point: :py:func:`main`, then the process ends at once with its status.
     (The interpreter's shutdown would wait for decode threads still busy, forever for one stuck in a
     hung read, abort as Gloo's threads free their last tensors, and warn of SPDL buffers alive.)"""
+    _fill_closed_streams()
     try:
         status = main(argv)
     except SystemExit as e:  # argparse: a malformed command line (2), or --help (0)
@@ -4714,6 +4715,17 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
             stream.flush()
     _end_children()
     os._exit(status)
+
+
+def _fill_closed_streams() -> None:
+    """Open /dev/null as each of stdin, stdout and stderr that was closed at start (``>&-``): the
+    next file opened would take its number, and what a native library prints would go into it (a
+    results file, a trace). Python's ``sys.stdout`` stays None: this module prints nothing there."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
 
 
 def _end_children() -> None:

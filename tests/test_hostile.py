@@ -758,6 +758,17 @@ def test_a_closed_stdout_or_stderr_does_not_fail_the_run(dataset, tmp_path, clos
     assert read_json(out)["classified"] == 12
 
 
+def test_a_closed_standard_stream_is_no_file_of_the_runs():
+    # Closed at start, fd 1 would be the next file opened: a results file, a trace, into which a
+    # native library's print would go. The entry point opens /dev/null there first.
+    code = "import os; import imagenet_classification as ic; os.close(0); os.close(1); ic._fill_closed_streams(); "
+    code += "import sys; print(*(os.readlink(f'/proc/self/fd/{fd}') for fd in (0, 1, 2)), file=sys.stderr)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    stdin, stdout, stderr = proc.stderr.split()[-3:]
+    assert (stdin, stdout) == ("/dev/null", "/dev/null") and stderr.startswith("pipe:")  # an open one: as it is
+
+
 def test_control_characters_in_names_are_escaped_on_screen(tmp_path, capfd):
     root = tmp_path / "data"
     make_jpeg_set(root, 4)
