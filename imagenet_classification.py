@@ -1496,7 +1496,8 @@ def _nvimgcodec() -> tuple[Any | None, str]:
     """nvImageCodec's module (None if not installed), and why not or what its import printed on stderr
     (a line per library it cannot load: nvJPEG, nvJPEG2000, nvTIFF), kept out of the run's output."""
     os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")  # what it cannot decode is counted instead
-    sys.stderr.flush()
+    if sys.stderr is not None:  # None: closed at start (2>&-), fd 2 is /dev/null (entrypoint)
+        sys.stderr.flush()
     saved = os.dup(2)
     error = ""
     with tempfile.TemporaryFile() as said:
