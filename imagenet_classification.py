@@ -624,8 +624,9 @@ def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: _La
     empty = f"no images ({', '.join(IMAGE_EXTENSIONS)}) in it"
     try:
         return _image_list(_folder_rows(root, labels), max_samples, root, empty)
-    except OSError as e:
-        raise InputError(f"{root}: cannot list it ({e.strerror or e})") from None
+    except OSError as e:  # the entry that failed, if not the folder itself (a link in a loop)
+        where = f": {e.filename}" if e.filename and str(e.filename) != root else ""
+        raise InputError(f"{root}: cannot list it ({e.strerror or e}{where})") from None
 
 
 def _folder_rows(root: str, labels: _Labels | None) -> Iterator[tuple[str, int]]:

@@ -123,6 +123,15 @@ def _tree_with_a_dangling_link_and_a_fifo(root: Path) -> Path:
     return root
 
 
+def test_a_link_in_a_loop_is_named_in_the_listings_error(tmp_path):
+    root = tmp_path / "val"
+    write_jpeg(root / "n01440764" / "a.JPEG", (64, 48), (200, 10, 10))
+    (root / "n01440764" / "loop").symlink_to("loop")
+    with pytest.raises(InputError) as error:
+        scan_folder(root)
+    assert str(error.value) == f"{root}: cannot list it (Too many levels of symbolic links: {root}/n01440764/loop)"
+
+
 def test_a_folder_lists_dangling_links_and_fifos_as_imagefolder_does(tmp_path):
     root = _tree_with_a_dangling_link_and_a_fifo(tmp_path / "val")
     names = [os.path.relpath(p, root) for p in scan_folder(root).paths]
