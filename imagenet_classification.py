@@ -4196,13 +4196,7 @@ def _preflight(
     overrides = {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation}
     overrides |= {"mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}
     transform = EvalTransform.from_model(args.model, {k: v for k, v in overrides.items() if v is not None})
-    # A thread or worker with no image idles, and costs memory (a process each for the DataLoader).
-    threads = min(args.num_threads, max(1, shard.size_of(len(images))))
-    if threads < args.num_threads:
-        _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
-    processes = min(args.decode_processes, max(1, math.ceil(shard.size_of(len(images)) / args.batch_size)))
-    if processes < args.decode_processes:  # each a Python interpreter with torch and SPDL (some 350 MB)
-        _LG.info("--decode-processes %d capped at %d, the batches this process has.", args.decode_processes, processes)
+    threads, processes = _capped_workers(args, shard.size_of(len(images)))
     torch_loader = args.loader == "torch"
     check_decoder = CHECK_DECODER_IMAGES if args.check_decoder is None else args.check_decoder
     derived = {
@@ -4226,6 +4220,19 @@ def _preflight(
     }
     given = {f.name: getattr(args, f.name) for f in dataclass_fields(_RunConfig) if f.name not in derived}
     return _RunConfig(**given, **derived)  # the other settings as the flags give them
+
+
+def _capped_workers(args: argparse.Namespace, images: int) -> tuple[int, int]:
+    """``--num-threads`` and ``--decode-processes`` capped at the ``images`` this process has: a thread
+    with no image, or a worker process with no batch, idles and costs memory (a process each for the
+    DataLoader; for a decode process, an interpreter with torch and SPDL, some 350 MB)."""
+    threads = min(args.num_threads, max(1, images))
+    processes = min(args.decode_processes, max(1, math.ceil(images / args.batch_size)))
+    if threads < args.num_threads:
+        _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
+    if processes < args.decode_processes:
+        _LG.info("--decode-processes %d capped at %d, the batches this process has.", args.decode_processes, processes)
+    return threads, processes
 
 
 def _shard_from_env() -> _Shard:
