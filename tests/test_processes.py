@@ -126,6 +126,7 @@ def test_decode_processes_are_for_ffmpeg_only(jpeg_set, capfd):
 
 def test_worker_processes_are_capped_at_the_batches(jpeg_set, caplog):
     # 30 images in batches of 16: 2 batches, so 2 worker processes at most (each an interpreter).
+    caplog.set_level("INFO", logger=ic.__name__)
     args = ["--input-flist", str(jpeg_set), "--prefix", f"{jpeg_set.parent}/", *TINY, "--batch-size", "16"]
     config = ic._preflight(ic._parse_args([*args, "--decode-processes", "12"]), ic._Shard())
     assert config.decode_processes == 2
