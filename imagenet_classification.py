@@ -833,6 +833,13 @@ def _pretrained_config(model_name: str) -> dict:
             raise InputError(f"{model_name!r} is not a timm model", "--model")
         else:
             config = get_pretrained_cfg(model_name)
+    except RuntimeError as e:  # "Invalid pretrained tag": timm.is_model looks past the tag
+        if source:  # the hub's or a folder's: e.g. huggingface_hub not installed
+            raise InputError(f"{model_name}: cannot read its config (RuntimeError: {e})", "--model") from None
+        arch = model_name.split(".")[0]
+        tags = timm.list_pretrained(f"{arch}.*")
+        known = f"its tags: {', '.join(tags[:6])}{', …' if len(tags) > 6 else ''}" if tags else "it has none"
+        raise InputError(f"{model_name}: timm has no such pretrained tag of {arch} ({known})", "--model") from None
     except (OSError, ValueError, KeyError, TypeError) as e:  # unreachable hub, bad config.json
         raise InputError(f"{model_name}: cannot read its config ({type(e).__name__}: {e})", "--model") from None
     return config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
@@ -2219,13 +2226,17 @@ class Preprocessing(torch.nn.Module):
 
 
 class Classification(torch.nn.Module):
-    """Top-1 and top-5 hits of logits ``N x C`` against int64 labels ``N x 1`` (-1 never matches):
-    two 0-d int64 tensors on the logits' device. A row with a NaN or infinite logit is no hit: topk
-    still ranks it, and would count whatever classes it happens to put first."""
+    """Top-1 and top-5 hits of logits ``N x C`` against int64 labels ``N x 1`` (or ``N``, as a
+    DataLoader gives them; -1 never matches): two 0-d int64 tensors on the logits' device. A row with
+    a NaN or infinite logit is no hit: topk still ranks it, and would count whatever classes it
+    happens to put first. ValueError for labels of another shape, which would broadcast."""
 
     def forward(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        n = logits.shape[0]
+        if tuple(labels.shape) not in ((n,), (n, 1)):  # a row of N against N x 5: N hits per image
+            raise ValueError(f"labels of shape {tuple(labels.shape)} for {n} images: expected {n} x 1 (or {n})")
         top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
-        hits = (top == labels) & logits.isfinite().all(dim=-1, keepdim=True)
+        hits = (top == labels.view(n, 1)) & logits.isfinite().all(dim=-1, keepdim=True)
         return hits[:, :1].sum(), hits.sum()
 
 
@@ -2792,7 +2803,7 @@ class _Loop:
                 self.not_finite += finite.logical_not().sum()
             if self.kept is not None:  # on the device until the run ends
                 probs, classes = logits.softmax(dim=-1).topk(min(5, logits.shape[-1]), dim=-1)
-                self.kept.append((classes, probs, labels[:, 0], finite, tuple(getattr(batch, "paths", ()))))
+                self.kept.append((classes, probs, labels.view(-1), finite, tuple(getattr(batch, "paths", ()))))
         self.result.classified += n
         self.window.add(n)
 
@@ -2813,8 +2824,9 @@ class _Loop:
 def _prediction_rows(
     classes: Tensor, probs: Tensor, labels: Tensor, finite: Tensor, paths: tuple[str, ...]
 ) -> Iterator[dict]:
-    """One row per image; an image whose logits were not finite has no probabilities (null, valid
-    JSON) and is correct at no rank, as :py:class:`Classification` counts it."""
+    """One row per image; an image whose logits were not finite has no top 5 and no probabilities
+    (null, valid JSON: topk ranks NaN anyhow) and is correct at no rank, as :py:class:`Classification`
+    counts it. A label outside the classes (a notebook's loader) has no name, and never matches."""
     labels = labels.tolist()
     names = paths if len(paths) == len(labels) else [None] * len(labels)
     rows = zip(names, labels, classes.tolist(), probs.tolist(), finite.tolist(), strict=True)
@@ -2822,9 +2834,9 @@ def _prediction_rows(
         yield {
             "path": path,
             "label": label,
-            "label_name": _class_name(label) if label >= 0 else None,
-            "top5": top,
-            "top5_names": [_class_name(c) for c in top],
+            "label_name": _class_name(label) if 0 <= label < NUM_CLASSES else None,
+            "top5": top if ok else None,
+            "top5_names": [_class_name(c) for c in top] if ok else None,
             "probs": [round(x, 6) for x in p] if ok else None,
             "correct1": ok and top[0] == label,
             "correct5": ok and label in top,
@@ -3938,8 +3950,9 @@ def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
         return
     flat = []
     for r in rows:
-        row = {**r, "top5": " ".join(map(str, r["top5"])), "top5_names": " | ".join(r["top5_names"])}
-        row.update(probs=" ".join(map(str, r["probs"] or ())), correct1=int(r["correct1"]), correct5=int(r["correct5"]))
+        top5, names, probs = r["top5"] or (), r["top5_names"] or (), r["probs"] or ()  # None: logits not finite
+        row = {**r, "top5": " ".join(map(str, top5)), "top5_names": " | ".join(names)}
+        row.update(probs=" ".join(map(str, probs)), correct1=int(r["correct1"]), correct5=int(r["correct5"]))
         flat.append(row)
     _write_atomically(path, _csv_text(flat, _PREDICTION_COLUMNS))
 

@@ -382,8 +382,6 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "logits are N x C: shape[1] is shape[-1]"),
     ("_Loop", "probs, classes = logits.softmax(dim=1).topk(min(5, logits.shape[-1]), dim=-1)",
      "logits are N x C: dim 1 is dim -1"),
-    ("_Loop", 'self.kept.append((classes, probs, labels[:, -1], finite, tuple(getattr(batch, "paths", ()))))',
-     "labels are N x 1: column -1 is column 0"),
     ("EvalTransform.from_model", 'return cls(int(height), float(cfg["crop_pct"]), interpolation, mean, std, crop_mode)',
      "a transform that is not square is refused just above: height is width"),
     ("RunResult", "predictions: list[dict] | None = field(default=None, repr=True)",

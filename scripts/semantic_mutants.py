@@ -93,7 +93,7 @@ MUTANTS: list[SemanticMutant] = [
     M("predictions' softmax taken over the batch, not over the classes",
       "logits.softmax(dim=-1).topk(", "logits.softmax(dim=0).topk(", PREDICTIONS),
     M("predictions' correct1 read off the last of the top 5 (an ascending sort)",
-      '"correct1": top[0] == label', '"correct1": top[-1] == label', PREDICTIONS),
+      '"correct1": ok and top[0] == label', '"correct1": ok and top[-1] == label', PREDICTIONS),
     M("predictions' probabilities rounded to 2 places", "round(x, 6) for x in p", "round(x, 2) for x in p",
       PREDICTIONS),
     M("predictions' label column holds the predicted class", '"label": label,\n            "label_name"',
@@ -114,7 +114,7 @@ MUTANTS: list[SemanticMutant] = [
       'correct1=int(r["correct1"]), correct5=int(r["correct5"])',
       'correct1=int(r["correct5"]), correct5=int(r["correct1"])', PREDICTION_FILES),
     M("the predictions CSV's probs column holds the classes",
-      'probs=" ".join(map(str, r["probs"]))', 'probs=" ".join(map(str, r["top5"]))', PREDICTION_FILES),
+      'probs=" ".join(map(str, probs))', 'probs=" ".join(map(str, top5))', PREDICTION_FILES),
     M("the predictions JSONL file loses its last row",
       'json.dumps(r) + "\\n" for r in rows)', 'json.dumps(r) + "\\n" for r in rows[:-1])', PREDICTION_FILES),
     # --- Decoding: every interpolation and crop mode ----------------------------------------

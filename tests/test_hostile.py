@@ -199,6 +199,8 @@ def test_a_broken_stdout_keeps_the_results_file(dataset, tmp_path):
         (["--model", "mobilenetv3_large_100.miil_in21k"], "11221 output classes, not ImageNet-1k's 1000"),
         (["--model", "vit_base_patch16_sapiens2.fb"], "its input is 768 x 1024, not square"),
         (["--model", "local-dir:TMP/no-config"], "cannot read its config"),
+        # timm.is_model looks past a tag; timm's config raises a RuntimeError for one it has not.
+        (["--model", "resnet50.in1k"], "resnet50.in1k: timm has no such pretrained tag of resnet50 (its tags: "),
     ],
 )
 def test_argument_values_that_cannot_work_stop_at_the_start(dataset, tmp_path, args, words):

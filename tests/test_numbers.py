@@ -468,14 +468,31 @@ def test_an_image_whose_logits_are_not_finite_is_no_hit_and_is_counted():
     result = benchmark(iter([_batch([AT_RANK_1] * 4)]), _bundle(model), listed=4, warmup_batches=0, predictions=True)
     assert (result.classified, result.top1_correct, result.top5_correct, result.not_finite) == (4, 2, 2, 2)
     rows = result.predictions
-    assert [(r["correct1"], r["correct5"], r["probs"] is None) for r in rows] == [
-        (False, False, True), (True, True, False), (False, False, True), (True, True, False)]  # fmt: skip
+    assert [(r["correct1"], r["correct5"], r["probs"] is None, r["top5"] is None) for r in rows] == [
+        (False, False, True, True), (True, True, False, False), (False, False, True, True),
+        (True, True, False, False)]  # fmt: skip
     json.dumps(rows, allow_nan=False)  # valid JSON: no bare NaN
     finite = benchmark(iter([_batch([AT_RANK_1] * 4)]), _bundle(), listed=4, warmup_batches=0)
     for run, warned in ((result, True), (finite, False)):
         out = io.StringIO()
         _print_summary(run, out)
         assert ("WARNING: 2 of the 4 images classified got NaN or infinite logits" in out.getvalue()) == warned
+
+
+def test_labels_as_a_dataloader_gives_them_count_as_the_loaders_and_other_shapes_are_refused():
+    # N labels (a DataLoader's) are N x 1; a row of N against the N x 5 top would broadcast: N hits each.
+    images, labels = _batch([AT_RANK_1, AT_RANK_5, AT_RANK_6, LAST, AT_RANK_1])
+    column = benchmark([(images, labels)], _bundle(), listed=5, warmup_batches=0, predictions=True)
+    flat = benchmark([(images, labels.view(-1))], _bundle(), listed=5, warmup_batches=0, predictions=True)
+    assert (flat.top1_correct, flat.top5_correct) == (column.top1_correct, column.top5_correct) == (2, 3)
+    assert flat.predictions == column.predictions
+    for shape in ((1, 5), (5, 2), (4, 1)):
+        expected = rf"labels of shape \({shape[0]}, {shape[1]}\) for 5 images: expected 5 x 1"
+        with pytest.raises(ValueError, match=expected):
+            benchmark([(images, torch.zeros(shape, dtype=torch.int64))], _bundle(), listed=5, warmup_batches=0)
+    # A label outside the classes (a notebook's own loader) never matches, and its row has no name.
+    outside = benchmark([(images, labels + 1000)], _bundle(), listed=5, warmup_batches=0, predictions=True)
+    assert (outside.top5_correct, outside.predictions[0]["label_name"]) == (0, None)
 
 
 def test_predictions_hold_each_images_top5_classes_and_their_probabilities():
