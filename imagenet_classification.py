@@ -4075,12 +4075,15 @@ def _read_images(args: argparse.Namespace) -> ImageList:
         limit = min(limit or math.inf, args.batch_size * TRACE_BATCHES)
     labels = read_labels(args.labels) if args.labels is not None else None
     if args.data_dir is not None:
-        return scan_folder(args.data_dir, limit, labels=labels)
-    images = read_file_list(args.input_flist, args.prefix, limit, labels=labels)
-    if args.prefix.endswith(os.sep) and not os.path.isdir(args.prefix):
-        raise InputError(f"--prefix {args.prefix}: no such folder")
-    if not os.path.lexists(images.paths[0]):
-        raise InputError(f"the first listed image, {images.paths[0]}, does not exist: is --prefix right?")
+        images = scan_folder(args.data_dir, limit, labels=labels)
+    else:
+        images = read_file_list(args.input_flist, args.prefix, limit, labels=labels)
+        if args.prefix.endswith(os.sep) and not os.path.isdir(args.prefix):
+            raise InputError(f"--prefix {args.prefix}: no such folder")
+        if not os.path.lexists(images.paths[0]):
+            raise InputError(f"the first listed image, {images.paths[0]}, does not exist: is --prefix right?")
+    if args.trace is not None and limit != args.max_samples and len(images) == limit:  # 'listed' does not say why
+        _LG.info("--trace: the first %d images only (%d batches), the list read no further.", limit, TRACE_BATCHES)
     return images
 
 

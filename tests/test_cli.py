@@ -90,6 +90,20 @@ def test_trace_writes_both_traces(jpeg_set, tmp_path):
     assert "gpuGetDeviceCount" not in proc.stderr and "ERROR" not in proc.stderr
 
 
+def test_a_trace_says_it_read_only_the_first_images(jpeg_set, monkeypatch, caplog):
+    # 'listed' is the traced images: the log says why, when the list was cut (not by --max-samples).
+    import imagenet_classification as ic
+
+    caplog.set_level("INFO", logger=ic.__name__)
+    monkeypatch.setattr(ic, "TRACE_BATCHES", 4)  # 16 of the 30 images, in batches of 4
+    args = ["--input-flist", str(jpeg_set), "--prefix", f"{jpeg_set.parent}/", "--batch-size", "4", "--trace", "t"]
+    assert len(ic._read_images(ic._parse_args(args))) == 16
+    assert "--trace: the first 16 images only (4 batches), the list read no further." in caplog.text
+    caplog.clear()
+    assert len(ic._read_images(ic._parse_args([*args, "--max-samples", "16"]))) == 16
+    assert "--trace" not in caplog.text  # cut where --max-samples asked
+
+
 def test_gpu_decoder_without_cuda_stops_at_start(jpeg_set):
     for flag in ("--use-nvjpeg", "--use-nvdec"):
         proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, flag)
