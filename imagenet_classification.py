@@ -2259,7 +2259,10 @@ class ModelBundle(torch.nn.Module):
         self.dtype, self.transform, self.batch_size = dtype, transform, batch_size
 
     def logits(self, images: Tensor) -> Tensor:
-        """uint8 images ``N x 3 x H x W`` -> float32 logits ``N x C``."""
+        """uint8 images ``N x 3 x H x W`` -> float32 logits ``N x C``. ValueError for images of another
+        type: floats already on the 0-1 scale would be divided by 255 again, and classify noise."""
+        if images.dtype != torch.uint8:
+            raise ValueError(f"images of type {images.dtype}: expected torch.uint8 (0-255), as the decoders give")
         n = images.shape[0]
         # Padded and laid out channels-last outside inference mode, as the loader's batches are:
         # a compiled model would recompile for another layout or for an inference tensor.

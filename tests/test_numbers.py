@@ -490,6 +490,9 @@ def test_labels_as_a_dataloader_gives_them_count_as_the_loaders_and_other_shapes
         expected = rf"labels of shape \({shape[0]}, {shape[1]}\) for 5 images: expected 5 x 1"
         with pytest.raises(ValueError, match=expected):
             benchmark([(images, torch.zeros(shape, dtype=torch.int64))], _bundle(), listed=5, warmup_batches=0)
+    # Images already scaled to 0-1 would be divided by 255 again: refused.
+    with pytest.raises(ValueError, match="images of type torch.float32: expected torch.uint8"):
+        benchmark([(images.float() / 255, labels)], _bundle(), listed=5, warmup_batches=0)
     # A label outside the classes (a notebook's own loader) never matches, and its row has no name.
     outside = benchmark([(images, labels + 1000)], _bundle(), listed=5, warmup_batches=0, predictions=True)
     assert (outside.top5_correct, outside.predictions[0]["label_name"]) == (0, None)
