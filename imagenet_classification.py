@@ -580,7 +580,10 @@ def read_file_list(
 
 
 def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterator[tuple[str, int]]:
+    """Each line's ``(prefix + path, label)``; InputError for a bad line, and for a path whose label
+    column gives it two classes (naming both lines)."""
     with_column: bool | None = None  # as the first line has it
+    first: dict[str, tuple[int, str]] = {}  # a labelled path's class, and the line that gave it first
     for where, text in _rows(path, "--input-flist"):
         parts = text.rsplit(None, 1)
         label = _parse_label(parts[1], where) if len(parts) == 2 else None
@@ -593,6 +596,10 @@ def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterato
             label = _label_from_path(text, where, labels)
         elif labels is not None:
             raise InputError(f"{where}: has a label column; labels by file name are for lists without one")
+        else:  # a path listed again (passes for a steady FPS window) must keep its class: else one is a miss
+            known, line = first.setdefault(parts[0], (label, where))
+            if known != label:
+                raise InputError(f"{where}: gives {parts[0]!r} class {label}, but {line} gives it class {known}")
         yield prefix + (parts[0] if with_column else text), label
 
 

@@ -224,3 +224,17 @@ def test_the_file_list_and_the_labels_cannot_both_be_stdin(capfd):
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
     assert "--input-flist -" in errors[0] and "--labels -" in errors[0] and "stdin" in errors[0], proc.stderr
+
+
+def test_a_label_column_that_gives_one_path_two_classes_names_both_lines(tmp_path, capfd):
+    # One file, two classes: one line is a miss whatever the model says. The same class twice is
+    # a repeated pass (a steady FPS window), and stays fine.
+    flist = tmp_path / "list.txt"
+    flist.write_text("val/a.JPEG 0\nval/b.JPEG n02123045\nval/a.JPEG 0\nval/b.JPEG 281\n")
+    assert read_file_list(flist).labels == (0, 281, 0, 281)
+    flist.write_text("val/a.JPEG 0\nval/b.JPEG 281\nval/a.JPEG 281\n")
+    with pytest.raises(InputError) as e:
+        read_file_list(flist)
+    assert str(e.value) == f"{flist}:3: gives 'val/a.JPEG' class 281, but {flist}:1 gives it class 0"
+    proc = run_main(capfd, "--input-flist", flist, "--prefix", f"{tmp_path}/", *TINY)
+    assert proc.returncode == 2 and f"error: {flist}:3: gives 'val/a.JPEG' class 281, but {flist}:1" in proc.stderr
