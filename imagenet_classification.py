@@ -3961,11 +3961,18 @@ def _run_title(report: _RunReport) -> str:
 
 
 def _in_list_order(rows: list[dict], images: ImageList) -> list[dict]:
-    """Prediction rows in the list's order, not the order their batches were decoded in."""
-    position: dict[str, int] = {}
-    for i, path in enumerate(images.paths):
-        position.setdefault(path, i)
-    return sorted(rows, key=lambda row: position.get(row["path"], len(position)))
+    """Prediction rows in the list's order, not the order their batches were decoded in: row i is
+    line i, a path listed k times taking its k positions in turn (its rows are alike: one image,
+    one class); a row whose path is not listed goes last."""
+    positions: dict[str, list[int]] = {}  # each path's positions, the first last (popped first)
+    for i in range(len(images) - 1, -1, -1):
+        positions.setdefault(images.paths[i], []).append(i)
+
+    def position(row: dict) -> int:
+        free = positions.get(row["path"])
+        return free.pop() if free else len(images)
+
+    return sorted(rows, key=position)
 
 
 ################################################################################
@@ -4541,7 +4548,9 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         result.stop_reason = job or message
         label = f"rank {shard.rank}: " if alone else ""
         _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
-    rows = _in_list_order(result.predictions or [], config.images)
+    # A stopped job's rows are rank 0's alone (the others' stay with them): in its shard's order.
+    listed = config.images if report.error is None else config.my_images
+    rows = _in_list_order(result.predictions or [], listed)
     timeline, trace = result.timeline, report.trace
     outputs = [  # a stopped run's too
         ("the results", config.results_file, lambda path: _write_results(path, report)),
