@@ -580,7 +580,10 @@ def read_file_list(
 
 
 def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterator[tuple[str, int]]:
+    """Each line's ``(prefix + path, label)``; InputError for a bad line, and for a path whose label
+    column gives it two classes (naming both lines)."""
     with_column: bool | None = None  # as the first line has it
+    first: dict[str, tuple[int, str]] = {}  # a labelled path's class, and the line that gave it first
     for where, text in _rows(path, "--input-flist"):
         parts = text.rsplit(None, 1)
         label = _parse_label(parts[1], where) if len(parts) == 2 else None
@@ -593,6 +596,10 @@ def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterato
             label = _label_from_path(text, where, labels)
         elif labels is not None:
             raise InputError(f"{where}: has a label column; labels by file name are for lists without one")
+        else:  # a path listed again (passes for a steady FPS window) must keep its class: else one is a miss
+            known, line = first.setdefault(parts[0], (label, where))
+            if known != label:
+                raise InputError(f"{where}: gives {parts[0]!r} class {label}, but {line} gives it class {known}")
         yield prefix + (parts[0] if with_column else text), label
 
 
@@ -2966,12 +2973,19 @@ class _Breakdown:
         return cls(loader_fps, model_fps, e2e_fps, bound, bottleneck, efficiency, shared_fps, *(read or ()))
 
 
-def measure_loader(batches: Iterable[tuple[Tensor, Tensor]], device: torch.device, warmup_batches: int) -> float:
+def measure_loader(
+    batches: Iterable[tuple[Tensor, Tensor]],
+    device: torch.device,
+    warmup_batches: int,
+    failures: list[ImageDecodeError] | None = None,
+) -> float:
     """Images/s of a loader iterated alone, batches delivered on ``device``, nothing computed, in
-    :py:func:`benchmark`'s window."""
+    :py:func:`benchmark`'s window; the bad images its batches left out added to ``failures``."""
     window = _TimingWindow(device, warmup_batches)
-    for images, _ in batches:
-        window.add(images.shape[0])
+    for batch in batches:
+        window.add(batch[0].shape[0])
+        if failures is not None:
+            failures += getattr(batch, "failures", ())
     frames, seconds, _ = window.close()
     return frames / seconds if seconds > 0 else 0.0
 
@@ -3404,12 +3418,14 @@ class _SweepPoint:
 
 @dataclass
 class _Sweep:
-    """A sweep's points, in the order run, each timed on the same ``images``; what stopped it early."""
+    """A sweep's points, in the order run, each timed on the same ``images``; what stopped it early;
+    the images that failed to decode (the same in every setting: those of the first one)."""
 
     points: list[_SweepPoint]
     images: int
     stop_reason: str | None = None
     error: BaseException | None = field(default=None, repr=False)
+    failures: list[ImageDecodeError] = field(default_factory=list)
 
     @property
     def candidates(self) -> list[_SweepPoint]:
@@ -3433,6 +3449,8 @@ class _Sweep:
         best = self.recommended
         return {
             "images_per_setting": self.images,
+            "failed": len(self.failures),
+            "failures": [{"path": f.path, "reason": f.reason} for f in self.failures],
             "points": [asdict(p) for p in self.points],
             "recommended": None if best is None else asdict(best),
             "tolerance": SWEEP_TOLERANCE,
@@ -3454,7 +3472,8 @@ def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]
                 with _out_of_memory_stops(config.device, batch_size):
                     model_fps[batch_size] = _measure_model(model, batch_size, 10, _SWEEP_WARMUP)
             point = _SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size], None, processes)
-            point.loader_fps = _sweep_timed(config, point, images)
+            # Bad images are skipped in every setting alike: counted once, in the first.
+            point.loader_fps = _sweep_timed(config, point, images, failures=None if sweep.points else sweep.failures)
             sweep.points.append(point)
             _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
         best = max(sweep.points, key=lambda p: p.bound_fps)
@@ -3466,9 +3485,16 @@ def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]
     return sweep
 
 
-def _sweep_timed(config: _RunConfig, point: _SweepPoint, images: ImageList, model: ModelBundle | None = None) -> float:
-    """Images/s of a loader of ``point``'s settings over ``images``, skipping bad images: the loader
-    alone, or end to end through ``model``. An interrupt stops the loader at once."""
+def _sweep_timed(
+    config: _RunConfig,
+    point: _SweepPoint,
+    images: ImageList,
+    model: ModelBundle | None = None,
+    failures: list[ImageDecodeError] | None = None,
+) -> float:
+    """Images/s of a loader of ``point``'s settings over ``images``, skipping bad images (the loader
+    alone adds them to ``failures``): the loader alone, or end to end through ``model``. An
+    interrupt stops the loader at once."""
     threads = point.num_threads
     concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
     sizes = {"batch_size": point.batch_size, "queue_size": point.queue_size, "decode_processes": point.decode_processes}
@@ -3478,7 +3504,7 @@ def _sweep_timed(config: _RunConfig, point: _SweepPoint, images: ImageList, mode
         try:
             with _out_of_memory_stops(settings.device, settings.batch_size):
                 if model is None:
-                    return measure_loader(loader.batches, config.device, _SWEEP_WARMUP)
+                    return measure_loader(loader.batches, config.device, _SWEEP_WARMUP, failures)
                 run = benchmark(loader.batches, model, listed=len(images), warmup_batches=_SWEEP_WARMUP, policy=policy)
                 return run.fps
         except RunInterrupted:
@@ -3528,7 +3554,8 @@ def _sweep_file_text(path: Path, sweep: _Sweep, payload: dict) -> str:
 
 
 def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = None) -> None:
-    """The sweep as a table, then the recommended setting as a command line to copy."""
+    """The sweep as a table, then the recommended setting as a command line to copy (with
+    ``--skip-bad`` if images failed: the sweep skipped them, a run would stop at the first)."""
     print(f"Sweep ({sweep.images} images per setting; images/s):", file=file)
     processes = any(p.decode_processes for p in sweep.points)  # a column only when processes were swept or set
     heads = f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} {'end-to-end':>11}"
@@ -3543,10 +3570,15 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
     if noisy:
         line = "  * end to end above min(loader, model), which neither side can beat beside the other: "
         print(line + "measurement noise (a short, buffered window); the ranking near it is uncertain", file=file)
+    if failed := sweep.failures:
+        first = f"the first: {failed[0].path}: {failed[0].reason}"
+        line = f"{len(failed)} of the {sweep.images} images failed to decode and were skipped in every setting"
+        print(_printable(f"{line} ({first}; --results-file lists them all)"), file=file)
     best = sweep.recommended
     if best is not None:  # None: stopped before any setting was measured
         print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
-        print(f"  {shlex.join(_with_settings(command, best))}", file=file)
+        skip = ["--skip-bad"] if sweep.failures and "--skip-bad" not in command else []
+        print(f"  {shlex.join(_with_settings([*command, *skip], best))}", file=file)
 
 
 # The sweep's own flags, and the settings it sets, by every long name the parser takes (-j, -b: below).
@@ -3970,11 +4002,18 @@ def _run_title(report: _RunReport) -> str:
 
 
 def _in_list_order(rows: list[dict], images: ImageList) -> list[dict]:
-    """Prediction rows in the list's order, not the order their batches were decoded in."""
-    position: dict[str, int] = {}
-    for i, path in enumerate(images.paths):
-        position.setdefault(path, i)
-    return sorted(rows, key=lambda row: position.get(row["path"], len(position)))
+    """Prediction rows in the list's order, not the order their batches were decoded in: row i is
+    line i, a path listed k times taking its k positions in turn (its rows are alike: one image,
+    one class); a row whose path is not listed goes last."""
+    positions: dict[str, list[int]] = {}  # each path's positions, the first last (popped first)
+    for i in range(len(images) - 1, -1, -1):
+        positions.setdefault(images.paths[i], []).append(i)
+
+    def position(row: dict) -> int:
+        free = positions.get(row["path"])
+        return free.pop() if free else len(images)
+
+    return sorted(rows, key=position)
 
 
 ################################################################################
@@ -4553,7 +4592,9 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         result.stop_reason = job or message
         label = f"rank {shard.rank}: " if alone else ""
         _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
-    rows = _in_list_order(result.predictions or [], config.images)
+    # A stopped job's rows are rank 0's alone (the others' stay with them): in its shard's order.
+    listed = config.images if report.error is None else config.my_images
+    rows = _in_list_order(result.predictions or [], listed)
     timeline, trace = result.timeline, report.trace
     outputs = [  # a stopped run's too
         ("the results", config.results_file, lambda path: _write_results(path, report)),

@@ -132,10 +132,11 @@ def test_benchmark_says_when_its_warmup_is_in_the_fps():
 def test_predictions_in_list_order_with_class_names(jpeg_set, tmp_path, capfd):
     from imagenet_classification import ImageList, _in_list_order
 
-    # Rows as batches finished out of order, one path listed twice: back in the list's order.
+    # Rows as batches finished out of order, one path listed twice: back in the list's order,
+    # line by line (a repeat in its own place, not beside the first); a path not listed, last.
     images = ImageList(("a", "b", "c", "a"), (0, 1, 2, 0))
-    rows = [{"path": p} for p in ("c", "a", "b", "a")]
-    assert [r["path"] for r in _in_list_order(rows, images)] == ["a", "a", "b", "c"]
+    rows = [{"path": p} for p in ("c", "x", "a", "b", "a")]
+    assert [r["path"] for r in _in_list_order(rows, images)] == ["a", "b", "c", "a", "x"]
     # A real run (in this process: its predictions file is checked): 4 decode threads on batches
     # of 2, so batches finish in any order.
     out = tmp_path / "p.csv"

@@ -1,5 +1,6 @@
 """The file-list source and the class table."""
 
+import json
 import os
 import subprocess
 import sys
@@ -224,3 +225,32 @@ def test_the_file_list_and_the_labels_cannot_both_be_stdin(capfd):
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
     assert "--input-flist -" in errors[0] and "--labels -" in errors[0] and "stdin" in errors[0], proc.stderr
+
+
+def test_a_label_column_that_gives_one_path_two_classes_names_both_lines(tmp_path, capfd):
+    # One file, two classes: one line is a miss whatever the model says. The same class twice is
+    # a repeated pass (a steady FPS window), and stays fine.
+    flist = tmp_path / "list.txt"
+    flist.write_text("val/a.JPEG 0\nval/b.JPEG n02123045\nval/a.JPEG 0\nval/b.JPEG 281\n")
+    assert read_file_list(flist).labels == (0, 281, 0, 281)
+    flist.write_text("val/a.JPEG 0\nval/b.JPEG 281\nval/a.JPEG 281\n")
+    with pytest.raises(InputError) as e:
+        read_file_list(flist)
+    assert str(e.value) == f"{flist}:3: gives 'val/a.JPEG' class 281, but {flist}:1 gives it class 0"
+    proc = run_main(capfd, "--input-flist", flist, "--prefix", f"{tmp_path}/", *TINY)
+    assert proc.returncode == 2 and f"error: {flist}:3: gives 'val/a.JPEG' class 281, but {flist}:1" in proc.stderr
+
+
+def test_predictions_of_a_list_that_repeats_paths_follow_it_line_by_line(tmp_path, capfd):
+    # Row i is line i, repeats too (a list repeated for a steady FPS window): a join with the
+    # list, or a diff of two runs, goes image by image.
+    names = [write_jpeg(tmp_path / "val" / wnid / f"{i}.JPEG", (64, 48), (40 * i, 90, 200 - 40 * i), seed=i)
+             for i, wnid in enumerate(("n01440764", "n02123045", "n03709823", "n07920052"))]  # fmt: skip
+    lines = [str(names[i].relative_to(tmp_path)) for i in (0, 1, 2, 0, 3, 1, 0)]
+    flist, rows = tmp_path / "dup.flist", tmp_path / "rows.jsonl"
+    flist.write_text("\n".join(lines) + "\n")
+    proc = run_main(capfd, "--input-flist", flist, "--prefix", f"{tmp_path}/", *TINY, "--no-compile",
+                    "--batch-size", "2", "--predictions-file", rows)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = [json.loads(line)["path"] for line in rows.read_text().splitlines()]
+    assert got == [f"{tmp_path}/{line}" for line in lines]

@@ -161,3 +161,28 @@ def test_sweep_plot_reads_in_plain_numbers(tmp_path, monkeypatch):
     legend = [text.get_text() for text in ax.get_legend().get_texts()]
     assert "end to end, batch 128, queue 16" in legend and any(t.startswith("recommended") for t in legend)
     assert any("model alone, batch 128: 47,000/s" == text.get_text() for text in ax.texts)
+
+
+def test_sweep_counts_the_images_it_skipped_and_recommends_skip_bad(jpeg_set, tmp_path, capfd):
+    # The sweep skips bad images (each setting meets the same ones): they are counted and named,
+    # and the command it recommends skips them too, or it would stop at the first.
+    good = jpeg_set.read_text().splitlines()
+    missing = [f"val/n01440764/missing{i}.JPEG" for i in range(3)]
+    flist, out = tmp_path / "bad.flist", tmp_path / "sweep.json"
+    flist.write_text("\n".join([*good[:8], *missing, *good[8:16]]) + "\n")  # 19 lines, 3 missing
+    prefix = f"{jpeg_set.parent}/"
+    proc = run_main(capfd, "--input-flist", flist, "--prefix", prefix, *FAST, "--sweep", "num-threads=1,2",
+                    "--batch-size", "4", "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    sweep = read_json(out)["sweep"]
+    assert sweep["images_per_setting"] == 19 and sweep["failed"] == 3
+    assert [f["path"] for f in sweep["failures"]] == [prefix + m for m in missing]
+    assert all("No such file" in f["reason"] for f in sweep["failures"])
+    lines = proc.stdout.splitlines()
+    said = "3 of the 19 images failed to decode and were skipped in every setting (the first: "
+    assert lines[-3].startswith(said + prefix + missing[0])  # under the table, above the recommendation
+    command = shlex.split(lines[-1])
+    assert "--skip-bad" in command and " ".join(command).endswith("--queue-size 16")  # the settings last
+    again = run_main(capfd, *command[command.index("--input-flist") :])  # as printed, less the program
+    assert again.returncode == 0, again.stderr
+    assert "Images: listed=19 classified=16 failed=3" in again.stdout
