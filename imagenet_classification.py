@@ -2346,6 +2346,8 @@ def _auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tupl
 def _choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.dtype, str]:
     """The model's precision on ``device`` (a name of :py:data:`_DTYPES`, or ``auto``), and why."""
     if requested != "auto":
+        if requested not in _DTYPES:  # a notebook's dtype="fp16"; the command line's choices are these
+            raise ValueError(f"dtype={requested!r}: expected auto, {', '.join(_DTYPES)} or a torch dtype")
         return _DTYPES[requested], "asked for"
     if device.type == "cuda":
         return _auto_dtype(torch.cuda.get_device_capability(device), False)
@@ -2485,7 +2487,8 @@ def get_model(
         compile: ``torch.compile`` the model and the normalisation: True for mode
             :py:data:`COMPILE_MODE`, or one of :py:data:`COMPILE_MODES`.
         dtype: The model's precision: a torch dtype, its name, or ``auto`` (what suits the hardware).
-        use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
+        use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32 (with a
+            ``dtype`` other than ``auto``, they must agree).
         batch_size: With ``compile``, pad smaller batches to this size (see ModelBundle).
         transform: The evaluation transform, or overrides of the model's as timm's
             ``resolve_data_config`` takes them: ``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``.
@@ -2493,11 +2496,14 @@ def get_model(
     Raises:
         InputError: an unknown model, weights out of reach, a checkpoint that does not fit, or a
             transform this loader does not reproduce.
-        ValueError: an unknown compile mode or transform override.
+        ValueError: an unknown dtype, compile mode or transform override.
     """
     device = torch.device(device)
     if use_bf16 is not None:
-        dtype = torch.bfloat16 if use_bf16 else torch.float32
+        switch = torch.bfloat16 if use_bf16 else torch.float32
+        if dtype != "auto" and _DTYPES.get(dtype, dtype) != switch:  # neither silently wins
+            raise ValueError(f"use_bf16={use_bf16} and dtype={dtype!r} disagree: give one of them")
+        dtype = switch
     if not isinstance(dtype, torch.dtype):
         dtype = _choose_dtype(device, dtype)[0]
     model = _create_timm_model(model_name, pretrained and checkpoint is None)

@@ -189,3 +189,11 @@ def test_transform_overrides_out_of_range_or_unknown_are_refused():
     with pytest.raises(ValueError, match=r"unknown transform overrides \['size'\]: expected some of"):
         build(transform={"size": 160})  # timm would ignore it
 
+
+def test_a_dtype_that_is_not_one_is_refused_by_name():
+    build = functools.partial(get_model, "test_efficientnet", "cpu", pretrained=False, compile=False)
+    with pytest.raises(ValueError, match="dtype='fp16': expected auto, bfloat16, float16, float32 or a torch dtype"):
+        build(dtype="fp16")
+    with pytest.raises(ValueError, match="use_bf16=True and dtype='float16' disagree"):
+        build(use_bf16=True, dtype="float16")
+    assert build(use_bf16=True, dtype=torch.bfloat16).dtype == torch.bfloat16  # agreeing is fine
