@@ -2753,7 +2753,8 @@ def benchmark(
         model: From :py:func:`get_model`.
         listed: How many images the loader was given, for the accounting.
         warmup_batches: Batches left out of the FPS window.
-        policy: The bad-image policy, applied to the failures of each batch as it is received.
+        policy: The bad-image policy, applied to the failures of each batch as it is received
+            (a ``max_bad_percent`` needs ``listed``).
         sync_clocks: Called just before each clock start (loop start, end of warm-up), e.g. a
             barrier so that every rank of a distributed run starts its clock together.
         progress: Called after each batch with the images classified so far and the running
@@ -2764,8 +2765,11 @@ def benchmark(
     Raises:
         RunStopped: the run ended early (``kind`` says why); ``error.result`` holds the partial
             result. RunInterrupted likewise for SIGINT / SIGTERM / Ctrl-C.
+        ValueError: a policy's ``max_bad_percent`` without ``listed``.
     """
     policy = policy or BadImagePolicy()
+    if policy.max_bad_percent is not None and listed is None:  # else no limit at all, silently
+        raise ValueError("BadImagePolicy(max_bad_percent=...) is a share of the images listed: pass listed= too")
     loop = _Loop(model, RunResult(listed=listed, loader_lead=loader_lead), warmup_batches, sync_clocks, predictions)
     failures: list[ImageDecodeError] = []  # the one record of the bad images, in the order received
     try:

@@ -154,3 +154,16 @@ def test_one_bad_image_policy_in_a_notebook_and_on_the_command_line(jpeg_set, tm
     assert result.failures == cli["failures"] and cli["failures"][0]["path"] == lines[5]
     if stopped_by == "bad_image":
         assert f"error: {error} (--skip-bad skips such images)" in proc.stderr
+
+
+def test_a_percentage_of_bad_images_needs_the_number_listed(jpeg_set, tmp_path, tiny_model):
+    # 3 of 5 images unreadable, a limit of 10 %: with listed, the run stops; without, 10 % of an
+    # unknown total limited nothing and the run finished.
+    images = [(str(tmp_path / "missing.JPEG"), 0)] * 3 + list(read_file_list(jpeg_set, f"{jpeg_set.parent}/"))[:2]
+    batch = get_decode_func("cpu", tiny_model.transform, policy=BadImagePolicy(skip=True))(images)
+    policy = BadImagePolicy(skip=True, max_bad_percent=10)
+    with pytest.raises(RunStopped, match="3 images failed to decode, more than --max-bad allows"):
+        benchmark([batch], tiny_model, listed=5, policy=policy, warmup_batches=0)
+    with pytest.raises(ValueError, match=r"max_bad_percent=...\) is a share of the images listed: pass listed="):
+        benchmark([batch], tiny_model, policy=policy, warmup_batches=0)
+    assert benchmark([batch], tiny_model, policy=BadImagePolicy(skip=True, max_bad=3), warmup_batches=0).failed == 3
