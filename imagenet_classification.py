@@ -450,7 +450,10 @@ class ImageList:
         return replace(self, paths=self.paths[:count], labels=self.labels[:count])
 
     def shard(self, rank: int, world_size: int) -> ImageList:
-        """Images ``rank, rank + world_size, …``: each to one rank, shards within one of each other."""
+        """Images ``rank, rank + world_size, …``: each to one rank, shards within one of each other.
+        ValueError: no such rank (a slice would take rank -1 as the last image, rank 5 of 2 as rank 1)."""
+        if not (world_size >= 1 and 0 <= rank < world_size):
+            raise ValueError(f"rank={rank!r} of world_size={world_size!r}: expected a rank from 0 to world_size - 1")
         return replace(self, paths=self.paths[rank::world_size], labels=self.labels[rank::world_size])
 
 

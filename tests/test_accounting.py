@@ -167,3 +167,15 @@ def test_a_percentage_of_bad_images_needs_the_number_listed(jpeg_set, tmp_path, 
     with pytest.raises(ValueError, match=r"max_bad_percent=...\) is a share of the images listed: pass listed="):
         benchmark([batch], tiny_model, policy=policy, warmup_batches=0)
     assert benchmark([batch], tiny_model, policy=BadImagePolicy(skip=True, max_bad=3), warmup_batches=0).failed == 3
+
+
+def test_a_rank_outside_the_job_is_refused_not_sliced(jpeg_set):
+    prefix = f"{jpeg_set.parent}/"
+    images = read_file_list(jpeg_set, prefix)
+    for rank, world_size in [(-1, 2), (5, 2), (2, 2), (0, 0), (0, -1)]:
+        with pytest.raises(ValueError, match=rf"rank={rank} of world_size={world_size}: expected a rank from 0 to"):
+            images.shard(rank, world_size)
+        with pytest.raises(ValueError, match=rf"rank={rank} of world_size={world_size}"):
+            list(source(jpeg_set, prefix, rank=rank, world_size=world_size))
+    shards = [list(source(jpeg_set, prefix, rank=r, world_size=3)) for r in range(3)]
+    assert sorted(sum(shards, [])) == sorted(images) and [len(s) for s in shards] == [10, 10, 10]
