@@ -473,6 +473,8 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
     """``("file:line", stripped text)`` of each non-blank line of a text file (``-``: standard
     input), the one ``flag`` gives. InputError if it is missing, a folder, unreadable, not UTF-8
     or binary (``/dev/zero``), or standard input is closed."""
+    if not isinstance(path, (str, os.PathLike)):  # open() takes an int for a descriptor, and closes it
+        raise TypeError(f"expected a path, or '-' for standard input, got {path!r}")
     name = "<stdin>" if str(path) == "-" else str(path)
     if name == "<stdin>" and sys.stdin is None:  # started with it closed (<&-): Python's sys.stdin is None
         raise InputError(f"{name}: not open ({flag} -)")
@@ -629,7 +631,9 @@ def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: _La
     """List a folder's images as torchvision's ``ImageFolder`` does: one folder per class named by
     its WordNet ID (``train/``, a sorted ``val/``), or with ``labels`` a flat folder (``val/`` as
     the archive has it). InputError for no such folder, a class folder that is no ImageNet
-    WordNet ID, an image without a label, or no images."""
+    WordNet ID, an image without a label, or no images; TypeError for a ``root`` that is no path."""
+    if not isinstance(root, (str, os.PathLike)):  # str(1) would list a folder named 1
+        raise TypeError(f"expected a folder's path, got {root!r}")
     root = str(root)
     if not os.path.isdir(root):
         raise InputError(f"{root}: no such folder")

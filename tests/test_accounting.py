@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from imagenet_classification import (
     get_model,
     get_pipeline,
     read_file_list,
+    read_labels,
+    scan_folder,
     source,
 )
 from tests.conftest import TINY, read_json, run_cli, run_main
@@ -179,3 +182,17 @@ def test_a_rank_outside_the_job_is_refused_not_sliced(jpeg_set):
             list(source(jpeg_set, prefix, rank=rank, world_size=world_size))
     shards = [list(source(jpeg_set, prefix, rank=r, world_size=3)) for r in range(3)]
     assert sorted(sum(shards, [])) == sorted(images) and [len(s) for s in shards] == [10, 10, 10]
+
+
+def test_a_number_is_not_taken_for_a_path_nor_its_descriptor_closed(tmp_path):
+    # open(3) reads descriptor 3 and closes it: read_file_list(1) closed the caller's stdout.
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"a/n01440764/x.JPEG\n")
+    os.close(write_end)
+    try:
+        for read in (read_file_list, read_labels, scan_folder):
+            with pytest.raises(TypeError, match=rf"expected a (folder's )?path.*, got {read_end}"):
+                read(read_end)
+            os.fstat(read_end)  # still open
+    finally:
+        os.close(read_end)
