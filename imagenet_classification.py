@@ -2062,6 +2062,8 @@ def get_pipeline(
         decode_processes: Decode in this many worker processes (SPDL's ``PipelineBuilder.to``),
             ``concurrency`` batches at once each; ``decode_func`` must be picklable (:py:class:`_ProcessDecode`).
     """
+    if batch_size < 1:  # SPDL refuses the other sizes at 0 itself; this one would yield no batch at all
+        raise ValueError(f"batch_size={batch_size!r}: expected at least 1")
     hooks: dict[str, Any] = {"report_stats_interval": report_stats_interval}
     if stats is not None:
         hooks = dict(queue_class=stats.queue, task_hook_factory=stats.task_hooks, report_stats_interval=stats.interval)

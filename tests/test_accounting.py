@@ -196,3 +196,11 @@ def test_a_number_is_not_taken_for_a_path_nor_its_descriptor_closed(tmp_path):
             os.fstat(read_end)  # still open
     finally:
         os.close(read_end)
+
+
+def test_a_batch_size_below_one_is_refused_not_an_empty_run(jpeg_set, tiny_model):
+    images = read_file_list(jpeg_set, f"{jpeg_set.parent}/")
+    decode = get_decode_func("cpu", tiny_model.transform)
+    for size in (0, -1):
+        with pytest.raises(ValueError, match=rf"batch_size={size}: expected at least 1"):
+            get_pipeline(images, size, decode, 1, 1, 1)
