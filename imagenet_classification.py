@@ -39,6 +39,7 @@ import itertools
 import json
 import logging
 import math
+import numbers
 import os
 import pickle
 import platform
@@ -203,11 +204,18 @@ def _number(kind: type, low: float, what: str, high: float = math.inf) -> Callab
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not math.isfinite(value) or not low <= value <= high:
+        if not _within(value, low, high):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return value
 
     return parse
+
+
+def _within(value: object, low: float, high: float = math.inf) -> bool:
+    """A finite real number (not a bool) from ``low`` to ``high``: the range check of the command
+    line's numbers and of :py:class:`EvalTransform`'s fields, however the value arrived."""
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return real and math.isfinite(value) and low <= value <= high
 
 
 # Counts are held by C ints on their way (itertools.islice, SPDL's and torch's sizes): 2**31 - 1 at most.
@@ -217,7 +225,9 @@ _count0 = _number(int, 0, f"a whole number from 0 to {_COUNT_MAX}", _COUNT_MAX)
 _seconds = _number(float, 1e-3, "a number of seconds above 0")
 _timeout = _number(float, 1e-3, "at most 1e6 seconds, above 0", 1e6)  # longer overflow the DataLoader's clock
 _image_mb = _number(int, 1, "a whole number of MiB from 1 to 4096", 4096)  # a file is read whole, up to this
-_img_size = _number(int, 1, "at most 4096 pixels, at least 1", 4096)  # a larger crop is a typo, not a model's input
+_IMG_SIZE_MAX = 4096  # pixels: a larger crop is a typo, not a model's input
+_MEAN_RANGE, _STD_RANGE = (0.0, 1.0), (1e-3, 1.0)  # on the 0-1 scale: 123.7 (the 0-255 one) classifies noise
+_img_size = _number(int, 1, f"at most {_IMG_SIZE_MAX} pixels, at least 1", _IMG_SIZE_MAX)
 _fraction = _number(float, 1e-6, "a number in (0, 1]", 1)
 
 
@@ -296,9 +306,9 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     transform.add_argument("--interpolation", choices=sorted(_FFMPEG_SCALE_FLAGS), help="the resize's filter")
     # On the 0-1 scale: 123.7 or 58.4 (the 0-255 one) would classify noise; a std near 0 overflows.
     scale = "on the 0-1 scale (values on the 0-255 one / 255)"
-    numbers = {"mean": _number(float, 0, f"a number from 0 to 1 {scale}", 1)}
-    numbers["std"] = _number(float, 1e-3, f"a number from 0.001 to 1 {scale}", 1)
-    for name, number in numbers.items():
+    ranges = {"mean": _MEAN_RANGE, "std": _STD_RANGE}
+    for name, (low, high) in ranges.items():
+        number = _number(float, low, f"a number from {low:g} to {high:g} {scale}", high)
         transform.add_argument(
             f"--{name}", type=number, nargs=3, metavar=("R", "G", "B"), help=f"per-channel {name} on the 0-1 scale"
         )
@@ -440,7 +450,10 @@ class ImageList:
         return replace(self, paths=self.paths[:count], labels=self.labels[:count])
 
     def shard(self, rank: int, world_size: int) -> ImageList:
-        """Images ``rank, rank + world_size, …``: each to one rank, shards within one of each other."""
+        """Images ``rank, rank + world_size, …``: each to one rank, shards within one of each other.
+        ValueError: no such rank (a slice would take rank -1 as the last image, rank 5 of 2 as rank 1)."""
+        if not (world_size >= 1 and 0 <= rank < world_size):
+            raise ValueError(f"rank={rank!r} of world_size={world_size!r}: expected a rank from 0 to world_size - 1")
         return replace(self, paths=self.paths[rank::world_size], labels=self.labels[rank::world_size])
 
 
@@ -460,6 +473,8 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
     """``("file:line", stripped text)`` of each non-blank line of a text file (``-``: standard
     input), the one ``flag`` gives. InputError if it is missing, a folder, unreadable, not UTF-8
     or binary (``/dev/zero``), or standard input is closed."""
+    if not isinstance(path, (str, os.PathLike)):  # open() takes an int for a descriptor, and closes it
+        raise TypeError(f"expected a path, or '-' for standard input, got {path!r}")
     name = "<stdin>" if str(path) == "-" else str(path)
     if name == "<stdin>" and sys.stdin is None:  # started with it closed (<&-): Python's sys.stdin is None
         raise InputError(f"{name}: not open ({flag} -)")
@@ -623,7 +638,9 @@ def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: _La
     """List a folder's images as torchvision's ``ImageFolder`` does: one folder per class named by
     its WordNet ID (``train/``, a sorted ``val/``), or with ``labels`` a flat folder (``val/`` as
     the archive has it). InputError for no such folder, a class folder that is no ImageNet
-    WordNet ID, an image without a label, or no images."""
+    WordNet ID, an image without a label, or no images; TypeError for a ``root`` that is no path."""
+    if not isinstance(root, (str, os.PathLike)):  # str(1) would list a folder named 1
+        raise TypeError(f"expected a folder's path, got {root!r}")
     root = str(root)
     if not os.path.isdir(root):
         raise InputError(f"{root}: no such folder")
@@ -861,6 +878,11 @@ def _check_imagenet_head(model_name: str, num_classes: int | None) -> None:
         )
 
 
+_CROP_PCT_MAX = 2.0  # above 1 pads the crop with black (volo_d4_448's 1.15); 87.5 is a percentage
+# timm's resolve_data_config ignores any other key: a misspelt override would change nothing.
+_TRANSFORM_OVERRIDES = frozenset({"img_size", "input_size", "crop_pct", "interpolation", "mean", "std", "crop_mode"})
+
+
 @dataclass(frozen=True)
 class EvalTransform:
     """The evaluation transform: the shorter side (``crop_mode="squash"``: both) resized to
@@ -874,36 +896,66 @@ class EvalTransform:
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     crop_mode: str = "center"
 
+    def __post_init__(self) -> None:
+        """ValueError naming each field out of range, however the transform was made: else the
+        decoders would fail on every image and blame the images (``size=0``, ``crop_pct=-1``) or
+        decode another transform (``crop_mode="border"`` as center, ``crop_pct=87.5`` as a few pixels)."""
+        reasons = []
+        if not (isinstance(self.size, numbers.Integral) and _within(self.size, 1, _IMG_SIZE_MAX)):
+            reasons.append(f"its size {self.size!r} is not a whole number of pixels from 1 to {_IMG_SIZE_MAX}")
+        elif not _within(self.crop_pct, 1e-6, _CROP_PCT_MAX):
+            reasons.append(f"its crop_pct {self.crop_pct!r} is not a number above 0, at most {_CROP_PCT_MAX}")
+        elif self.resize_short**2 > MAX_IMAGE_PIXELS:
+            over = f"every image would be over the limit of {MAX_IMAGE_PIXELS:,} pixels"
+            reasons.append(f"its crop_pct {self.crop_pct!r} resizes each shorter side to {self.resize_short}: {over}")
+        if self.interpolation not in _FFMPEG_SCALE_FLAGS:
+            reasons.append(f"its interpolation {self.interpolation!r} is not one of {sorted(_FFMPEG_SCALE_FLAGS)}")
+        if self.crop_mode not in ("center", "squash"):
+            reasons.append(f"its crop mode {self.crop_mode!r} is neither center nor squash")
+        for name, (low, high) in {"mean": _MEAN_RANGE, "std": _STD_RANGE}.items():
+            values = getattr(self, name)
+            if not (isinstance(values, Sequence) and len(values) == 3 and all(_within(v, low, high) for v in values)):
+                reasons.append(f"its {name} {values!r} is not 3 numbers from {low:g} to {high:g}, on the 0-1 scale")
+        if reasons:
+            raise ValueError("; ".join(reasons))
+
     @classmethod
     def from_model(cls, model: torch.nn.Module | str, overrides: dict | None = None) -> EvalTransform:
-        """From a timm model's pretrained config, or a model name's (without building the model);
-        ``overrides`` as timm's ``resolve_data_config`` takes them (``img_size``, ``crop_pct``, ...).
-        Raises InputError: not a timm model, or a transform this loader does not reproduce."""
+        """From a timm model's pretrained config, a model name's (without building the model), or a
+        :py:class:`ModelBundle`'s own transform; ``overrides`` as timm's ``resolve_data_config`` takes
+        them (``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``, ``crop_mode``).
+        Raises InputError: not a timm model, or a transform this loader does not reproduce;
+        ValueError: an override timm does not take."""
         import timm.data
 
+        overrides = dict(overrides or {})
+        if unknown := sorted(overrides.keys() - _TRANSFORM_OVERRIDES):  # timm would ignore them
+            raise ValueError(f"unknown transform overrides {unknown}: expected some of {sorted(_TRANSFORM_OVERRIDES)}")
         if isinstance(model, str):
-            cfg = timm.data.resolve_data_config(overrides or {}, pretrained_cfg=_pretrained_config(model))
-        else:
-            cfg = timm.data.resolve_data_config(overrides or {}, model=model)
+            config = _pretrained_config(model)
+        elif isinstance(model, ModelBundle):  # get_model's transform, which may not be its config's
+            t = model.transform
+            config = {"input_size": (3, t.size, t.size)} | asdict(t)
+        elif getattr(model, "pretrained_cfg", None):
+            config = model.pretrained_cfg
+        else:  # timm would give its defaults, not this model's transform
+            raise InputError(f"a {type(model).__name__} is not a timm model: it has no pretrained config", "--model")
+        cfg = timm.data.resolve_data_config(overrides, pretrained_cfg=config)
+        # timm takes the config's value over a falsy one (crop_pct=0): the transform's checks refuse it.
+        cfg |= {k: overrides[k] for k in ("crop_pct", "interpolation", "crop_mode") if overrides.get(k) is not None}
         height, width = cfg["input_size"][-2:]
-        crop_mode = cfg["crop_mode"]  # timm sets it: the given one, the config's, or "center"
-        interpolation = str(cfg["interpolation"])
-        reasons = []
         if height != width:
-            reasons.append(f"its input is {width} x {height}, not square")
-        if interpolation not in _FFMPEG_SCALE_FLAGS:
-            reasons.append(f"its interpolation {interpolation!r} is not one of {sorted(_FFMPEG_SCALE_FLAGS)}")
-        if crop_mode not in ("center", "squash"):
-            reasons.append(f"its crop mode {crop_mode!r} is neither center nor squash")
-        if reasons:
-            raise InputError(f"its evaluation transform cannot be reproduced here: {'; '.join(reasons)}", "--model")
-        short = math.floor(width / cfg["crop_pct"])  # every image's resize is at least short x short
-        if short * short > MAX_IMAGE_PIXELS:
+            message = f"its evaluation transform cannot be reproduced here: its input is {width} x {height}, not square"
+            raise InputError(message, "--model")
+        short = math.floor(width / cfg["crop_pct"]) if _within(cfg["crop_pct"], 1e-6) else 0
+        if short * short > MAX_IMAGE_PIXELS:  # checked here too, to name the flag that sets it
             message = f"{width} / {cfg['crop_pct']} resizes each image's shorter side to {short} pixels: "
             raise InputError(message + f"every image would be over the limit of {MAX_IMAGE_PIXELS:,}", "--crop-pct")
-        mean = tuple(float(v) for v in cfg["mean"])
-        std = tuple(float(v) for v in cfg["std"])
-        return cls(int(width), float(cfg["crop_pct"]), interpolation, mean, std, crop_mode)
+        try:
+            mean, std = (tuple(float(v) for v in cfg[name]) for name in ("mean", "std"))
+            return cls(int(width), float(cfg["crop_pct"]), str(cfg["interpolation"]), mean, std, cfg["crop_mode"])
+        except (TypeError, ValueError) as error:  # the checks of a transform made in a notebook
+            raise InputError(f"its evaluation transform cannot be reproduced here: {error}", "--model") from None
 
     @property
     def resize_short(self) -> int:
@@ -2024,6 +2076,8 @@ def get_pipeline(
         decode_processes: Decode in this many worker processes (SPDL's ``PipelineBuilder.to``),
             ``concurrency`` batches at once each; ``decode_func`` must be picklable (:py:class:`_ProcessDecode`).
     """
+    if batch_size < 1:  # SPDL refuses the other sizes at 0 itself; this one would yield no batch at all
+        raise ValueError(f"batch_size={batch_size!r}: expected at least 1")
     hooks: dict[str, Any] = {"report_stats_interval": report_stats_interval}
     if stats is not None:
         hooks = dict(queue_class=stats.queue, task_hook_factory=stats.task_hooks, report_stats_interval=stats.interval)
@@ -2322,6 +2376,8 @@ def _auto_dtype(cuda_capability: tuple[int, int] | None, cpu_bf16: bool) -> tupl
 def _choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.dtype, str]:
     """The model's precision on ``device`` (a name of :py:data:`_DTYPES`, or ``auto``), and why."""
     if requested != "auto":
+        if requested not in _DTYPES:  # a notebook's dtype="fp16"; the command line's choices are these
+            raise ValueError(f"dtype={requested!r}: expected auto, {', '.join(_DTYPES)} or a torch dtype")
         return _DTYPES[requested], "asked for"
     if device.type == "cuda":
         return _auto_dtype(torch.cuda.get_device_capability(device), False)
@@ -2461,17 +2517,23 @@ def get_model(
         compile: ``torch.compile`` the model and the normalisation: True for mode
             :py:data:`COMPILE_MODE`, or one of :py:data:`COMPILE_MODES`.
         dtype: The model's precision: a torch dtype, its name, or ``auto`` (what suits the hardware).
-        use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
+        use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32 (with a
+            ``dtype`` other than ``auto``, they must agree).
         batch_size: With ``compile``, pad smaller batches to this size (see ModelBundle).
         transform: The evaluation transform, or overrides of the model's as timm's
             ``resolve_data_config`` takes them: ``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``.
 
     Raises:
-        InputError: an unknown model, weights out of reach, or a checkpoint that does not fit.
+        InputError: an unknown model, weights out of reach, a checkpoint that does not fit, or a
+            transform this loader does not reproduce.
+        ValueError: an unknown dtype, compile mode or transform override.
     """
     device = torch.device(device)
     if use_bf16 is not None:
-        dtype = torch.bfloat16 if use_bf16 else torch.float32
+        switch = torch.bfloat16 if use_bf16 else torch.float32
+        if dtype != "auto" and _DTYPES.get(dtype, dtype) != switch:  # neither silently wins
+            raise ValueError(f"use_bf16={use_bf16} and dtype={dtype!r} disagree: give one of them")
+        dtype = switch
     if not isinstance(dtype, torch.dtype):
         dtype = _choose_dtype(device, dtype)[0]
     model = _create_timm_model(model_name, pretrained and checkpoint is None)
@@ -2721,7 +2783,8 @@ def benchmark(
         model: From :py:func:`get_model`.
         listed: How many images the loader was given, for the accounting.
         warmup_batches: Batches left out of the FPS window.
-        policy: The bad-image policy, applied to the failures of each batch as it is received.
+        policy: The bad-image policy, applied to the failures of each batch as it is received
+            (a ``max_bad_percent`` needs ``listed``).
         sync_clocks: Called just before each clock start (loop start, end of warm-up), e.g. a
             barrier so that every rank of a distributed run starts its clock together.
         progress: Called after each batch with the images classified so far and the running
@@ -2732,8 +2795,11 @@ def benchmark(
     Raises:
         RunStopped: the run ended early (``kind`` says why); ``error.result`` holds the partial
             result. RunInterrupted likewise for SIGINT / SIGTERM / Ctrl-C.
+        ValueError: a policy's ``max_bad_percent`` without ``listed``.
     """
     policy = policy or BadImagePolicy()
+    if policy.max_bad_percent is not None and listed is None:  # else no limit at all, silently
+        raise ValueError("BadImagePolicy(max_bad_percent=...) is a share of the images listed: pass listed= too")
     loop = _Loop(model, RunResult(listed=listed, loader_lead=loader_lead), warmup_batches, sync_clocks, predictions)
     failures: list[ImageDecodeError] = []  # the one record of the bad images, in the order received
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from imagenet_classification import (
     get_model,
     get_pipeline,
     read_file_list,
+    read_labels,
+    scan_folder,
     source,
 )
 from tests.conftest import TINY, read_json, run_cli, run_main
@@ -154,3 +157,50 @@ def test_one_bad_image_policy_in_a_notebook_and_on_the_command_line(jpeg_set, tm
     assert result.failures == cli["failures"] and cli["failures"][0]["path"] == lines[5]
     if stopped_by == "bad_image":
         assert f"error: {error} (--skip-bad skips such images)" in proc.stderr
+
+
+def test_a_percentage_of_bad_images_needs_the_number_listed(jpeg_set, tmp_path, tiny_model):
+    # 3 of 5 images unreadable, a limit of 10 %: with listed, the run stops; without, 10 % of an
+    # unknown total limited nothing and the run finished.
+    images = [(str(tmp_path / "missing.JPEG"), 0)] * 3 + list(read_file_list(jpeg_set, f"{jpeg_set.parent}/"))[:2]
+    batch = get_decode_func("cpu", tiny_model.transform, policy=BadImagePolicy(skip=True))(images)
+    policy = BadImagePolicy(skip=True, max_bad_percent=10)
+    with pytest.raises(RunStopped, match="3 images failed to decode, more than --max-bad allows"):
+        benchmark([batch], tiny_model, listed=5, policy=policy, warmup_batches=0)
+    with pytest.raises(ValueError, match=r"max_bad_percent=...\) is a share of the images listed: pass listed="):
+        benchmark([batch], tiny_model, policy=policy, warmup_batches=0)
+    assert benchmark([batch], tiny_model, policy=BadImagePolicy(skip=True, max_bad=3), warmup_batches=0).failed == 3
+
+
+def test_a_rank_outside_the_job_is_refused_not_sliced(jpeg_set):
+    prefix = f"{jpeg_set.parent}/"
+    images = read_file_list(jpeg_set, prefix)
+    for rank, world_size in [(-1, 2), (5, 2), (2, 2), (0, 0), (0, -1)]:
+        with pytest.raises(ValueError, match=rf"rank={rank} of world_size={world_size}: expected a rank from 0 to"):
+            images.shard(rank, world_size)
+        with pytest.raises(ValueError, match=rf"rank={rank} of world_size={world_size}"):
+            list(source(jpeg_set, prefix, rank=rank, world_size=world_size))
+    shards = [list(source(jpeg_set, prefix, rank=r, world_size=3)) for r in range(3)]
+    assert sorted(sum(shards, [])) == sorted(images) and [len(s) for s in shards] == [10, 10, 10]
+
+
+def test_a_number_is_not_taken_for_a_path_nor_its_descriptor_closed(tmp_path):
+    # open(3) reads descriptor 3 and closes it: read_file_list(1) closed the caller's stdout.
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"a/n01440764/x.JPEG\n")
+    os.close(write_end)
+    try:
+        for read in (read_file_list, read_labels, scan_folder):
+            with pytest.raises(TypeError, match=rf"expected a (folder's )?path.*, got {read_end}"):
+                read(read_end)
+            os.fstat(read_end)  # still open
+    finally:
+        os.close(read_end)
+
+
+def test_a_batch_size_below_one_is_refused_not_an_empty_run(jpeg_set, tiny_model):
+    images = read_file_list(jpeg_set, f"{jpeg_set.parent}/")
+    decode = get_decode_func("cpu", tiny_model.transform)
+    for size in (0, -1):
+        with pytest.raises(ValueError, match=rf"batch_size={size}: expected at least 1"):
+            get_pipeline(images, size, decode, 1, 1, 1)

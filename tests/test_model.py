@@ -1,6 +1,7 @@
 """The model bundle: normalisation, top-k counting, padding, checkpoints."""
 
 import argparse
+import functools
 import os
 
 import pytest
@@ -147,3 +148,52 @@ def test_auto_precision_follows_the_hardware():
         get_model("test_efficientnet", "cpu", pretrained=False, compile=False).dtype
         == _choose_dtype(torch.device("cpu"))[0]
     )
+
+
+def test_from_model_takes_a_bundles_own_transform_and_refuses_a_module_timm_did_not_make():
+    # get_model's bundle carries the transform it was built with (here not the config's 224 / 0.875).
+    bundle = get_model("test_efficientnet", "cpu", pretrained=False, compile=False, dtype="float32",
+                       transform={"img_size": 160, "crop_pct": 0.95, "interpolation": "bilinear"})  # fmt: skip
+    assert EvalTransform.from_model(bundle) == bundle.transform
+    assert EvalTransform.from_model(bundle, {"crop_pct": 1.0}) == EvalTransform(160, 1.0, "bilinear")
+    with pytest.raises(InputError, match="a Linear is not a timm model: it has no pretrained config"):
+        EvalTransform.from_model(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [({"size": 0}, "its size 0 is not a whole number of pixels from 1 to 4096"),
+     ({"size": 224.0}, "its size 224.0 is not a whole number"),
+     ({"crop_pct": 0.0}, "its crop_pct 0.0 is not a number above 0"),
+     ({"crop_pct": -1.0}, "its crop_pct -1.0 is not a number above 0"),
+     ({"crop_pct": 87.5}, "its crop_pct 87.5 is not a number above 0, at most 2.0"),
+     ({"crop_pct": 1e-5}, "resizes each shorter side to 22400000: every image would be over the limit"),
+     ({"crop_mode": "border"}, "its crop mode 'border' is neither center nor squash"),
+     ({"interpolation": "box"}, "its interpolation 'box' is not one of"),
+     ({"mean": (123.7, 116.3, 103.5)}, r"its mean \(123.7, 116.3, 103.5\) is not 3 numbers from 0 to 1"),
+     ({"std": (0.0, 0.0, 0.0)}, "its std .* is not 3 numbers from 0.001 to 1"),
+     ({"std": (0.2, 0.2)}, "its std .* is not 3 numbers")],
+)  # fmt: skip
+def test_a_transform_out_of_range_is_refused_by_field_however_it_is_made(fields, words):
+    with pytest.raises(ValueError, match=words):
+        EvalTransform(**fields)
+    assert EvalTransform(crop_pct=1.15).resize_short == 194  # above 1 pads the crop (volo_d4_448's)
+
+
+def test_transform_overrides_out_of_range_or_unknown_are_refused():
+    build = functools.partial(get_model, "test_efficientnet", "cpu", pretrained=False, compile=False)
+    with pytest.raises(InputError, match="its mean .* is not 3 numbers from 0 to 1, on the 0-1 scale"):
+        build(transform={"mean": (123.7, 116.3, 103.5)})
+    with pytest.raises(InputError, match="its crop_pct 0.0 is not a number above 0"):  # timm would keep 0.875
+        build(transform={"crop_pct": 0})
+    with pytest.raises(ValueError, match=r"unknown transform overrides \['size'\]: expected some of"):
+        build(transform={"size": 160})  # timm would ignore it
+
+
+def test_a_dtype_that_is_not_one_is_refused_by_name():
+    build = functools.partial(get_model, "test_efficientnet", "cpu", pretrained=False, compile=False)
+    with pytest.raises(ValueError, match="dtype='fp16': expected auto, bfloat16, float16, float32 or a torch dtype"):
+        build(dtype="fp16")
+    with pytest.raises(ValueError, match="use_bf16=True and dtype='float16' disagree"):
+        build(use_bf16=True, dtype="float16")
+    assert build(use_bf16=True, dtype=torch.bfloat16).dtype == torch.bfloat16  # agreeing is fine
