@@ -554,12 +554,11 @@ def read_labels(path: Path | str) -> _Labels:
     Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``, whose first WordNet ID is
     the class) or ``name label`` lines, the label a WordNet ID or a class index. InputError names
     a bad line with its number, and both lines that give one name two classes."""
-    by_name: dict[str, int] = {}
-    first_line: dict[str, str] = {}  # where each name was labelled first, for a conflict's message
+    first: dict[str, tuple[int, str]] = {}  # each name's class, and the line that gave it first
     for where, text in _rows(path, "--labels"):
         if "," in text:  # Kaggle: ImageId,PredictionString ("n01751748 0 0 100 100 …")
             name, _, rest = text.partition(",")
-            if not by_name and name.strip().lower() == "imageid":
+            if not first and name.strip().lower() == "imageid":
                 continue  # the header
             fields = rest.split()
         else:
@@ -567,18 +566,19 @@ def read_labels(path: Path | str) -> _Labels:
         label = _parse_label(fields[0], where) if fields else None
         if label is None:
             raise InputError(f"{where}: expected 'name label' or 'ImageId,WNID …', got {text!r}")
-        name = _image_name(name.strip())
         # The last label must not silently win: a.JPEG and a.png are one name (the extension is dropped).
-        if by_name.get(name, label) != label:
-            raise InputError(
-                f"{where}: gives {name!r} class {label}, but {first_line[name]} gives it class {by_name[name]}"
-                " (names are matched without their extension)"
-            )
-        by_name[name] = label
-        first_line.setdefault(name, where)
-    if not by_name:
+        _one_class(first, _image_name(name.strip()), label, where, " (names are matched without their extension)")
+    if not first:
         raise InputError(f"{path}: no labels in it")
-    return _Labels(str(path), by_name)
+    return _Labels(str(path), {name: label for name, (label, _) in first.items()})
+
+
+def _one_class(first: dict[str, tuple[int, str]], name: str, label: int, where: str, note: str = "") -> None:
+    """Record ``name``'s ``label`` from line ``where`` in ``first`` (name -> (class, line)); InputError
+    naming both lines if an earlier one gave it another class."""
+    known, line = first.setdefault(name, (label, where))
+    if known != label:
+        raise InputError(f"{where}: gives {name!r} class {label}, but {line} gives it class {known}{note}")
 
 
 def read_file_list(
@@ -612,9 +612,7 @@ def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterato
         elif labels is not None:
             raise InputError(f"{where}: has a label column; labels by file name are for lists without one")
         else:  # a path listed again (passes for a steady FPS window) must keep its class: else one is a miss
-            known, line = first.setdefault(parts[0], (label, where))
-            if known != label:
-                raise InputError(f"{where}: gives {parts[0]!r} class {label}, but {line} gives it class {known}")
+            _one_class(first, parts[0], label, where)
         yield prefix + (parts[0] if with_column else text), label
 
 
