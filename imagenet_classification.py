@@ -1049,6 +1049,12 @@ class BadImagePolicy:
             raise ValueError("a limit on bad images applies only when they are skipped (skip=True)")
         if self.max_bad is not None and self.max_bad_percent is not None:
             raise ValueError("give max_bad or max_bad_percent, not both")
+        # Checked here, not at the first bad image: a run would stop there with a TypeError, or
+        # with a negative limit at once, or never with a percentage over 100.
+        if self.max_bad is not None and not (isinstance(self.max_bad, numbers.Integral) and _within(self.max_bad, 0)):
+            raise ValueError(f"max_bad={self.max_bad!r}: expected a whole number of images, 0 or more")
+        if self.max_bad_percent is not None and not _within(self.max_bad_percent, 0, 100):
+            raise ValueError(f"max_bad_percent={self.max_bad_percent!r}: expected a number from 0 to 100")
 
     def check(self, failures: Sequence[ImageDecodeError], listed: int | None = None) -> None:
         """Raise RunStopped if ``failures``, the bad images met so far in order, stop the run;
@@ -2527,6 +2533,8 @@ def get_model(
         ValueError: an unknown dtype, compile mode or transform override.
     """
     device = torch.device(device)
+    if batch_size is not None and not (isinstance(batch_size, numbers.Integral) and _within(batch_size, 1)):
+        raise ValueError(f"batch_size={batch_size!r}: expected at least 1, or None (no padding)")
     if use_bf16 is not None:
         switch = torch.bfloat16 if use_bf16 else torch.float32
         if dtype != "auto" and _DTYPES.get(dtype, dtype) != switch:  # neither silently wins

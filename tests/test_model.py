@@ -197,3 +197,10 @@ def test_a_dtype_that_is_not_one_is_refused_by_name():
     with pytest.raises(ValueError, match="use_bf16=True and dtype='float16' disagree"):
         build(use_bf16=True, dtype="float16")
     assert build(use_bf16=True, dtype=torch.bfloat16).dtype == torch.bfloat16  # agreeing is fine
+
+
+def test_a_padding_batch_size_below_one_is_refused():
+    build = functools.partial(get_model, "test_efficientnet", "cpu", pretrained=False, compile=False)
+    for size in (0, -8, 2.5, "8"):
+        with pytest.raises(ValueError, match=r"batch_size=.*: expected at least 1, or None"):
+            build(batch_size=size)

@@ -231,6 +231,14 @@ def test_bad_image_policy_bookkeeping_by_hand():
             BadImagePolicy(**limits)
     with pytest.raises(ValueError, match="not both"):
         BadImagePolicy(skip=True, max_bad=3, max_bad_percent=10.0)
+    # Limits that would stop at the first bad image, never, or with a TypeError mid-run.
+    for limits in ({"max_bad": -1}, {"max_bad": "3"}, {"max_bad": 2.5}, {"max_bad": True}):
+        with pytest.raises(ValueError, match=r"max_bad=.*: expected a whole number of images, 0 or more"):
+            BadImagePolicy(skip=True, **limits)
+    for percent in (-5, 150, float("nan"), "10"):
+        with pytest.raises(ValueError, match=r"max_bad_percent=.*: expected a number from 0 to 100"):
+            BadImagePolicy(skip=True, max_bad_percent=percent)
+    assert BadImagePolicy(skip=True, max_bad=0).max_bad == 0 and BadImagePolicy(skip=True, max_bad_percent=100)
     policy = BadImagePolicy(skip=True)
     # The first error that is not an image's fault is the one the run's error names: each carries
     # its image's path, and SPDL raises each failed stage's error from the first of them.
