@@ -4458,16 +4458,18 @@ def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path) ->
     """Write torch's trace (PATH.json) and SPDL's (PATH.pftrace), each whole or not at all (the old
     file left whole), and say where both are. Raises OSError."""
     profiler, spdl_trace = trace
-    target = Path(os.path.realpath(f"{path}.json"))
-    # Kineto's save() fails without a word (a full disk leaves no file, or a cut one, and its .tmp):
-    # it writes into a folder of ours beside the trace, and what it wrote must read back as JSON.
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as scratch:
+    # Kineto's save() fails without a word (a full disk leaves no file, or a cut one, and its .tmp),
+    # and it rewrites the path it is given (a backslash becomes a folder, a control character is
+    # dropped): it writes into a temporary folder of plain name, and what it wrote must read back
+    # as JSON; the file itself is written here.
+    with tempfile.TemporaryDirectory(prefix="imagenet_classification-trace-") as scratch:
         profiler.export_chrome_trace(os.path.join(scratch, "trace.json"))
         try:
             exported = Path(scratch, "trace.json").read_bytes()
             json.loads(exported)
         except (OSError, ValueError):
-            raise OSError(errno.EIO, "torch's profiler left no whole file, and says not why: a full disk?") from None
+            why = f"torch's profiler left no whole file in {tempfile.gettempdir()}, and says not why: is it full?"
+            raise OSError(errno.EIO, why) from None
     with spdl_trace:
         spdl_trace.seek(0)
         recorded = spdl_trace.read()

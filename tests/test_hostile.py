@@ -522,6 +522,19 @@ def test_a_stopped_run_keeps_its_trace_and_predictions(dataset, tmp_path, capfd)
     assert len(kept) == int(re.search(r"classified=(\d+)", stdout).group(1)) == 8  # the two batches before it
 
 
+def test_a_trace_whose_path_kineto_would_rewrite_is_written_where_asked(dataset, tmp_path, capfd):
+    # Kineto turns a backslash into a folder and drops a control character: its file went elsewhere,
+    # and the run reported a full disk with exit 1 (found by the argument property test: --trace '\x1f').
+    folder = tmp_path / "a\\b\x1f"
+    folder.mkdir()
+    trace = folder / "t\x1f"
+    status, _, stderr = _main(["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--trace", trace],
+                              capfd)  # fmt: skip
+    assert status == 0, stderr
+    assert json.loads(Path(f"{trace}.json").read_text())["traceEvents"] and Path(f"{trace}.pftrace").stat().st_size
+    assert sorted(p.name for p in folder.iterdir()) == ["t\x1f.json", "t\x1f.pftrace"]
+
+
 def test_a_signal_during_the_sweep_keeps_the_settings_measured(dataset, tmp_path):
     lines = dataset.read_text().splitlines()
     dataset.write_text("\n".join(lines * 9) + "\n")
