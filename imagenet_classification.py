@@ -1056,6 +1056,15 @@ class BadImagePolicy:
         if self.max_bad_percent is not None and not _within(self.max_bad_percent, 0, 100):
             raise ValueError(f"max_bad_percent={self.max_bad_percent!r}: expected a number from 0 to 100")
 
+    def limit(self, listed: int | None) -> int | None:
+        """The most bad images a run of ``listed`` images may skip; None: no limit (or a percentage
+        of an unknown number)."""
+        if self.max_bad_percent is None or listed is None:
+            return self.max_bad
+        from fractions import Fraction  # exact: 10% of 30 is 3, never 2.9999
+
+        return math.floor(Fraction(str(self.max_bad_percent)) * listed / 100)
+
     def check(self, failures: Sequence[ImageDecodeError], listed: int | None = None) -> None:
         """Raise RunStopped if ``failures``, the bad images met so far in order, stop the run;
         ``listed``: the images listed (for a percentage)."""
@@ -1065,11 +1074,7 @@ class BadImagePolicy:
             raise RunStopped(
                 f"cannot decode {failures[0].path}: {failures[0].reason}", "bad_image", "--skip-bad skips such images"
             )
-        limit = self.max_bad
-        if self.max_bad_percent is not None and listed is not None:
-            from fractions import Fraction  # exact: 10% of 30 is 3, never 2.9999
-
-            limit = math.floor(Fraction(str(self.max_bad_percent)) * listed / 100)
+        limit = self.limit(listed)
         if limit is not None and len(failures) > limit:
             raise RunStopped(
                 f"{len(failures)} images failed to decode, more than --max-bad allows ({limit})", "too_many_bad"
@@ -2688,20 +2693,25 @@ class _TimingWindow:
         elif self.batches > self.warmup_batches:
             self.frames += frames
 
+    def _since_start(self, mark: Any) -> float:
+        """Seconds from the start to a batch's mark (a CUDA event's, once the device has drained)."""
+        return self._start_mark.elapsed_time(mark) / 1e3 if self.cuda else mark - self._start_mark
+
     def close(self) -> tuple[int, float, bool]:
-        """``(images timed, seconds, whether the warm-up is included)``."""
+        """``(images timed, seconds, whether the warm-up is included)``. The window ends with its last
+        batch, not when the loader ends (SPDL sees its end of stream up to 0.1 s later) or a stop
+        comes (a stall's whole time-out, a batch cut short)."""
         self.t_end = self.clock()
+        last = self.t_start + self._since_start(self.marks[-1][0]) if self.marks else self.t_end
+        self.t_last = min(last, self.t_end)
         if self.batches > self.warmup_batches:
-            return self.frames, self.t_end - self.t_warm, False
-        return self.frames_all, self.t_end - self.t_start, True
+            return self.frames, self.t_last - self.t_warm, False
+        return self.frames_all, self.t_last - self.t_start, True
 
     def timeline(self, interval: float = 1.0) -> dict:
         """Images finished in each ``interval`` since the start, and where the FPS window lies
         (seconds from the start); after :py:meth:`close`."""
-        if self.cuda:
-            times = [self._start_mark.elapsed_time(event) / 1e3 for event, _ in self.marks]
-        else:
-            times = [t - self._start_mark for t, _ in self.marks]
+        times = [self._since_start(mark) for mark, _ in self.marks]
         counts = [frames for _, frames in self.marks]
         # As many bins as the run's span has (the sink queue's occupancy gets as many), and one
         # more only for a batch marked past the end (a GPU's events and the host clock differ).
@@ -2717,6 +2727,7 @@ class _TimingWindow:
             "batch_end_s": [round(t, 6) for t in times],
             "batch_images": counts,
             "warmup_end_s": (self.t_warm - self.t_start) if timed else 0.0,
+            "window_end_s": self.t_last - self.t_start,  # the last batch's end
             "end_s": self.t_end - self.t_start,
             "started_at": self.started_at,  # time.monotonic() at the start, to align other traces
         }
@@ -3895,7 +3906,7 @@ def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
     PNG; False where matplotlib is missing."""
     if (plt := _pyplot()) is None:
         return False
-    ends, images, warm, end = (timeline[k] for k in ("batch_end_s", "batch_images", "warmup_end_s", "end_s"))
+    ends, images, warm, end = (timeline[k] for k in ("batch_end_s", "batch_images", "warmup_end_s", "window_end_s"))
     window = min(20, max(2, len(ends) // 10))
     fig, ax = plt.subplots(figsize=(9, 4.5))
     rates = _sliding_rate(ends, images, window)
@@ -4154,7 +4165,10 @@ class _RunConfig:
         if self.max_bad is None:
             return BadImagePolicy(skip=self.skip_bad)
         value, is_percent = self.max_bad
-        return BadImagePolicy(True, None if is_percent else int(value), value if is_percent else None)
+        policy = BadImagePolicy(True, None if is_percent else int(value), value if is_percent else None)
+        if is_percent and self.shard.world_size > 1:  # a share of the job's list, not of each rank's shard
+            policy = BadImagePolicy(True, policy.limit(len(self.images)))
+        return policy
 
     def to_dict(self) -> dict:
         """The settings as the results file's ``config`` holds them."""
@@ -4660,6 +4674,13 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     alone), write the files; return the exit status."""
     shard, status, result = config.shard, 0, report.result
     alone = shard.world_size > 1 and report.error is not None
+    limit = config.policy().limit(len(config.images))
+    if report.error is None and limit is not None and result.failed > limit:  # torchrun: each rank kept to it
+        status = EXIT_FAILED
+        result.stop_reason = f"the job's ranks skipped {result.failed} images that failed to decode, more than "
+        result.stop_reason += f"--max-bad allows ({limit}) in the whole job"
+        if shard.rank == 0:
+            _say(f"error: {result.stop_reason}")
     if report.error is not None:
         message, status = _explain(report.error, config)
         job = report.job_stop_reason

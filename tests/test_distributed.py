@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from imagenet_classification import _Shard, source
-from tests.conftest import ROOT, read_json, run_cli
+from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli
 
 
 def _args(flist: Path, checkpoint: Path, out: Path, *extra: str) -> list[str]:
@@ -82,3 +82,25 @@ def test_failing_rank_stops_every_rank(demo_photos, lite0_checkpoint, tmp_path):
     assert [p.returncode for p in procs] == [1, 1], outputs
     assert f"error: rank 1: cannot decode {flist.parent / lines[1]}" in outputs[1][1]
     assert "error: rank 0: another rank stopped" in outputs[0][1]
+
+
+def test_max_bad_is_the_jobs_limit_not_each_ranks(tmp_path):
+    # 20 images, 3 of them bad: lines 2 and 4 fall to rank 0, line 3 to rank 1. --max-bad 10% is 2
+    # images of the job's 20: rank 0's 2 are within it (a share of its shard, 10, would be 1, and
+    # would stop it), but the job's 3 are not, though each rank alone kept to the limit.
+    flist = make_jpeg_set(tmp_path, 20)
+    lines = flist.read_text().splitlines()
+    for i in (2, 3, 4):
+        (tmp_path / lines[i]).write_bytes(b"not a JPEG at all" * 20)
+    out = tmp_path / "r.json"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd = [*launcher, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), "--prefix",
+           f"{tmp_path}/", *TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "0", "--skip-bad",
+           "--max-bad", "10%", "--results-file", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr
+    assert "Images: listed=20 classified=17 failed=3 not_reached=0" in proc.stdout
+    message = "the job's ranks skipped 3 images that failed to decode, more than --max-bad allows (2) in the whole job"
+    assert proc.stderr.count(f"error: {message}") == 1, proc.stderr
+    result = read_json(out)
+    assert (result["failed"], result["partial"], result["stop_reason"]) == (3, False, message)

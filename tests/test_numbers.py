@@ -40,6 +40,7 @@ from imagenet_classification import (
     ModelBundle,
     Preprocessing,
     RunResult,
+    RunStopped,
     _Batch,
     _Breakdown,
     _decode_items,
@@ -700,6 +701,29 @@ def test_timeline_covers_the_idle_tail_after_the_last_batch():
     t = benchmark(loader(), _bundle(), listed=5, warmup_batches=1).timeline
     assert t["end_s"] == pytest.approx(2.5, abs=0.4)
     assert (t["images"], t["batch_images"]) == ([0, 5, 0], [2, 3])
+
+
+def test_fps_window_ends_with_the_last_batch_not_the_loaders_end_or_a_stop():
+    # SPDL sees its end of stream up to 0.1 s after the last batch, and a stalled loader raises only
+    # at its time-out: neither is time the loader delivered in. The window ends with the last batch.
+    def ends_late(then: Exception | None = None):
+        yield from _slow_loader((0.1, [AT_RANK_1] * 2), (0.3, [AT_RANK_1] * 3))
+        time.sleep(1.0)
+        if then is not None:
+            raise then
+
+    result = benchmark(ends_late(), _bundle(), listed=5, warmup_batches=1)
+    t = result.timeline
+    assert result.frames_timed == 3 and result.elapsed_s == pytest.approx(0.3, abs=0.15)
+    assert t["window_end_s"] == pytest.approx(t["batch_end_s"][-1]) and t["end_s"] > t["window_end_s"] + 0.8
+    assert result.elapsed_s == pytest.approx(t["window_end_s"] - t["warmup_end_s"])
+    with pytest.raises(RunStopped) as stop:  # the loader's time-out: a stall, its partial result kept
+        benchmark(ends_late(TimeoutError()), _bundle(), listed=9, warmup_batches=1)
+    assert stop.value.kind == "stalled" and stop.value.result.frames_timed == 3
+    assert stop.value.result.elapsed_s == pytest.approx(0.3, abs=0.15)
+    # No batch after the warm-up: the window is the whole run, up to its last batch all the same.
+    short = benchmark(ends_late(), _bundle(), listed=5, warmup_batches=2)
+    assert short.warmup_included and short.elapsed_s == pytest.approx(0.4, abs=0.15)
 
 
 @pytest.mark.parametrize("warmup_batches", [2, 3])
