@@ -792,9 +792,9 @@ class _PageCache:
         return cls(parts[0].cold, *(_sum_known(getattr(p, name) for p in parts) for name in counts))
 
 
-def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] | None:
-    """``(size, resident bytes, resident bytes after eviction or None)``; None if the file cannot
-    be opened or is no regular file (opened with O_NONBLOCK: a FIFO cannot hang here)."""
+def _examine_file(path: str, evict: bool) -> tuple[tuple[int, int], int, int | None, int | None] | None:
+    """``((device, inode), size, resident bytes, resident bytes after eviction or None)``; None if the
+    file cannot be opened or is no regular file (opened with O_NONBLOCK: a FIFO cannot hang here)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
@@ -803,11 +803,11 @@ def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] 
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return None
-        before = _resident_bytes(fd, info.st_size)
+        key, before = (info.st_dev, info.st_ino), _resident_bytes(fd, info.st_size)
         if not evict:
-            return info.st_size, before, None
+            return key, info.st_size, before, None
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return info.st_size, before, _resident_bytes(fd, info.st_size)
+        return key, info.st_size, before, _resident_bytes(fd, info.st_size)
     except OSError:  # fstat or fadvise refused: not examined
         return None
     finally:
@@ -816,13 +816,17 @@ def _examine_file(path: str, evict: bool) -> tuple[int, int | None, int | None] 
 
 def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> _PageCache:
     """How much of each file's data is in the page cache; with ``evict``, drop it (no root
-    needed) and measure again. A path that cannot be examined is counted in ``skipped``."""
-    examined = [_examine_file(path, evict) for path in paths]
-    files = [sizes for sizes in examined if sizes is not None]
+    needed) and measure again. A file listed twice (a repeated list, a link) counts once, as first
+    met: the second look would find it evicted. A path that cannot be examined is counted in ``skipped``."""
+    examined = [_examine_file(path, evict) for path in dict.fromkeys(paths)]
+    first: dict[tuple[int, int], tuple[int, int | None, int | None]] = {}
+    for key, *sizes in filter(None, examined):
+        first.setdefault(key, tuple(sizes))
+    files = list(first.values())
     return _PageCache(
         cold=evict,
         files=len(files),
-        skipped=len(examined) - len(files),
+        skipped=examined.count(None),
         bytes=sum(size for size, _, _ in files),
         resident_bytes=_sum_known(before for _, before, _ in files),
         resident_after_bytes=_sum_known(after for _, _, after in files) if evict else None,

@@ -105,6 +105,19 @@ def test_eviction_empties_the_cache_and_the_share_is_of_bytes(evicting_dir):
     assert again.resident_bytes == sizes[1] and again.resident == sizes[1] / sum(sizes)
 
 
+def test_a_file_listed_twice_or_linked_counts_once(evicting_dir):
+    # A list repeated for a longer FPS window (as README advises), a hard link, a symbolic link: each
+    # file once, as first met. Counted per line, the repeats had doubled the bytes and, evicted by
+    # their first line, halved the share in memory before the run (50 % of a list wholly in memory).
+    sizes = [10_000, 20_000]
+    paths = [str(_write_synced(evicting_dir / f"f{i}", os.urandom(n))) for i, n in enumerate(sizes)]
+    os.link(paths[0], evicting_dir / "hard")
+    (evicting_dir / "soft").symlink_to(paths[1])
+    _read_all(paths)
+    cold = _examine_page_cache([*paths, *paths, str(evicting_dir / "hard"), str(evicting_dir / "soft")], evict=True)
+    assert (cold.files, cold.skipped, cold.bytes, cold.resident, cold.resident_after) == (2, 0, 30_000, 1.0, 0.0)
+
+
 def test_paths_that_are_no_regular_file_are_counted_not_fatal(disk_dir):
     good = _write_synced(disk_dir / "good", b"x" * 5000)
     fifo = disk_dir / "fifo"
