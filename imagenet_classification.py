@@ -3489,6 +3489,7 @@ class _SweepPoint:
     model_fps: float
     e2e_fps: float | None = None
     decode_processes: int = 0  # worker processes of num_threads threads each; 0: threads in the main process
+    short_window: bool = False  # fewer batches than the sweep times (a short list): start-up or buffered ones weigh
 
     @property
     def bound_fps(self) -> float:  # what end to end can reach: the slower side
@@ -3558,7 +3559,8 @@ def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]
             if batch_size not in model_fps:  # measured when first needed: a stop keeps whole points only
                 with _out_of_memory_stops(config.device, batch_size):
                     model_fps[batch_size] = _measure_model(model, batch_size, 10, _SWEEP_WARMUP)
-            point = _SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size], None, processes)
+            short = math.ceil(len(images) / batch_size) < busy + _SWEEP_WARMUP
+            point = _SweepPoint(threads, batch_size, queue_size, 0.0, model_fps[batch_size], None, processes, short)
             # Bad images are skipped in every setting alike: counted once, in the first.
             point.loader_fps = _sweep_timed(config, point, images, failures=None if sweep.points else sweep.failures)
             sweep.points.append(point)
@@ -3647,16 +3649,17 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
     processes = any(p.decode_processes for p in sweep.points)  # a column only when processes were swept or set
     heads = f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} {'end-to-end':>11}"
     print(f"{'processes':>9} " * processes + heads, file=file)
-    noisy = False
     for p in sweep.points:
         e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
         mark = " *" if p.e2e_fps is not None and p.e2e_fps > p.bound_fps else ""
-        noisy = noisy or bool(mark)
         row = f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} {p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}"
-        print(f"{p.decode_processes:>9} " * processes + row + mark, file=file)
-    if noisy:
+        print(f"{p.decode_processes:>9} " * processes + row + mark + " ~" * p.short_window, file=file)
+    if any(p.e2e_fps is not None and p.e2e_fps > p.bound_fps for p in sweep.points):
         line = "  * end to end above min(loader, model), which neither side can beat beside the other: "
         print(line + "measurement noise (a short, buffered window); the ranking near it is uncertain", file=file)
+    if any(p.short_window for p in sweep.points):
+        line = "  ~ too few batches in the list at this batch size for a steady window: its rates include start-up "
+        print(line + "or batches buffered in the warm-up; list more images (repeating the list is fine)", file=file)
     if failed := sweep.failures:
         first = f"the first: {failed[0].path}: {failed[0].reason}"
         line = f"{len(failed)} of the {sweep.images} images failed to decode and were skipped in every setting"

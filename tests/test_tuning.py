@@ -73,7 +73,9 @@ def test_sweep_on_real_photos_writes_table_json_and_plot(demo_photos, tmp_path):
     for p in points:  # an end-to-end rate above the bound is flagged as noise
         row = f"{p['num_threads']:>8} {p['batch_size']:>6} {p['queue_size']:>6}"
         line = next(line for line in proc.stdout.splitlines() if line.startswith(row))
-        assert line.endswith(" *") == (p["e2e_fps"] is not None and p["e2e_fps"] > min(p["loader_fps"], p["model_fps"]))
+        noisy = p["e2e_fps"] is not None and p["e2e_fps"] > min(p["loader_fps"], p["model_fps"])
+        assert line.endswith(" ~") and line.removesuffix(" ~").endswith(" *") == noisy  # 20 images: short windows
+    assert all(p["short_window"] for p in points) and "  ~ too few batches in the list" in proc.stdout
     with Image.open(plot) as image:
         assert image.format == "PNG" and image.size[0] > 400
     # The printed command runs as printed (python being this interpreter here).
@@ -81,6 +83,20 @@ def test_sweep_on_real_photos_writes_table_json_and_plot(demo_photos, tmp_path):
                            timeout=300, cwd=ROOT)  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert "Images: listed=8 classified=8" in again.stdout
+
+
+def test_a_sweep_setting_with_too_few_batches_is_marked(jpeg_set, tmp_path, capfd):
+    # 30 images: 15 batches of 2 (the 10 batches one thread may hold, and the warm-up's 2, fit), 2 of
+    # 15 (no more than the warm-up: its rates are start-up). The second is marked, in the table and file.
+    out = tmp_path / "s.json"
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--sweep",
+                    "num-threads=1", "batch-size=2,15", "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    points = read_json(out)["sweep"]["points"]
+    assert [(p["batch_size"], p["short_window"]) for p in points] == [(2, False), (15, True)]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(f"{1:>8} ")]
+    assert [row.endswith(" ~") for row in rows] == [False, True]
+    assert "  ~ too few batches in the list at this batch size for a steady window" in proc.stdout
 
 
 def test_sweep_without_matplotlib_still_prints_the_table(jpeg_set, tmp_path):
