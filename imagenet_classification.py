@@ -256,7 +256,8 @@ def _data_flags(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--prefix", default="", help="prepended to every path in the file list")
     data.add_argument("--labels", type=Path, help="labels by file name: LOC_val_solution.csv, or 'name label' lines")
     data.add_argument("--max-samples", "--num-samples", type=_count, help="use only the first N images (default: all)")
-    data.add_argument("--max-image-mb", type=_image_mb, default=MAX_IMAGE_MB, help="a larger image file is a bad image")
+    big = "an image file over N MiB is a bad image"
+    data.add_argument("--max-image-mb", type=_image_mb, default=MAX_IMAGE_MB, metavar="N", help=big)
 
 
 def _loader_flags(parser: argparse.ArgumentParser) -> None:
@@ -3338,10 +3339,14 @@ class _Parity:
     top1_reference: float
 
     def summary(self) -> str:
+        """Counts, not rounded shares: 4998 of 5000 agreeing is not "100.0 %"."""
+        n = self.images
+        shares = (self.top1_agree, self.top5_agree, self.top1_loader, self.top1_reference)
+        agree1, agree5, here, there = (round(share * n) for share in shares)
         return (
-            f"Parity with timm's reference transform on {self.images} images: pixels differ by {self.mad_mean:.2f} "
-            f"on average (worst {self.mad_max:.2f}, 0-255); top-1 agrees on {self.top1_agree:.1%}, top-5 on "
-            f"{self.top5_agree:.1%}; top-1 {self.top1_loader:.1%} here vs {self.top1_reference:.1%} there"
+            f"Parity with timm's reference transform on {n} images: pixels differ by {self.mad_mean:.2f} "
+            f"on average (worst {self.mad_max:.2f}, 0-255); top-1 agrees on {agree1} of {n}, top-5 on "
+            f"{agree5}; top-1 correct: {here} here vs {there} there"
         )
 
 
@@ -3421,7 +3426,7 @@ def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
         decode = get_decode_func(
             config.device, config.transform, config.decoder, policy, max_image_bytes=config.max_image_bytes
         )
-    items = list(config.images.head(config.parity))
+    items = list(itertools.islice(dict.fromkeys(config.images), config.parity))  # N images: a repeat is not one more
     return _measure_parity(items, decode, model, min(config.batch_size, config.parity))
 
 

@@ -424,6 +424,12 @@ def test_sweep_recommends_the_smallest_setting_within_5_percent_of_the_best():
 # --- The results file --------------------------------------------------------------------------
 
 
+def test_the_parity_line_gives_counts_not_rounded_shares():
+    parity = _Parity(5000, 0.31, 1.2, "w.JPEG", 4998 / 5000, 4321 / 5000, 3805 / 5000, 3807 / 5000)
+    line = "top-1 agrees on 4998 of 5000, top-5 on 4321; top-1 correct: 3805 here vs 3807 there"
+    assert parity.summary().endswith(line)
+
+
 def test_results_file_holds_every_reported_figure(tmp_path):
     result = RunResult(listed=10, classified=7, failed=2, top1_correct=3, top5_correct=5, frames_timed=6,
                        elapsed_s=1.5, batches=4, decoder_fallbacks=1, batches_timed=3, loader_lead=1)  # fmt: skip
