@@ -119,6 +119,7 @@ GROUPS: dict[str, Group] = {
             "test_fps_window_leaves_out_a_slow_warmup",
             "test_timeline_by_hand",
             "test_timeline_covers_the_idle_tail_after_the_last_batch",
+            "test_fps_window_ends_with_the_last_batch_not_the_loaders_end_or_a_stop",
             "test_predictions_hold_each_images_top5_classes_and_their_probabilities",
             "test_loader_alone_and_model_alone_are_timed_after_their_warmup",
             "test_fps_of_a_window_the_loader_had_buffered_stays_within_its_stated_bound",

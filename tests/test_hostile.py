@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import imagenet_classification as ic
-from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli
+from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli, run_main
 
 FAST = [*TINY, "--no-compile", "--batch-size", "4"]
 DATA = Path(__file__).parent / "data"
@@ -245,7 +245,7 @@ def test_out_of_memory_on_the_cpu_keeps_the_partial_result(dataset, tmp_path):
     assert result["partial"] is True and result["not_reached"] == 240 and _accounted(result)
 
 
-def test_checkpoints_that_are_not_state_dicts_are_one_line(dataset, tmp_path):
+def test_checkpoints_that_are_not_state_dicts_are_one_line(dataset, tmp_path, capfd):
     class Runs:
         def __reduce__(self):
             return (os.system, (f"touch {tmp_path / 'ran'}",))
@@ -257,7 +257,10 @@ def test_checkpoints_that_are_not_state_dicts_are_one_line(dataset, tmp_path):
     for name, state in cases.items():
         if state is not None:
             torch.save(state, tmp_path / f"{name}.pth")
-        proc = _run(dataset, "--checkpoint", tmp_path / f"{name}.pth")
+        # In this process (the run's messages, not the interpreter's, are checked): a pickle that
+        # ran its code would have touched the file here as well.
+        proc = run_main(capfd, "--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--checkpoint",
+                        tmp_path / f"{name}.pth")  # fmt: skip
         assert proc.returncode == 2, (name, proc.stderr)
         _one_line_error(proc, "cannot load checkpoint")
         assert "weights_only=False" not in proc.stderr and "\x1b[" not in proc.stderr
