@@ -2700,7 +2700,9 @@ class _TimingWindow:
 
     def _since_start(self, mark: Any) -> float:
         """Seconds from the start to a batch's mark (a CUDA event's, once the device has drained)."""
-        return self._start_mark.elapsed_time(mark) / 1e3 if self.cuda else mark - self._start_mark
+        if self.cuda:
+            return self._start_mark.elapsed_time(mark) / 1e3
+        return mark - self._start_mark
 
     def close(self) -> tuple[int, float, bool]:
         """``(images timed, seconds, whether the warm-up is included)``. The window ends with its last
