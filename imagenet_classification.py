@@ -2709,7 +2709,7 @@ class _TimingWindow:
         batch, not when the loader ends (SPDL sees its end of stream up to 0.1 s later) or a stop
         comes (a stall's whole time-out, a batch cut short)."""
         self.t_end = self.clock()
-        last = self.t_start + self._since_start(self.marks[-1][0]) if self.marks else self.t_end
+        last = self.t_start + self._since_start(self.marks[-1][0]) if self.marks else self.t_start  # none: 0 s
         self.t_last = min(last, self.t_end)
         if self.batches > self.warmup_batches:
             return self.frames, self.t_last - self.t_warm, False
@@ -3471,7 +3471,7 @@ def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
     worker processes at the most batches a setting has (an idle one costs an interpreter)."""
     defaults = {name: getattr(args, name.replace("-", "_")) for name in _SWEPT}
     try:
-        grid = _parse_sweep(args.sweep, defaults, os.cpu_count() or 1)
+        grid = _parse_sweep(args.sweep, defaults, _usable_cpus())
     except ValueError as e:
         raise InputError(f"--sweep: {e}") from None
     if args.loader == "torch" and len(grid["queue-size"]) > 1:
@@ -3968,6 +3968,11 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or "cpu"
 
 
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (taskset, a container's cpuset), not the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _environment(device: torch.device) -> dict:
     """Versions and hardware that the numbers depend on."""
     import timm
@@ -3975,7 +3980,8 @@ def _environment(device: torch.device) -> dict:
     env = {"imagenet_classification": __version__, "python": platform.python_version(), "torch": torch.__version__}
     env.update(timm=timm.__version__, spdl=spdl.__version__)
     env["ffmpeg"] = {lib: ".".join(map(str, v)) for lib, v in spdl.io.utils.get_ffmpeg_versions().items()}
-    env.update(device_name=_device_name(device), cpu_count=os.cpu_count())
+    env.update(device_name=_device_name(device), cpu_count=os.cpu_count(), cpus_usable=_usable_cpus())
+    env.update(torch_threads=torch.get_num_threads(), torch_interop_threads=torch.get_num_interop_threads())
     if device.type == "cuda":
         env["cuda"] = torch.version.cuda
         env["cuda_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
@@ -4044,7 +4050,8 @@ def _write_results(path: Path | str, report: _RunReport) -> None:
     row = {"model": c["model"], "top1": round(top1, 4), "top1_err": round(100 - top1, 4)}
     row |= {"top5": round(top5, 4), "top5_err": round(100 - top5, 4), "img_size": c["input_size"][-1]}
     row |= {"crop_pct": c["crop_pct"], "interpolation": c["interpolation"]}
-    row |= {"infer_samples_per_sec": round(payload["fps"], 2), "infer_batch_size": c["batch_size"]}
+    batch_size = min(c["batch_size"], payload["listed"] or c["batch_size"])  # the batches run, not the flag
+    row |= {"infer_samples_per_sec": round(payload["fps"], 2), "infer_batch_size": batch_size}
     row |= {key: payload[key] for key in _ROW_RESULTS}
     row |= {key: c[key] for key in _ROW_CONFIG}
     row |= {"version": payload["env"]["imagenet_classification"], "start_time": c["start_time"]}
@@ -4573,7 +4580,8 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
         # The read ceiling: the files read as the loader reads them, as many batches at once as it decodes.
         cache = _examine_page_cache(images.paths, evict=cold)
         limits = (config.max_image_bytes, config.timeout)
-        reads = _read_batches(images, config.batch_size, config.decode_concurrency, *limits)
+        at_once = config.decode_concurrency * max(1, config.decode_processes)  # in every worker process
+        reads = _read_batches(images, config.batch_size, at_once, *limits)
         fps, mb_s = _measure_reads(reads, config.warmup_batches)
         read = fps, mb_s, cache.resident_after if cold else cache.resident, cold
         model_fps = _measure_model(model, batch_size, result.batches, config.warmup_batches)

@@ -51,6 +51,8 @@ def test_full_run_prints_lines_and_writes_results(jpeg_set, tmp_path):
         [3, 160, 160], 0.95, "ffmpeg", "cpu")  # fmt: skip
     assert {"python", "torch", "timm", "spdl", "ffmpeg", "device_name", "cpu_count"} <= result["env"].keys()
     assert result["env"]["ffmpeg"]["libavcodec"].startswith("59.")
+    # What the CPU figures depend on: the CPUs this process may use, and torch's threads (in a subprocess).
+    assert result["env"]["cpus_usable"] == len(os.sched_getaffinity(0)) and result["env"]["torch_threads"] >= 1
     _assert_accounted(result)
 
 

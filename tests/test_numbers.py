@@ -715,12 +715,22 @@ def test_fps_window_ends_with_the_last_batch_not_the_loaders_end_or_a_stop():
     result = benchmark(ends_late(), _bundle(), listed=5, warmup_batches=1)
     t = result.timeline
     assert result.frames_timed == 3 and result.elapsed_s == pytest.approx(0.3, abs=0.15)
-    assert t["window_end_s"] == pytest.approx(t["batch_end_s"][-1]) and t["end_s"] > t["window_end_s"] + 0.8
+    assert t["window_end_s"] == pytest.approx(t["batch_end_s"][-1], abs=1e-5) and t["end_s"] > t["window_end_s"] + 0.8
     assert result.elapsed_s == pytest.approx(t["window_end_s"] - t["warmup_end_s"])
     with pytest.raises(RunStopped) as stop:  # the loader's time-out: a stall, its partial result kept
         benchmark(ends_late(TimeoutError()), _bundle(), listed=9, warmup_batches=1)
     assert stop.value.kind == "stalled" and stop.value.result.frames_timed == 3
     assert stop.value.result.elapsed_s == pytest.approx(0.3, abs=0.15)
+
+    # A stall before any batch: no time timed, not the whole time-out with no image in it.
+    def stalls_at_once():
+        time.sleep(0.3)
+        raise TimeoutError
+        yield
+
+    with pytest.raises(RunStopped) as stop:
+        benchmark(stalls_at_once(), _bundle(), listed=2)
+    assert (stop.value.result.frames_timed, stop.value.result.elapsed_s) == (0, 0.0)
     # No batch after the warm-up: the window is the whole run, up to its last batch all the same.
     short = benchmark(ends_late(), _bundle(), listed=5, warmup_batches=2)
     assert short.warmup_included and short.elapsed_s == pytest.approx(0.4, abs=0.15)
