@@ -1882,7 +1882,8 @@ def _nvimgcodec_check(device: torch.device) -> str:
 
 @dataclass
 class _DecoderCheck:
-    """A decoder against FFmpeg on the CPU: its images' mean absolute differences (0-255)."""
+    """A decoder against FFmpeg on the CPU: its images' mean absolute differences (0-255).
+    ``fallbacks``: images it left to FFmpeg on the CPU, the reference itself: not compared."""
 
     decoder: str
     images: int
@@ -1890,6 +1891,7 @@ class _DecoderCheck:
     mad_max: float
     worst: str | None
     tolerance: float = DECODER_TOLERANCE
+    fallbacks: int = 0
 
 
 def _check_decoder(
@@ -1900,16 +1902,18 @@ def _check_decoder(
     than the tolerance: on this hardware and driver, the decoder does not deliver FFmpeg's images."""
     reference = get_decode_func("cpu", transform)
     mads: dict[str, float] = {}
+    fallbacks = 0
     for item in items:
         try:
-            (theirs, _), (ours, _) = decode([item]), reference([item])
+            theirs, (ours, _) = decode([item]), reference([item])
         except ImageDecodeError:
             continue
-        if len(theirs) and len(ours):
-            mads[item[0]] = (theirs[0].cpu().float() - ours[0].float()).abs().mean().item()
+        fallbacks += getattr(theirs, "fallbacks", 0)  # decoded by the reference itself: a difference of 0
+        if len(theirs[0]) and len(ours) and not getattr(theirs, "fallbacks", 0):
+            mads[item[0]] = (theirs[0][0].cpu().float() - ours[0].float()).abs().mean().item()
     worst = max(mads, key=mads.__getitem__, default=None)
     mad_mean = sum(mads.values()) / len(mads) if mads else 0.0
-    check = _DecoderCheck(decoder, len(mads), mad_mean, max(mads.values(), default=0.0), worst)
+    check = _DecoderCheck(decoder, len(mads), mad_mean, max(mads.values(), default=0.0), worst, fallbacks=fallbacks)
     if check.mad_max <= check.tolerance:
         return check
     message = f"{decoder} decodes {worst} with a mean absolute difference of {check.mad_max:.1f} (0-255) "
@@ -4601,8 +4605,9 @@ def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
         return None  # FFmpeg on the CPU is the reference itself
     decode = get_decode_func(config.device, config.transform, config.decoder, max_image_bytes=config.max_image_bytes)
     check = _check_decoder(decode, list(config.images.head(config.check_decoder)), config.transform, config.decoder)
-    line = "Decoder check: %s against FFmpeg on the CPU, %d images, mean absolute difference %.2f (worst %.2f)."
-    _LG.info(line, config.decoder, check.images, check.mad_mean, check.mad_max)
+    line = "Decoder check: %s against FFmpeg on the CPU, %d images, mean absolute difference %.2f (worst %.2f); "
+    line += "%d it left to the CPU, not compared."
+    _LG.info(line, config.decoder, check.images, check.mad_mean, check.mad_max, check.fallbacks)
     return check
 
 

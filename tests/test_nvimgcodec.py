@@ -109,6 +109,20 @@ def _awkward_batch(demo_photos: Path, root: Path) -> list[tuple[str, int]]:
     return items
 
 
+def test_the_decoder_check_leaves_out_the_images_the_decoder_left_to_the_cpu(demo_photos, tmp_path):
+    # A CMYK JPEG and PNG data go to FFmpeg on the CPU, the reference itself: compared, each would
+    # count as a perfect match, and dilute the mean (an all-fallback list checked nothing at all).
+    items = _awkward_batch(demo_photos, tmp_path)
+    transform = EvalTransform()
+    decode = ic._gpu_decode_func("nvjpeg", transform, torch.device("cpu"), BadImagePolicy(skip=True), 64 << 20)
+    check = ic._check_decoder(decode, items, transform, "nvjpeg")
+    assert (check.images, check.fallbacks) == (3, 2) and check.worst is not None
+    assert check.worst.rsplit("/", 1)[-1] in ("baseline.JPEG", "progressive.JPEG", "grey.JPEG")
+    alone = ic._check_decoder(decode, [item for item in items if "cmyk" in item[0] or "png" in item[0]], transform,
+                              "nvjpeg")  # fmt: skip
+    assert (alone.images, alone.fallbacks, alone.worst, alone.mad_max) == (0, 2, None, 0.0)
+
+
 @pytest.mark.parametrize("library", ["nvimgcodec", "torchvision"])
 def test_images_nvjpeg_cannot_take_go_to_ffmpeg_counted_and_labels_stay_aligned(demo_photos, tmp_path, library):
     items = _awkward_batch(demo_photos, tmp_path)
