@@ -235,32 +235,37 @@ def _uprobe_check(flist: Path, seconds: float) -> dict | None:
 
 def sample(flist: Path, seconds: float, rate: int, threads: int = 1, module: Path | None = None) -> dict:
     """One child decode loop (:py:func:`child_loop`), sampled by py-spy (``--gil`` and ``--idle``
-    at once, non-blocking) and counted by perf, over the same ``seconds``; the module imported
-    from ``module`` (a folder) if given."""
-    child, ticks, reader = _start_child(flist, seconds, threads, module)
+    at once, non-blocking) over ``seconds`` (whole seconds, py-spy's unit), then its GIL releases
+    counted by perf over a window of its own: the uprobe's trap on each release would otherwise
+    be in py-spy's samples, GIL held (+39 % per image, measured); the module imported from
+    ``module`` (a folder) if given."""
+    seconds = int(seconds)
+    event = _perf_probe() if threads == 1 else None
+    count_s = min(seconds, 4) if event else 0
+    child, ticks, reader = _start_child(flist, seconds + count_s, threads, module)
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"gil_{child.pid}"
     spy = [shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking",
-           "--format", "raw", "-r", str(rate), "-d", str(int(seconds)), "-p", str(child.pid)]  # fmt: skip
-    event = _perf_probe() if threads == 1 else None
+           "--format", "raw", "-r", str(rate), "-d", str(seconds), "-p", str(child.pid)]  # fmt: skip
     switches0 = _voluntary_switches(child.pid)
     start = time.monotonic()
     runs = [subprocess.Popen([*spy, flag, "-o", f"{out}.{flag[2:]}"], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL) for flag in ("--gil", "--idle")]  # fmt: skip
-    if event:
-        runs.append(subprocess.Popen(["perf", "stat", "-x,", "-e", event, "-p", str(child.pid), "--", "sleep",
-                                      str(int(seconds))], stderr=subprocess.PIPE, text=True))  # fmt: skip
     for run in runs:
         run.wait()
     end = time.monotonic()
     switches = _voluntary_switches(child.pid) - switches0
+    releases = None
+    if event:  # perf counts while its `sleep` runs: the images of the count_s seconds before it ends
+        perf = subprocess.run(["perf", "stat", "-x,", "-e", event, "-p", str(child.pid), "--", "sleep", str(count_s)],
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+        counted_until = time.monotonic()
     child.wait()
-    reader.join()
+    reader.join()  # the child's ticks, past both windows
+    if event:
+        releases = int(perf.stderr.split(",")[0]) / _images_between(ticks, counted_until - count_s, counted_until)
     images = _images_between(ticks, start, end)
     held = _samples(Path(f"{out}.gil"))
     gil, idle = held.total(), _samples(Path(f"{out}.idle")).total()
-    releases = None
-    if event:
-        releases = int(runs[-1].stderr.read().split(",")[0]) / images
     for suffix in ("gil", "idle"):
         Path(f"{out}.{suffix}").unlink()
     share = gil / idle
