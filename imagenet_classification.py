@@ -3443,6 +3443,7 @@ def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
 _SWEPT = ("num-threads", "batch-size", "queue-size", "decode-processes")  # the flags a sweep sets, in its order
 SWEEP_TOLERANCE = 0.05  # the recommended setting is the smallest within this of the best
 _SWEEP_WARMUP = 2  # batches before each timed pass
+_SWEEP_LEADS = 4  # an end-to-end window holds this many times the batches its loader may hold ahead of the model
 
 
 def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) -> dict[str, list[int]]:
@@ -3593,13 +3594,18 @@ def _sweep_timed(
     failures: list[ImageDecodeError] | None = None,
 ) -> float:
     """Images/s of a loader of ``point``'s settings over ``images``, skipping bad images (the loader
-    alone adds them to ``failures``): the loader alone, or end to end through ``model``. An
-    interrupt stops the loader at once."""
+    alone adds them to ``failures``): the loader alone, or end to end through ``model``, then over
+    as many of the list's images as make a window of ``_SWEEP_LEADS`` times the loader's lead
+    (``point.short_window`` if the list is shorter). An interrupt stops the loader at once."""
     threads = point.num_threads
     concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
     sizes = {"batch_size": point.batch_size, "queue_size": point.queue_size, "decode_processes": point.decode_processes}
     settings = replace(config, num_threads=threads, decode_concurrency=concurrency, **sizes)
     policy = BadImagePolicy(skip=True)
+    if model is not None:  # a window of many times what the loader holds when it opens, or it times the model alone
+        batches = _SWEEP_WARMUP + _SWEEP_LEADS * settings.loader_lead
+        images = config.my_images.head(point.batch_size * batches)
+        point.short_window = point.short_window or math.ceil(len(images) / point.batch_size) < batches
     with _open_loader(settings, images, policy) as loader:
         try:
             with _out_of_memory_stops(settings.device, settings.batch_size):
