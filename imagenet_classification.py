@@ -766,7 +766,8 @@ class _PageCache:
     """How much of the listed files' data was in the page cache before a run, and after
     ``--cold-cache`` evicted it (POSIX_FADV_DONTNEED drops clean file pages only: not dirty
     pages, directory entries or inodes). ``skipped``: paths not examined (missing, unreadable,
-    no regular file). Resident bytes are None if unknown (no mincore, or no mmap)."""
+    no regular file). Resident bytes are None if unknown (no mincore, or no mmap). ``repeats``:
+    listed lines naming a file listed before (read from memory, in a cold run too)."""
 
     cold: bool
     files: int = 0
@@ -774,6 +775,7 @@ class _PageCache:
     bytes: int = 0
     resident_bytes: int | None = 0
     resident_after_bytes: int | None = None
+    repeats: int = 0
 
     @property
     def resident(self) -> float | None:
@@ -819,7 +821,8 @@ def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> _PageCache
     """How much of each file's data is in the page cache; with ``evict``, drop it (no root
     needed) and measure again. A file listed twice (a repeated list, a link) counts once, as first
     met: the second look would find it evicted. A path that cannot be examined is counted in ``skipped``."""
-    examined = [_examine_file(path, evict) for path in dict.fromkeys(paths)]
+    lines = list(paths)
+    examined = [_examine_file(path, evict) for path in dict.fromkeys(lines)]
     first: dict[tuple[int, int], tuple[int, int | None, int | None]] = {}
     for key, *sizes in filter(None, examined):
         first.setdefault(key, tuple(sizes))
@@ -831,6 +834,7 @@ def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> _PageCache
         bytes=sum(size for size, _, _ in files),
         resident_bytes=_sum_known(before for _, before, _ in files),
         resident_after_bytes=_sum_known(after for _, _, after in files) if evict else None,
+        repeats=len(lines) - len(files) - examined.count(None),
     )
 
 
@@ -3834,11 +3838,16 @@ def _page_cache_lines(cache: _PageCache) -> list[str]:
         line += f", {after:.1%} after eviction" if after is not None else ""
     if cache.skipped:
         line += f"; {cache.skipped} listed paths not examined (not opened as regular files)"
+    lines = [line]
+    if cache.cold and cache.repeats:
+        share = cache.repeats / (cache.files + cache.skipped + cache.repeats)
+        warning = f"  WARNING: {cache.repeats} listed lines ({share:.0%}) name a file listed before: those reads come "
+        lines.append(warning + "from memory, not the disk (a cold run reads each file cold once)")
     if not (cache.cold and after is not None and after > COLD_RESIDUE):
-        return [line]
+        return lines
     effect = "had no effect" if after >= (cache.resident or 0.0) else f"left {after:.1%} of the bytes in memory"
     warning = f"  WARNING: eviction {effect}: the file system ignores it (tmpfs, some network file systems) or "
-    return [line, warning + "those pages are not yet written to disk (run sync first); they were read from memory"]
+    return [*lines, warning + "those pages are not yet written to disk (run sync first); they were read from memory"]
 
 
 def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:

@@ -126,6 +126,7 @@ GROUPS: dict[str, Group] = {
         )
         + [
             "tests/test_accounting.py::test_silently_dropped_batch_is_caught",
+            "tests/test_accounting.py::test_a_percentage_of_bad_images_needs_the_number_listed",
             "tests/test_newcomer.py::test_benchmark_says_when_its_warmup_is_in_the_fps",
             "tests/test_newcomer.py::test_predictions_in_list_order_with_class_names",
             "tests/test_page_cache.py::test_the_disk_in_the_verdict_by_hand",
@@ -361,6 +362,7 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("_TimingWindow", "return self.t_start.elapsed_time(mark) / 1e3", _GPU),
     ("_TimingWindow", "return self._since_start.elapsed_time(mark) / 1e3", _GPU),
     ("_TimingWindow", "return mark - self.t_start", _CLOCKS),
+    ("_TimingWindow", "return self.frames_all, self.t_last - self._start_mark, True", _CLOCKS),
     ("_TimingWindow", '"warmup_end_s": (self.t_warm - self._start_mark) if timed else 0.0,', _CLOCKS),
     ("_TimingWindow", '"end_s": self.t_end - self._start_mark,', _CLOCKS),
     ("_TimingWindow", "last = round(max(times, default=0.0) // interval) + 1", _FLOOR),

@@ -116,6 +116,10 @@ def test_a_file_listed_twice_or_linked_counts_once(evicting_dir):
     _read_all(paths)
     cold = _examine_page_cache([*paths, *paths, str(evicting_dir / "hard"), str(evicting_dir / "soft")], evict=True)
     assert (cold.files, cold.skipped, cold.bytes, cold.resident, cold.resident_after) == (2, 0, 30_000, 1.0, 0.0)
+    # The run reads the 4 repeats from memory, cold run or not: the summary says so.
+    assert cold.repeats == 4 and _page_cache_lines(cold)[1] == (
+        "  WARNING: 4 listed lines (67%) name a file listed before: those reads come from memory, not the disk "
+        "(a cold run reads each file cold once)")  # fmt: skip
 
 
 def test_paths_that_are_no_regular_file_are_counted_not_fatal(disk_dir):
@@ -251,10 +255,12 @@ def test_a_cold_run_evicts_reports_the_read_ceiling_and_counts_the_same(evicting
     assert (c["listed"], c["classified"], c["failed"], c["not_reached"]) == (15, 12, 3, 0)
     assert sorted(Path(f["path"]).name for f in c["failures"]) == ["missing.JPEG", "text.JPEG", "truncated.JPEG"]
     size = sum(p.stat().st_size for p in existing)
-    assert w["page_cache"] == {"cold": False, "files": 14, "skipped": 1, "bytes": size, "resident_bytes": size,
-                               "resident_after_bytes": None, "resident": 1.0, "resident_after": None}  # fmt: skip
-    assert c["page_cache"] == {"cold": True, "files": 14, "skipped": 1, "bytes": size, "resident_bytes": size,
-                               "resident_after_bytes": 0, "resident": 1.0, "resident_after": 0.0}  # fmt: skip
+    assert w["page_cache"] == {"cold": False, "files": 14, "skipped": 1, "bytes": size,
+                               "resident_bytes": size, "resident_after_bytes": None, "repeats": 0, "resident": 1.0,
+                               "resident_after": None}  # fmt: skip
+    assert c["page_cache"] == {"cold": True, "files": 14, "skipped": 1, "bytes": size,
+                               "resident_bytes": size, "resident_after_bytes": 0, "repeats": 0, "resident": 1.0,
+                               "resident_after": 0.0}  # fmt: skip
     assert c["config"]["cold_cache"] is True and w["config"]["cold_cache"] is False
     line = (f"Page cache: cold run (--cold-cache); before it, 100.0% of the listed {size / 1e6:.1f} MB was in memory, "
             "0.0% after eviction; 1 listed paths not examined (not opened as regular files)")  # fmt: skip
@@ -300,8 +306,9 @@ def test_a_cold_run_of_a_folder(evicting_dir, capfd):
     r = read_json(out)
     size = sum(p.stat().st_size for p in existing)
     assert (r["listed"], r["classified"], r["failed"]) == (14, 12, 2)
-    assert r["page_cache"] == {"cold": True, "files": 14, "skipped": 0, "bytes": size, "resident_bytes": size,
-                               "resident_after_bytes": 0, "resident": 1.0, "resident_after": 0.0}  # fmt: skip
+    assert r["page_cache"] == {"cold": True, "files": 14, "skipped": 0, "bytes": size,
+                               "resident_bytes": size, "resident_after_bytes": 0, "repeats": 0, "resident": 1.0,
+                               "resident_after": 0.0}  # fmt: skip
 
 
 def test_a_sweep_takes_no_cold_cache(jpeg_set):
