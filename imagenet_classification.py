@@ -2998,15 +2998,21 @@ class _Progress:
             self.live = False
         self.interval = 0.5 if self.live else 30.0
         self.started = self.last = time.perf_counter()
+        self.done, self.top1_correct = 0, torch.zeros(())
 
     def __call__(self, done: int, top1_correct: Tensor) -> None:
+        self.done, self.top1_correct = done, top1_correct
         now = time.perf_counter()
-        if now - self.last < self.interval:
-            return
-        self.last = now
-        rate = done / (now - self.started)
-        top1 = int(top1_correct) / done if done else 0.0
-        text = f"{done}/{self.total or '?'} images, {rate:.0f} images/s, top-1 so far {top1:.2%}"
+        if now - self.last >= self.interval:
+            self.last = now
+            self._show(now)
+
+    def _show(self, now: float) -> None:
+        # The rate since the start, start-up and warm-up in it: FPS, in the summary, leaves them out.
+        rate = self.done / (now - self.started)
+        top1 = int(self.top1_correct) / self.done if self.done else 0.0
+        text = f"{self.done}/{self.total or '?'} images classified, {rate:.0f} images/s since the start, "
+        text += f"top-1 so far {top1:.2%}"
         if not self.live:
             _LG.info(text)
             return
@@ -3014,7 +3020,10 @@ class _Progress:
             print(f"\r{text}", end="", file=self.stream, flush=True)
 
     def close(self) -> None:
+        """On a terminal, the line as the run ended (not as it was up to half a second before)."""
         if self.live:
+            if self.done:
+                self._show(time.perf_counter())
             with contextlib.suppress(OSError, ValueError):
                 print(file=self.stream, flush=True)
 

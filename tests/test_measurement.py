@@ -100,9 +100,11 @@ def test_progress_line_on_a_terminal():
     progress.last -= 1  # as if the last line were a second old
     progress(40, torch.tensor(30))
     progress(41, torch.tensor(31))  # too soon after: not shown
-    progress.close()
-    text = stream.getvalue()
-    assert text.startswith("\r40/100 images, ") and "top-1 so far 75.00%" in text and "41/100" not in text
+    shown = stream.getvalue()
+    assert shown.startswith("\r40/100 images classified, ") and "top-1 so far 75.00%" in shown and "41/100" not in shown
+    assert " images/s since the start, " in shown  # start-up and warm-up in it, unlike FPS
+    progress.close()  # the line as the run ended
+    assert stream.getvalue()[len(shown) :].startswith("\r41/100 images classified, ") and "75.61%" in stream.getvalue()
 
 
 def test_bench_script_runs_and_writes_its_outputs(tmp_path):
