@@ -379,8 +379,9 @@ def main() -> None:
     med = {name: {t: statistics.median(results[name][str(t)]) for t in threads}
            for name in ("decode_only", "decode_only_as_loader")}  # fmt: skip
     top = threads[-1]
-    spdl_rate = statistics.median(results["loaders"]["spdl"][str(top)])
-    torch_rate = statistics.median(results["loaders"]["torch"][str(top)])
+    # SPDL over the DataLoader paired in each repeat, as the other ratios are.
+    over_torch = [s / t for s, t in zip(results["loaders"]["spdl"][str(top)], results["loaders"]["torch"][str(top)],
+                                        strict=True)]  # fmt: skip
     scale, (small, large) = results["scaling"], args.scaling_sizes
 
     def paired(loader_threads: int, yardstick: str, yardstick_threads: int, times: int = 1) -> float:
@@ -399,7 +400,7 @@ def main() -> None:
         # Against decoding alone as the loader decodes (JPEG demuxer named, one packet, its IDCT).
         "spdl_1thread_over_decode_as_loader": paired(1, "decode_only_as_loader", 1),
         "spdl_over_decode_as_loader_at_max_threads": paired(top, "decode_only_as_loader", top),
-        "spdl_over_torch_at_max_threads": spdl_rate / torch_rate,
+        "spdl_over_torch_at_max_threads": statistics.median(over_torch),
         "scaling_fps_8k_over_1k": scale[large]["fps"] / scale[small]["fps"],
         "scaling_rss_8k_over_1k": scale[large]["peak_rss_kib"] / scale[small]["peak_rss_kib"],
     }

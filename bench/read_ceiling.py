@@ -108,7 +108,8 @@ def main() -> None:
                           for t in threads},
                "env": ic._environment(CPU)}  # fmt: skip
     for t in threads:
-        results["ratios"][f"loader_over_read_cold_{t}threads"] = median("loader_cold", t) / median("read_cold", t)
+        pairs = zip(runs["loader_cold"][str(t)], runs["read_cold"][str(t)], strict=True)  # in the same repeat
+        results["ratios"][f"loader_over_read_cold_{t}threads"] = statistics.median(lo / r[0] for lo, r in pairs)
     (args.out / "read_ceiling.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"{len(images)} images, {size / 1e6:.1f} MB; in memory as each pass began (min-max): "
           + ", ".join(f"{k} {min(v):.0%}-{max(v):.0%}" for k, v in resident.items()))  # fmt: skip
