@@ -80,6 +80,14 @@ ROWS: dict[str, tuple[Callable[[int, int], str] | None, bool, str]] = {
     "the same, one packet per file": (T.ffmpeg_filter, True, ONE_PACKET),
     "the same, decoded as the loader decodes (current)": (T.ffmpeg_filter, True, LOADER),
 }
+CURRENT = "the same, decoded as the loader decodes (current)"  # through the module's own graph cache
+
+
+def _graphs(name: str) -> _Graphs | ic._FilterGraphCache:
+    """The row's filter graphs: the module's own cache for the current path (kept from a size's
+    second image, 32 per thread), else this script's, cached per size or made per image."""
+    chain, cached, _ = ROWS[name]
+    return ic._FilterGraphCache(T) if name == CURRENT else _Graphs(chain, cached)
 
 
 class _Graphs:
@@ -171,10 +179,10 @@ def main() -> None:
     part2: dict[str, list[float]] = {f"{where}, {t} thread(s)": [] for where in ("aggregate stage", "in source")
                                      for t in threads}  # fmt: skip
     for repeat in range(args.repeats):  # interleaved, so drifts hit every variant alike
-        for name, (chain, cached, decoding) in ROWS.items():  # the yardstick beside each row
+        for name, (chain, _, decoding) in ROWS.items():  # the yardstick beside each row
             beside[name].append(per_image_rate(datas, None))
             part1[YARDSTICK].append(beside[name][-1])
-            part1[name].append(per_image_rate(datas, chain and _Graphs(chain, cached), decoding))
+            part1[name].append(per_image_rate(datas, chain and _graphs(name), decoding))
         for t in threads:
             for where, in_source in (("aggregate stage", False), ("in source", True)):
                 part2[f"{where}, {t} thread(s)"].append(loader_rate(flist, t, in_source))
@@ -183,8 +191,7 @@ def main() -> None:
     # Each row against the yardstick measured just before it, the median of those ratios: a
     # drift of the machine's speed during the run cancels out.
     ratios = {name: statistics.median(r / y for r, y in zip(part1[name], beside[name], strict=True)) for name in ROWS}
-    mads = {name: pil_mad(photo_paths, _Graphs(chain, cached), decoding)
-            for name, (chain, cached, decoding) in ROWS.items() if chain}  # fmt: skip
+    mads = {name: pil_mad(photo_paths, _graphs(name), decoding) for name, (chain, _, decoding) in ROWS.items() if chain}
     print(f"Part 1, one thread ({args.per_image} images):{' ' * 34}images/s  vs yardstick  max MAD vs PIL")
     for name, rates in part1.items():
         mad = f"{mads[name]:.2f}" if name in mads else "-"
