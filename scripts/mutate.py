@@ -120,6 +120,7 @@ GROUPS: dict[str, Group] = {
             "test_timeline_by_hand",
             "test_timeline_covers_the_idle_tail_after_the_last_batch",
             "test_fps_window_ends_with_the_last_batch_not_the_loaders_end_or_a_stop",
+            "test_an_image_whose_logits_are_not_finite_is_no_hit_and_is_counted",
             "test_predictions_hold_each_images_top5_classes_and_their_probabilities",
             "test_loader_alone_and_model_alone_are_timed_after_their_warmup",
             "test_fps_of_a_window_the_loader_had_buffered_stays_within_its_stated_bound",
@@ -127,6 +128,7 @@ GROUPS: dict[str, Group] = {
         + [
             "tests/test_accounting.py::test_silently_dropped_batch_is_caught",
             "tests/test_accounting.py::test_a_percentage_of_bad_images_needs_the_number_listed",
+            "tests/test_tuning.py::test_sweep_counts_the_images_it_skipped_and_recommends_skip_bad",
             "tests/test_newcomer.py::test_benchmark_says_when_its_warmup_is_in_the_fps",
             "tests/test_newcomer.py::test_predictions_in_list_order_with_class_names",
             "tests/test_page_cache.py::test_the_disk_in_the_verdict_by_hand",
@@ -355,6 +357,9 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "start is within REGION_TOLERANCE of ideal_start and start, src_len, length are integers: a region past "
      "the frame's end still fails, only fewer regions pass. " + _REGION),
     ("_TimingWindow", "elif self.batches >= self.warmup_batches:", "the equal case is taken by the `if` above"),
+    ("_Loop", "finite = logits.isfinite().all(dim=1)", "logits are N x C: their last dimension is dimension 1"),
+    ("measure_loader", "window.add(batch[1].shape[0])", "a batch's labels (N x 1) have a row per image"),
+    ("measure_loader", "window.add(batch[-1].shape[0])", "a batch's labels (N x 1) have a row per image"),
     ("_TimingWindow", "event = torch.cuda.Event(enable_timing=False)", _GPU),
     ("_TimingWindow", "return self._start_mark.elapsed_time(mark) * 1e3", _GPU),
     ("_TimingWindow", "return self._start_mark.elapsed_time(mark) / 1001.0", _GPU),
