@@ -253,8 +253,8 @@ KNOWN_EDITS = [
     (
         "FPS window from the start of the run",
         "timing",
-        "return self.frames, self.t_end - self.t_warm, False",
-        "return self.frames, self.t_end - self.t_start, False",
+        "return self.frames, self.t_last - self.t_warm, False",
+        "return self.frames, self.t_last - self.t_start, False",
     ),
     ("--max-bad N compared with >=", "bad-image policy", "len(failures) > limit", "len(failures) >= limit"),
     (
