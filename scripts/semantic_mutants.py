@@ -184,7 +184,7 @@ MUTANTS: list[SemanticMutant] = [
       "images[int(t // interval)] += 1", TIMING),
     M("the FPS window ends when the loader does (SPDL's end of stream, a stall's time-out), not at its last batch",
       "return self.frames, self.t_last - self.t_warm, False", "return self.frames, self.t_end - self.t_warm, False",
-      TIMING),
+      (_N + "test_fps_window_ends_with_the_last_batch_not_the_loaders_end_or_a_stop",)),
     M("the timeline's end is the FPS window's length", '"end_s": self.t_end - self.t_start,',
       '"end_s": self.t_end - self.t_warm,', TIMING),
     M("the fallback share of the images listed, not of those classified",
