@@ -54,7 +54,7 @@ import threading
 import time
 import warnings
 import zipfile
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import asdict, dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
@@ -795,6 +795,17 @@ class _PageCache:
         return cls(parts[0].cold, *(_sum_known(getattr(p, name) for p in parts) for name in counts))
 
 
+def _listed_first_elsewhere(images: ImageList, shard: _Shard) -> frozenset[str]:
+    """The paths of this rank's shard that an earlier line of the list gives to another rank: that
+    rank examines (and evicts) them, so that the job counts each file once, looked at before any
+    rank evicts it (ranks on one machine share its page cache)."""
+    first: dict[str, int] = {}
+    for i, path in enumerate(images.paths):
+        first.setdefault(path, i)
+    rank, world = shard.rank, shard.world_size
+    return frozenset(path for path in images.paths[rank::world] if first[path] % world != rank)
+
+
 def _examine_file(path: str, evict: bool) -> tuple[tuple[int, int], int, int | None, int | None] | None:
     """``((device, inode), size, resident bytes, resident bytes after eviction or None)``; None if the
     file cannot be opened or is no regular file (opened with O_NONBLOCK: a FIFO cannot hang here)."""
@@ -817,24 +828,27 @@ def _examine_file(path: str, evict: bool) -> tuple[tuple[int, int], int, int | N
         os.close(fd)
 
 
-def _examine_page_cache(paths: Iterable[str], evict: bool = False) -> _PageCache:
+def _examine_page_cache(paths: Iterable[str], evict: bool = False, elsewhere: Set[str] = frozenset()) -> _PageCache:
     """How much of each file's data is in the page cache; with ``evict``, drop it (no root
     needed) and measure again. A file listed twice (a repeated list, a link) counts once, as first
-    met: the second look would find it evicted. A path that cannot be examined is counted in ``skipped``."""
+    met: the second look would find it evicted. ``elsewhere``: paths another rank examines (its
+    shard lists them first), counted here as repeats. A path that cannot be examined is counted
+    in ``skipped``."""
     lines = list(paths)
-    examined = [_examine_file(path, evict) for path in dict.fromkeys(lines)]
+    examined = {path: _examine_file(path, evict) for path in dict.fromkeys(lines) if path not in elsewhere}
     first: dict[tuple[int, int], tuple[int, int | None, int | None]] = {}
-    for key, *sizes in filter(None, examined):
+    for key, *sizes in filter(None, examined.values()):
         first.setdefault(key, tuple(sizes))
     files = list(first.values())
+    skipped = sum(path in examined and examined[path] is None for path in lines)  # the run fails each line
     return _PageCache(
         cold=evict,
         files=len(files),
-        skipped=examined.count(None),
+        skipped=skipped,
         bytes=sum(size for size, _, _ in files),
         resident_bytes=_sum_known(before for _, before, _ in files),
         resident_after_bytes=_sum_known(after for _, _, after in files) if evict else None,
-        repeats=len(lines) - len(files) - examined.count(None),
+        repeats=len(lines) - len(files) - skipped,
     )
 
 
@@ -3023,7 +3037,8 @@ class _Progress:
         """On a terminal, the line as the run ended (not as it was up to half a second before)."""
         if self.live:
             if self.done:
-                self._show(time.perf_counter())
+                with contextlib.suppress(RuntimeError):  # the device's count, after a CUDA error: the error stands
+                    self._show(time.perf_counter())
             with contextlib.suppress(OSError, ValueError):
                 print(file=self.stream, flush=True)
 
@@ -3592,7 +3607,7 @@ def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]
             _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
         best = max(sweep.points, key=lambda p: p.bound_fps)
         for point in [best, *[p for p in sweep.candidates if p is not best][:2]]:
-            point.e2e_fps = _sweep_timed(config, point, images, model)
+            point.e2e_fps = _sweep_timed(config, point, images, model, sweep.failures)
             _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
     except (RunStopped, RunInterrupted) as e:
         sweep.error = e
@@ -3606,8 +3621,8 @@ def _sweep_timed(
     model: ModelBundle | None = None,
     failures: list[ImageDecodeError] | None = None,
 ) -> float:
-    """Images/s of a loader of ``point``'s settings over ``images``, skipping bad images (the loader
-    alone adds them to ``failures``): the loader alone, or end to end through ``model``, then over
+    """Images/s of a loader of ``point``'s settings over ``images``, skipping bad images (added to
+    ``failures``, each once): the loader alone, or end to end through ``model``, then over
     as many of the list's images as make a window of ``_SWEEP_LEADS`` times the loader's lead
     (``point.short_window`` if the list is shorter). An interrupt stops the loader at once."""
     threads = point.num_threads
@@ -3617,7 +3632,7 @@ def _sweep_timed(
     policy = BadImagePolicy(skip=True)
     if model is not None:  # a window of many times what the loader holds when it opens, or it times the model alone
         batches = _SWEEP_WARMUP + _SWEEP_LEADS * settings.loader_lead
-        images = config.my_images.head(point.batch_size * batches)
+        images = config.my_images.head(max(len(images), point.batch_size * batches))
         point.short_window = point.short_window or math.ceil(len(images) / point.batch_size) < batches
     with _open_loader(settings, images, policy) as loader:
         try:
@@ -3625,6 +3640,11 @@ def _sweep_timed(
                 if model is None:
                     return measure_loader(loader.batches, config.device, _SWEEP_WARMUP, failures)
                 run = benchmark(loader.batches, model, listed=len(images), warmup_batches=_SWEEP_WARMUP, policy=policy)
+                if failures is not None:  # it reads further down the list: bad images the loader passes did not meet
+                    known = {f.path for f in failures}
+                    failures += [
+                        ImageDecodeError(f["path"], f["reason"]) for f in run.failures if f["path"] not in known
+                    ]
                 return run.fps
         except RunInterrupted:
             loader.stop_at_once = True
@@ -4078,7 +4098,8 @@ def _write_results(path: Path | str, report: _RunReport) -> None:
     row = {"model": c["model"], "top1": round(top1, 4), "top1_err": round(100 - top1, 4)}
     row |= {"top5": round(top5, 4), "top5_err": round(100 - top5, 4), "img_size": c["input_size"][-1]}
     row |= {"crop_pct": c["crop_pct"], "interpolation": c["interpolation"]}
-    batch_size = min(c["batch_size"], payload["listed"] or c["batch_size"])  # the batches run, not the flag
+    shard = math.ceil((payload["listed"] or c["batch_size"]) / payload["world_size"])  # rank 0's images
+    batch_size = min(c["batch_size"], shard)  # the batches run, not the flag
     row |= {"infer_samples_per_sec": round(payload["fps"], 2), "infer_batch_size": batch_size}
     row |= {key: payload[key] for key in _ROW_RESULTS}
     row |= {key: c[key] for key in _ROW_CONFIG}
@@ -4523,15 +4544,17 @@ def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path) ->
     profiler, spdl_trace = trace
     # Kineto's save() fails without a word (a full disk leaves no file, or a cut one, and its .tmp),
     # and it rewrites the path it is given (a backslash becomes a folder, a control character is
-    # dropped): it writes into a temporary folder of plain name, and what it wrote must read back
-    # as JSON; the file itself is written here.
-    with tempfile.TemporaryDirectory(prefix="imagenet_classification-trace-") as scratch:
+    # dropped): it writes into a temporary folder beside the trace (or, where that folder's path is
+    # not plain, in the temporary directory), and what it wrote must read back as JSON.
+    beside = os.path.dirname(os.path.realpath(f"{path}.json"))
+    folder = beside if beside.isprintable() and "\\" not in beside else tempfile.gettempdir()
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".imagenet_classification-trace-") as scratch:
         profiler.export_chrome_trace(os.path.join(scratch, "trace.json"))
         try:
             exported = Path(scratch, "trace.json").read_bytes()
             json.loads(exported)
         except (OSError, ValueError):
-            why = f"torch's profiler left no whole file in {tempfile.gettempdir()}, and says not why: is it full?"
+            why = f"torch's profiler left no whole file in {folder}, and says not why: is it full?"
             raise OSError(errno.EIO, why) from None
     with spdl_trace:
         spdl_trace.seek(0)
@@ -4632,6 +4655,9 @@ def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
     line = "Decoder check: %s against FFmpeg on the CPU, %d images, mean absolute difference %.2f (worst %.2f); "
     line += "%d it left to the CPU, not compared."
     _LG.info(line, config.decoder, check.images, check.mad_mean, check.mad_max, check.fallbacks)
+    if check.fallbacks and not check.images:
+        nothing = "Decoder check: %s left the first %d images to the CPU, all of them: it checked nothing"
+        _LG.warning(nothing, config.decoder, check.fallbacks)
     return check
 
 
@@ -4669,7 +4695,8 @@ def _run(config: _RunConfig) -> _RunReport:
             report.parity = _run_parity(config, model)
         what = "evicting them from" if config.cold_cache else "how much is in"  # after the reads above
         _LG.info("Page cache: %s files listed, %s the page cache.", len(config.my_images), what)
-        page_cache = _examine_page_cache(config.my_images.paths, evict=config.cold_cache)
+        elsewhere = _listed_first_elsewhere(config.images, shard) if shard.world_size > 1 else frozenset()
+        page_cache = _examine_page_cache(config.my_images.paths, config.cold_cache, elsewhere)
         stopped_cleanly = _run_loop(config, model, report)
         report.result.page_cache = page_cache
         if config.breakdown and report.error is None and stopped_cleanly:
@@ -4853,6 +4880,8 @@ def _run_job(config: _RunConfig) -> int:
         report = _run(config)
         with _signals_held() as held:
             status = _finish(report, config)
+            if config.shard.world_size > 1 and report.error is None:  # every rank is here: none leaves (and
+                _barrier()  # has torchrun end the others) before rank 0 has written the job's files
     finally:
         if config.shard.world_size > 1:
             import torch.distributed as dist

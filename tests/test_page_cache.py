@@ -19,11 +19,14 @@ import pytest
 import torch
 
 from imagenet_classification import (
+    ImageList,
     _Breakdown,
     _examine_page_cache,
+    _listed_first_elsewhere,
     _page_cache_lines,
     _PageCache,
     _print_breakdown,
+    _Shard,
 )
 from tests.conftest import CLASSES, ROOT, TINY, label_colour, read_json, run_cli, run_main, write_jpeg
 
@@ -120,6 +123,24 @@ def test_a_file_listed_twice_or_linked_counts_once(evicting_dir):
     assert cold.repeats == 4 and _page_cache_lines(cold)[1] == (
         "  WARNING: 4 listed lines (67%) name a file listed before: those reads come from memory, not the disk "
         "(a cold run reads each file cold once)")  # fmt: skip
+
+
+def test_ranks_that_share_files_count_each_once_and_none_evicts_it_first(evicting_dir):
+    # A repeated list of odd length over 2 ranks: each file falls to both. The rank whose shard lists
+    # it first examines and evicts it; the other counts its line as a repeat. Before, each rank
+    # examined its own shard: the sum counted every file twice, and on one machine the rank that
+    # evicted first left the other finding it evicted (a list wholly in memory read 50 %).
+    paths = [str(_write_synced(evicting_dir / f"f{i}", os.urandom(5000))) for i in range(3)]
+    _read_all(paths)
+    listed = ImageList(tuple(paths * 2), (0,) * 6)  # ranks: 0 gets f0 f2 f1, 1 gets f1 f0 f2
+    elsewhere = [_listed_first_elsewhere(listed, _Shard(rank, 2)) for rank in (0, 1)]
+    assert elsewhere == [{paths[1]}, {paths[0], paths[2]}]
+    caches = [_examine_page_cache(listed.shard(r, 2).paths, True, elsewhere[r]) for r in (0, 1)]
+    total = _PageCache.total(caches)
+    assert (total.files, total.bytes, total.repeats, total.resident, total.resident_after) == (3, 15000, 3, 1.0, 0.0)
+    # A missing path listed twice: two lines the run fails, neither a repeat read from memory.
+    missing = _examine_page_cache([str(evicting_dir / "missing")] * 2 + paths[:1], True)
+    assert (missing.files, missing.skipped, missing.repeats) == (1, 2, 0)
 
 
 def test_paths_that_are_no_regular_file_are_counted_not_fatal(disk_dir):
