@@ -3712,7 +3712,7 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         print(line + "or batches buffered in the warm-up; list more images (repeating the list is fine)", file=file)
     if failed := sweep.failures:
         first = f"the first: {failed[0].path}: {failed[0].reason}"
-        line = f"{len(failed)} of the {sweep.images} images failed to decode and were skipped in every setting"
+        line = f"{len(failed)} listed images failed to decode and were skipped in every setting that read them"
         print(_printable(f"{line} ({first}; --results-file lists them all)"), file=file)
     best = sweep.recommended
     if best is not None:  # None: stopped before any setting was measured

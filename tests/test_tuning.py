@@ -109,6 +109,22 @@ def test_a_sweep_setting_with_too_few_batches_is_marked(jpeg_set, tmp_path, capf
     assert point["e2e_fps"] is not None and point["short_window"]
 
 
+def test_a_bad_image_only_the_end_to_end_pass_reads_is_counted(jpeg_set, tmp_path, capfd):
+    # The loader passes read the first 24 images (12 batches of 2); end to end reads 44 (2 + 4 x 5
+    # batches, --queue-size 1). Line 30 is missing: only the end-to-end pass meets it, and it was
+    # skipped unsaid, the recommended command without --skip-bad, which then stopped at it.
+    good = (jpeg_set.read_text().splitlines() * 2)[:59]
+    flist, out = tmp_path / "late.flist", tmp_path / "s.json"
+    flist.write_text("\n".join([*good[:30], "val/n01440764/missing.JPEG", *good[30:]]) + "\n")
+    proc = run_main(capfd, "--input-flist", flist, "--prefix", f"{jpeg_set.parent}/", *FAST, "--queue-size", "1",
+                    "--sweep", "num-threads=1", "batch-size=2", "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    sweep = read_json(out)["sweep"]
+    assert sweep["images_per_setting"] == 24 and sweep["points"][0]["e2e_fps"] is not None
+    assert [Path(f["path"]).name for f in sweep["failures"]] == ["missing.JPEG"] and sweep["failed"] == 1
+    assert "--skip-bad" in shlex.split(proc.stdout.strip().splitlines()[-1])
+
+
 def test_sweep_without_matplotlib_still_prints_the_table(jpeg_set, tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None; sys.argv = ['imagenet_classification.py', *sys.argv[1:]];"
             " import runpy; runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
@@ -207,7 +223,7 @@ def test_sweep_counts_the_images_it_skipped_and_recommends_skip_bad(jpeg_set, tm
     assert [f["path"] for f in sweep["failures"]] == [prefix + m for m in missing]
     assert all("No such file" in f["reason"] for f in sweep["failures"])
     lines = proc.stdout.splitlines()
-    said = "3 of the 19 images failed to decode and were skipped in every setting (the first: "
+    said = "3 listed images failed to decode and were skipped in every setting that read them (the first: "
     assert lines[-3].startswith(said + prefix + missing[0])  # under the table, above the recommendation
     command = shlex.split(lines[-1])
     assert "--skip-bad" in command and " ".join(command).endswith("--queue-size 16")  # the settings last
