@@ -2731,7 +2731,8 @@ class _TimingWindow:
         batch, not when the loader ends (SPDL sees its end of stream up to 0.1 s later) or a stop
         comes (a stall's whole time-out, a batch cut short)."""
         self.t_end = self.clock()
-        last = self.t_start + self._since_start(self.marks[-1][0]) if self.marks else self.t_start  # none: 0 s
+        # No batch: no time timed (not the whole time-out of a stall before the first).
+        last = self.t_start + self._since_start(self.marks[-1][0]) if self.marks else self.t_start
         self.t_last = min(last, self.t_end)
         if self.batches > self.warmup_batches:
             return self.frames, self.t_last - self.t_warm, False

@@ -291,6 +291,7 @@ _CLOCKS = (
     "on the CPU both marks read CLOCK_MONOTONIC (time.monotonic and time.perf_counter on Linux) microseconds "
     "apart at the window's start; on a GPU the mark is a CUDA event and the mutant raises (an error, not a figure)"
 )
+_LAST = "last = self.t_start + self._since_start(self.marks[-1][0]) if self.marks else self.t_start"  # the FPS window's end
 _PADS_COMMENT = "# every candidate at once: a row per pad, a column per length"
 
 
@@ -368,6 +369,10 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("_TimingWindow", "return self._since_start.elapsed_time(mark) / 1e3", _GPU),
     ("_TimingWindow", "return mark - self.t_start", _CLOCKS),
     ("_TimingWindow", "return self.frames_all, self.t_last - self._start_mark, True", _CLOCKS),
+    ("_TimingWindow", _LAST.replace("else self.t_start", "else self.t_warm"),
+     "with no batch the warm-up never ended: t_warm is still t_start"),
+    ("_TimingWindow", _LAST.replace("last = self.t_start", "last = self._start_mark"), _CLOCKS),
+    ("_TimingWindow", _LAST.replace("else self.t_start", "else self._start_mark"), _CLOCKS),
     ("_TimingWindow", '"warmup_end_s": (self.t_warm - self._start_mark) if timed else 0.0,', _CLOCKS),
     ("_TimingWindow", '"end_s": self.t_end - self._start_mark,', _CLOCKS),
     ("_TimingWindow", "last = round(max(times, default=0.0) // interval) + 1", _FLOOR),
