@@ -291,7 +291,7 @@ _CLOCKS = (
     "on the CPU both marks read CLOCK_MONOTONIC (time.monotonic and time.perf_counter on Linux) microseconds "
     "apart at the window's start; on a GPU the mark is a CUDA event and the mutant raises (an error, not a figure)"
 )
-_LAST = "last = self.t_start + self._since_start(self.marks[-1][0]) if self.marks else self.t_start"  # the FPS window's end
+_LAST = "last = self.t_start + self._since_start(self.marks[-1][0]) if self.marks else self.t_start"  # window end
 _PADS_COMMENT = "# every candidate at once: a row per pad, a column per length"
 
 
