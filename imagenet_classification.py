@@ -1926,8 +1926,9 @@ def _check_decoder(
             theirs, (ours, _) = decode([item]), reference([item])
         except ImageDecodeError:
             continue
-        fallbacks += getattr(theirs, "fallbacks", 0)  # decoded by the reference itself: a difference of 0
-        if len(theirs[0]) and len(ours) and not getattr(theirs, "fallbacks", 0):
+        left = getattr(theirs, "fallbacks", 0)  # decoded by the reference itself: a difference of 0
+        fallbacks += left
+        if len(theirs[0]) and len(ours) and not left:
             mads[item[0]] = (theirs[0][0].cpu().float() - ours[0].float()).abs().mean().item()
     worst = max(mads, key=mads.__getitem__, default=None)
     mad_mean = sum(mads.values()) / len(mads) if mads else 0.0
@@ -4099,7 +4100,7 @@ def _write_results(path: Path | str, report: _RunReport) -> None:
     row = {"model": c["model"], "top1": round(top1, 4), "top1_err": round(100 - top1, 4)}
     row |= {"top5": round(top5, 4), "top5_err": round(100 - top5, 4), "img_size": c["input_size"][-1]}
     row |= {"crop_pct": c["crop_pct"], "interpolation": c["interpolation"]}
-    shard = math.ceil((payload["listed"] or c["batch_size"]) / payload["world_size"])  # rank 0's images
+    shard = _Shard(0, payload["world_size"]).size_of(payload["listed"] or c["batch_size"])  # rank 0's images
     batch_size = min(c["batch_size"], shard)  # the batches run, not the flag
     row |= {"infer_samples_per_sec": round(payload["fps"], 2), "infer_batch_size": batch_size}
     row |= {key: payload[key] for key in _ROW_RESULTS}
