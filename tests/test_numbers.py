@@ -357,6 +357,7 @@ result = ic.RunResult(listed=5, classified=3, failed=2, frames_timed=3, elapsed_
 result.record_failures([ic.ImageDecodeError("a.JPEG", "empty"), ic.ImageDecodeError("b.JPEG", "cut")])
 result.predictions = [dict(path="c.JPEG", top1=1)]
 total, ranks = ic._reduce_results(result, ic._Shard(0, 1, 0), torch.device("cpu"))
+torch.distributed.destroy_process_group()  # as _run_job does: left to shutdown, Gloo's threads may abort the process
 print(json.dumps(dict(failures=total.failures, predictions=total.predictions, lead=total.loader_lead,
                       timed=total.batches_timed, ranks=ranks, listed=total.listed, backends=total.decoder_backends)))
 """
