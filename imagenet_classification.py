@@ -2302,8 +2302,10 @@ def _open_torch_loader(config: _RunConfig, images: ImageList) -> Iterator[_Loade
             _ABANDONED.append(workers)
         elif hasattr(workers, "_shutdown_workers"):  # torch's own, private: no public way to shut them down now
             # Now, not once nothing refers to the iterator (a stopped run's traceback keeps this
-            # frame): until then torch's SIGCHLD handler raises, anywhere, for a dead worker.
-            workers._shutdown_workers()
+            # frame): until then torch's SIGCHLD handler raises, anywhere, for a dead worker. It
+            # can raise in here too (another worker's exit), for a death the run already reported.
+            with contextlib.suppress(RuntimeError):
+                workers._shutdown_workers()
 
 
 ################################################################################
