@@ -1498,6 +1498,7 @@ NVIMGCODEC_CPU_THREADS = 1  # per decoder: each pipeline thread has decoders of 
 NVDEC_CONCURRENCY = 4  # batches decoded at once with NVDEC: one hardware decoder per thread
 NVDEC_MIN_SIDE, NVDEC_MAX_SIZE = 64, (32768, 16384)  # JPEG on A100 / H100 (SPDL's capability table)
 FPS_WINDOW_SLACK = 0.1  # the most FPS may overstate a loader-bound rate without a warning
+DRAIN_SLACK = 0.03  # the most FPS may exceed its rate while the loader ran (on the CPU) without a warning
 CHECK_DECODER_IMAGES = 8  # images a GPU decoder is compared with FFmpeg on before a run (--check-decoder)
 DECODER_TOLERANCE = 3.0  # mean absolute difference (0-255) a GPU decoder may show against FFmpeg, per image
 
@@ -2051,6 +2052,11 @@ class _PipelineStats:
         if (new_work := len(ends) - done0 - under_way) > 0 and ends[-1] > t0:
             rates.append(new_work / (ends[-1] - t0))
         return max(0, done0 - taken0) + under_way, max(rates) or None
+
+    def loader_end(self) -> float | None:
+        """When the loader's last batch was decoded (``time.monotonic``); None with no stage in this
+        process (``--decode-processes``) or no batch."""
+        return max(self.stages[-1].ends, default=None) if self.stages else None
 
     def summary(self) -> dict:
         """Each of ``stages`` (name, concurrency, tasks, failures, average task seconds), and the
@@ -2610,7 +2616,10 @@ class RunResult:
     included. ``not_finite``: images classified whose logits held a NaN or an infinity (never a
     hit: the model gave no prediction for them). ``loader_lead``: batches the loader can hold ahead
     of the model (after an SPDL run, what it held when the window opened); ``loader_min_fps``: a
-    rate it is known to have reached in the window. ``timeline``: see
+    rate it is known to have reached in the window. ``drained_batches``: on the CPU, timed batches
+    the model began after the loader had decoded its last, with the cores to itself;
+    ``fps_while_loading``: FPS over the window's other batches, or None if it had none (see
+    :py:func:`_add_drain`). ``timeline``: see
     :py:meth:`_TimingWindow.timeline`. ``page_cache``: the listed files' share in memory before the
     run. ``predictions``: one row per image classified, when asked for (not in :py:meth:`to_dict`).
     """
@@ -2630,6 +2639,8 @@ class RunResult:
     batches_timed: int = 0
     loader_lead: int | None = None
     loader_min_fps: float | None = None
+    drained_batches: int | None = None
+    fps_while_loading: float | None = None
     partial: bool = False
     stop_reason: str | None = None
     failures: list[dict[str, str]] = field(default_factory=list)
@@ -3626,7 +3637,8 @@ def _sweep_timed(
     failures: list[ImageDecodeError] | None = None,
 ) -> float:
     """Images/s of a loader of ``point``'s settings over ``images``, skipping bad images (added to
-    ``failures``, each once): the loader alone, or end to end through ``model``, then over
+    ``failures``, each once): the loader alone, or end to end through ``model`` (on the CPU, up to
+    the loader's end: :py:func:`_add_drain`), then over
     as many of the list's images as make a window of ``_SWEEP_LEADS`` times the loader's lead
     (``point.short_window`` if the list is shorter). An interrupt stops the loader at once."""
     threads = point.num_threads
@@ -3649,7 +3661,9 @@ def _sweep_timed(
                     failures += [
                         ImageDecodeError(f["path"], f["reason"]) for f in run.failures if f["path"] not in known
                     ]
-                return run.fps
+                if config.device.type == "cpu" and loader.stats is not None:  # else a larger lead, a faster setting
+                    _add_drain(run, loader.stats.loader_end())
+                return run.fps_while_loading or run.fps
         except RunInterrupted:
             loader.stop_at_once = True
             raise
@@ -3817,6 +3831,20 @@ class _RunReport:
         return payload
 
 
+def _print_drain(result: RunResult, file: TextIO | None) -> None:
+    """The warning for a window whose last batches ran after the loader had finished (:py:func:`_add_drain`)."""
+    drained, while_loading = result.drained_batches, result.fps_while_loading
+    if not drained or (while_loading is not None and result.fps <= while_loading * (1 + DRAIN_SLACK)):
+        return
+    line = f"WARNING: the model ran the last {drained} of the {result.batches_timed} timed batches after the loader "
+    line += "had decoded its last, with the CPU's cores to itself: "
+    if while_loading is None:
+        line += "FPS is the model's rate alone"
+    else:
+        line += f"FPS is {result.fps / while_loading - 1:.0%} above the {while_loading:.2f} images/s before it"
+    print(line + "; list more images (repeating the list is fine)", file=file)
+
+
 FALLBACK_WARNING = 0.05  # a share of images decoded on the CPU that makes a GPU decoder's figures mostly the CPU's
 COLD_RESIDUE = 0.05  # a share of the listed bytes still in memory after eviction that makes a cold run not cold
 
@@ -3833,6 +3861,7 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
         line = f"WARNING: the FPS window holds {result.batches_timed} batches and the loader may have had {had} "
         line += f"ready or under way when it opened: if the loader is the bottleneck, {bound}; list more images "
         print(line + "(repeating the list is fine)", file=file)
+    _print_drain(result, file)
     print(f"FPS={result.fps:.2f} ({result.frames_timed}/{result.elapsed_s:.2f})", file=file)
     skipped = f", {result.failed} failed to decode" if result.failed else ""
     for k, correct, acc in (("1", result.top1_correct, result.top1), ("5", result.top5_correct, result.top5)):
@@ -4086,7 +4115,8 @@ def _not_a_file(path: Path | str) -> str | None:
 
 # The results row's columns after timm's: from the result, then from the config.
 _ROW_RESULTS = "fps elapsed_s frames_timed listed classified failed not_reached partial warmup_included".split()
-_ROW_RESULTS += ["fps_max_overstatement", "fps_window_may_be_buffered", "world_size"]
+_ROW_RESULTS += ["fps_max_overstatement", "fps_window_may_be_buffered", "fps_while_loading", "drained_batches"]
+_ROW_RESULTS += ["world_size"]
 _ROW_CONFIG = "device dtype compile weights loader decoder num_threads queue_size".split()
 
 
@@ -4602,6 +4632,8 @@ def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> boo
     report.pipeline_stats = loader.stats.summary()
     if shard.world_size == 1:  # under torchrun the bound on FPS is every rank's capacity: not known here
         _add_window_lead(report.result, loader.stats, config.decode_concurrency)
+        if config.device.type == "cpu":
+            _add_drain(report.result, loader.stats.loader_end())
     if t := report.result.timeline:
         start, end = t["started_at"], t["started_at"] + t["end_s"]
         t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, t["interval_s"], len(t["images"]))
@@ -4618,6 +4650,24 @@ def _add_window_lead(result: RunResult, stats: _PipelineStats, concurrency: int)
     result.loader_lead = min(result.loader_lead, lead)
     if batches_per_s is not None and result.batches_timed:
         result.loader_min_fps = batches_per_s * result.frames_timed / result.batches_timed
+
+
+def _add_drain(result: RunResult, loader_end: float | None) -> None:
+    """On the CPU, where the loader and the model share the cores, into ``result``: the timed batches
+    the model began after the loader had decoded its last (``loader_end``, ``time.monotonic``). It
+    ran those with the cores to itself, faster than the run went while both ran: a short list's
+    FPS overstates the rate a long one would hold. ``fps_while_loading`` leaves them out."""
+    t = result.timeline
+    if loader_end is None or t is None or result.warmup_included or not result.batches_timed:
+        return
+    t["loader_end_s"] = done = loader_end - t["started_at"]
+    ends, images = t["batch_end_s"], t["batch_images"]
+    first = len(ends) - result.batches_timed
+    began = [t["warmup_end_s"], *ends[first:-1]]  # each timed batch begins as the one before it ends
+    kept = sum(1 for t0 in began if t0 < done)
+    result.drained_batches = result.batches_timed - kept
+    span = ends[first + kept - 1] - t["warmup_end_s"] if kept else 0.0
+    result.fps_while_loading = sum(images[first : first + kept]) / span if span > 0 else None
 
 
 def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -> None:

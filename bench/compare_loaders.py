@@ -347,8 +347,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--model", default="mobilenetv3_large_100")
     parser.add_argument("--model-images", type=int, default=256, help="images for model-only and end-to-end")
-    parser.add_argument("--scaling-sizes", type=int, nargs=2, default=[1000, 8000], metavar=("SMALL", "LARGE"),
-                        help="the two list lengths of the scaling check (default 1000 8000)")
+    parser.add_argument(
+        "--scaling-sizes",
+        type=int,
+        nargs=2,
+        default=[1000, 8000],
+        metavar=("SMALL", "LARGE"),
+        help="the two list lengths of the scaling check (default 1000 8000)",
+    )
     parser.add_argument("--no-plot", action="store_false", dest="plot", help="skip the PNG (no matplotlib needed)")
     parser.add_argument("--mix", choices=sorted(MIXES), default="default",
                         help="the set's sizes and kinds: default, or imagenet (see bench/README.md)")  # fmt: skip

@@ -640,6 +640,76 @@ def test_the_lead_and_the_loaders_rate_measured_when_the_window_opens():
     assert slow.fps <= slow.loader_min_fps * (1 + slow.fps_max_overstatement) * 1.001
 
 
+def _drained(batch_end_s, batches_timed, loader_end_s, images=8):
+    from imagenet_classification import _add_drain
+
+    ends = list(batch_end_s)
+    result = RunResult(listed=images * len(ends), classified=images * len(ends), batches=len(ends),
+                       batches_timed=batches_timed, frames_timed=images * batches_timed)  # fmt: skip
+    warm = ends[len(ends) - batches_timed - 1]
+    result.elapsed_s = ends[-1] - warm
+    result.timeline = {"started_at": 100.0, "warmup_end_s": warm, "batch_end_s": ends}
+    result.timeline["batch_images"] = [images] * len(ends)
+    _add_drain(result, 100.0 + loader_end_s)
+    out = io.StringIO()
+    _print_summary(result, out)
+    return result, out.getvalue()
+
+
+def test_batches_the_model_ran_after_the_loaders_end_by_hand():
+    # Batches end at 1, 2, 3, 3.5 and 4 s, the first the warm-up: the loader ended at 2.2 s, while the
+    # third ran; the model began the last two after it, and ran them twice as fast.
+    result, out = _drained([1, 2, 3, 3.5, 4], 4, 2.2)
+    assert (result.drained_batches, result.fps_while_loading) == (2, 8.0)  # 16 images from 1 s to 3 s
+    assert result.fps == pytest.approx(32 / 3) and result.timeline["loader_end_s"] == pytest.approx(2.2)
+    assert "the model ran the last 2 of the 4 timed batches after the loader had decoded its last" in out
+    assert "FPS is 33% above the 8.00 images/s before it" in out
+    assert (result.to_dict()["drained_batches"], result.to_dict()["fps_while_loading"]) == (2, 8.0)
+    # The loader done before the window opened: every timed batch ran with the cores to the model.
+    result, out = _drained([1, 2, 3, 3.5, 4], 4, 0.5)
+    assert (result.drained_batches, result.fps_while_loading) == (4, None)
+    assert "the model ran the last 4 of the 4 timed batches" in out and "FPS is the model's rate alone" in out
+    # Done just as the last batch began: that one ran alone. Done after: nothing drained, no warning.
+    assert _drained([1, 2, 3, 3.5, 4], 4, 3.5)[0].drained_batches == 1
+    for end in (3.6, 9.0):
+        result, out = _drained([1, 2, 3, 3.5, 4], 4, end)
+        assert (result.drained_batches, result.fps_while_loading) == (0, pytest.approx(result.fps)), end
+        assert "WARNING" not in out
+    result, out = _drained([1, 2, 3, 4, 5], 4, 2.5)
+    assert (result.drained_batches, result.fps_while_loading) == (2, 8.0) and "WARNING" not in out
+    result, out = _drained([1, 2, 3, 3.95, 4.9], 4, 2.5)  # FPS 2.6 % above: within DRAIN_SLACK
+    assert result.drained_batches == 2 and result.fps < 8.0 * 1.03 and "WARNING" not in out
+    assert "FPS is 5% above the 8.00 images/s" in _drained([1, 2, 3, 3.9, 4.8], 4, 2.5)[1]
+
+
+def test_the_batches_after_a_real_pipelines_end_are_found():
+    # Decode 20 ms a batch, 2 at once, far ahead of a model of 50 ms: the loader ends when the
+    # model has taken all but what it holds ahead (sink buffer 2, 2 under way, 3 between).
+    from imagenet_classification import _add_drain, _PipelineStats, get_pipeline
+
+    def decode(items):
+        time.sleep(0.02)
+        return _batch([AT_RANK_1] * len(items))
+
+    def slow(it):
+        for batch in it:
+            time.sleep(0.05)
+            yield batch
+
+    stats = _PipelineStats()
+    with (pipeline := get_pipeline([("x", 0)] * 24, 2, decode, 2, 2, 2, stats=stats)).auto_stop():
+        result = benchmark(slow(pipeline.get_iterator(timeout=30)), _bundle(), listed=24, warmup_batches=2,
+                           sync_clocks=stats.start_window)  # fmt: skip
+    _add_drain(result, stats.loader_end())
+    t = result.timeline
+    assert t["warmup_end_s"] < t["loader_end_s"] < t["batch_end_s"][-1]
+    assert 2 + 2 <= result.drained_batches <= 2 + 3 + 2 + 1
+    kept = result.batches_timed - result.drained_batches
+    span = t["batch_end_s"][2 + kept - 1] - t["warmup_end_s"]
+    assert result.fps_while_loading == pytest.approx(2 * kept / span)
+    assert result.fps_while_loading == pytest.approx(result.fps, rel=0.2)  # the model's sleep shares nothing
+
+
 def test_a_run_states_its_loaders_lead_and_the_bound(tmp_path, capfd):
     # SPDL's lead is the sink buffer plus the batches decoded at once: 3 + 2 here.
     flist = tmp_path / "val.flist"
@@ -663,6 +733,12 @@ def test_a_run_states_its_loaders_lead_and_the_bound(tmp_path, capfd):
     bound = min(structural, known)
     assert r["fps_max_overstatement"] == (None if bound == math.inf else pytest.approx(bound))
     assert r["fps_window_may_be_buffered"] == (bound == math.inf)
+    # On the CPU: the timed batches the model began after the loader's last, and FPS before them.
+    t, drained = r["timeline"], r["drained_batches"]
+    assert 0 <= drained <= 8 and t["loader_end_s"] > 0
+    kept = [end for end in t["batch_end_s"][2:] if end <= t["window_end_s"]][: 10 - drained]
+    if kept:
+        assert r["fps_while_loading"] == pytest.approx(len(kept) / (kept[-1] - t["warmup_end_s"]), rel=1e-4)
     assert ("the FPS window holds 10 batches" in proc.stdout) == (bound > 0.1)
 
 
@@ -790,7 +866,8 @@ def test_results_and_their_rates_by_hand(tmp_path):
         "listed": 3, "classified": 0, "failed": 0, "top1_correct": 0, "top5_correct": 0, "frames_timed": 0,
         "elapsed_s": 0.0, "batches": 0, "decoder_fallbacks": 0, "decoder_backends": {}, "not_finite": 0,
         "warmup_included": False,
-        "batches_timed": 0, "loader_lead": None, "loader_min_fps": None, "partial": False, "stop_reason": None,
+        "batches_timed": 0, "loader_lead": None, "loader_min_fps": None, "drained_batches": None,
+        "fps_while_loading": None, "partial": False, "stop_reason": None,
         "failures": [], "timeline": None, "page_cache": None, "not_reached": 3, "fps": 0.0,
         "fps_max_overstatement": None, "fps_window_may_be_buffered": False, "top1": 0.0, "top5": 0.0,
     }  # fmt: skip
