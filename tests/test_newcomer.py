@@ -106,6 +106,17 @@ def test_results_as_csv_one_row_with_timms_columns_and_the_run_recorded(jpeg_set
     json.dumps(r, allow_nan=False)  # valid JSON: no inf, no NaN
 
 
+def test_the_csv_rows_batch_size_is_the_batches_run(jpeg_set, tmp_path, capfd):
+    # Three images at --batch-size 8: one batch of 3 ran, which is what timm's column means.
+    out = tmp_path / "r.csv"
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--max-samples", "3",
+                    "-b", "8", "--warmup-batches", "0", "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (row,) = csv.DictReader(out.open())
+    assert (row["infer_batch_size"], row["classified"], row["frames_timed"]) == ("3", "3", "3")
+    assert row["drained_batches"] in ("0", "1") and float(row["fps_while_loading"] or row["fps"]) > 0
+
+
 def test_the_cpu_run_does_not_compile_by_default(jpeg_set, tmp_path, capfd):
     out = tmp_path / "r.json"  # in this process: what the run reports is checked, not the process
     proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--max-samples", "8",
