@@ -83,6 +83,7 @@ from spdl.pipeline import (  # noqa: E402
     StatsQueue,
     TaskHook,
     TaskStatsHook,
+    is_eof,
 )
 from spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig  # noqa: E402
 from torch import Tensor  # noqa: E402
@@ -1960,6 +1961,7 @@ class _TimedQueue(StatsQueue):
         self.started = 0.0  # time.monotonic() when its stage started
         self.changes: list[tuple[float, bool]] = []  # (time, whether a batch is now waiting)
         self.gets: list[tuple[float, float]] = []  # (time get was called, time it returned)
+        self.last_put: float | None = None  # when its last item (not the end of stream) came to it
 
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:
@@ -1968,7 +1970,10 @@ class _TimedQueue(StatsQueue):
             yield
 
     async def put(self, item: object) -> None:
-        self.changes.append((time.monotonic(), True))
+        now = time.monotonic()
+        self.changes.append((now, True))
+        if not is_eof(item):
+            self.last_put = now
         await super().put(item)
 
     async def get(self) -> object:
@@ -2054,9 +2059,10 @@ class _PipelineStats:
         return max(0, done0 - taken0) + under_way, max(rates) or None
 
     def loader_end(self) -> float | None:
-        """When the loader's last batch was decoded (``time.monotonic``); None with no stage in this
-        process (``--decode-processes``) or no batch."""
-        return max(self.stages[-1].ends, default=None) if self.stages else None
+        """When the loader's last batch was decoded (``time.monotonic``), or None: when the decode
+        stage handed it on, before any wait for room (with ``--decode-processes``, when it reached
+        this process: a batch a worker held decoded is not seen)."""
+        return self.queues[-2].last_put if len(self.queues) > 1 else None
 
     def summary(self) -> dict:
         """Each of ``stages`` (name, concurrency, tasks, failures, average task seconds), and the
@@ -2616,10 +2622,10 @@ class RunResult:
     included. ``not_finite``: images classified whose logits held a NaN or an infinity (never a
     hit: the model gave no prediction for them). ``loader_lead``: batches the loader can hold ahead
     of the model (after an SPDL run, what it held when the window opened); ``loader_min_fps``: a
-    rate it is known to have reached in the window. ``drained_batches``: on the CPU, timed batches
-    the model began after the loader had decoded its last, with the cores to itself;
-    ``fps_while_loading``: FPS over the window's other batches, or None if it had none (see
-    :py:func:`_add_drain`). ``timeline``: see
+    rate it is known to have reached in the window. ``drained_batches``: on the CPU in a run of
+    :py:func:`main`, timed batches the model began after the loader had decoded its last, with the
+    cores to itself; ``fps_while_loading``: FPS over the window's other batches (see
+    :py:func:`_add_drain`; both None where it does not apply). ``timeline``: see
     :py:meth:`_TimingWindow.timeline`. ``page_cache``: the listed files' share in memory before the
     run. ``predictions``: one row per image classified, when asked for (not in :py:meth:`to_dict`).
     """
@@ -3663,7 +3669,9 @@ def _sweep_timed(
                     ]
                 if config.device.type == "cpu" and loader.stats is not None:  # else a larger lead, a faster setting
                     _add_drain(run, loader.stats.loader_end())
-                return run.fps_while_loading or run.fps
+                    if run.fps_while_loading is None and run.drained_batches:  # the model's rate, mostly
+                        point.short_window = True
+                return run.fps if run.fps_while_loading is None else run.fps_while_loading
         except RunInterrupted:
             loader.stop_at_once = True
             raise
@@ -3834,12 +3842,12 @@ class _RunReport:
 def _print_drain(result: RunResult, file: TextIO | None) -> None:
     """The warning for a window whose last batches ran after the loader had finished (:py:func:`_add_drain`)."""
     drained, while_loading = result.drained_batches, result.fps_while_loading
-    if not drained or (while_loading is not None and result.fps <= while_loading * (1 + DRAIN_SLACK)):
+    if not drained or (while_loading and result.fps <= while_loading * (1 + DRAIN_SLACK)):
         return
     line = f"WARNING: the model ran the last {drained} of the {result.batches_timed} timed batches after the loader "
     line += "had decoded its last, with the CPU's cores to itself: "
     if while_loading is None:
-        line += "FPS is the model's rate alone"
+        line += f"FPS is {'mostly ' if drained < result.batches_timed else ''}the model's rate alone"
     else:
         line += f"FPS is {result.fps / while_loading - 1:.0%} above the {while_loading:.2f} images/s before it"
     print(line + "; list more images (repeating the list is fine)", file=file)
@@ -3922,7 +3930,7 @@ def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
         cache = f"{'cold' if b.read_cold else 'warm'}: {share} of the bytes in memory"
         line = f"Reading alone (the loader's reads, as many batches at once, no decode; {cache}): "
         print(f"{line}{b.read_fps:.1f} images/s, {b.read_mb_s:.1f} MB/s", file=file)
-    noise = " (above 100 %: measurement noise, or a window too short for the loader's buffer)"
+    noise = " (above 100 %: measurement noise, or a window too short for the loader's buffer or its drain)"
     line = f"Bound {b.bound_fps:.1f} images/s, set by the {b.bottleneck}; end-to-end reaches {b.efficiency:.0%} of it"
     print(line + (noise if b.efficiency > 1 else ""), file=file)
     if b.bottleneck == "disk" and b.read_fps and b.loader_fps <= b.read_fps:
@@ -4656,9 +4664,11 @@ def _add_drain(result: RunResult, loader_end: float | None) -> None:
     """On the CPU, where the loader and the model share the cores, into ``result``: the timed batches
     the model began after the loader had decoded its last (``loader_end``, ``time.monotonic``). It
     ran those with the cores to itself, faster than the run went while both ran: a short list's
-    FPS overstates the rate a long one would hold. ``fps_while_loading`` leaves them out."""
+    FPS overstates the rate a long one would hold. ``fps_while_loading`` leaves them out; None if
+    they are more than half the window (too few batches left for a rate) or no image ran before
+    them. Not for a stopped run: its loader did not end."""
     t = result.timeline
-    if loader_end is None or t is None or result.warmup_included or not result.batches_timed:
+    if loader_end is None or t is None or result.warmup_included or not result.batches_timed or result.partial:
         return
     t["loader_end_s"] = done = loader_end - t["started_at"]
     ends, images = t["batch_end_s"], t["batch_images"]
@@ -4667,7 +4677,9 @@ def _add_drain(result: RunResult, loader_end: float | None) -> None:
     kept = sum(1 for t0 in began if t0 < done)
     result.drained_batches = result.batches_timed - kept
     span = ends[first + kept - 1] - t["warmup_end_s"] if kept else 0.0
-    result.fps_while_loading = sum(images[first : first + kept]) / span if span > 0 else None
+    timed = sum(images[first : first + kept])
+    if kept >= result.drained_batches and timed and span > 0:
+        result.fps_while_loading = timed / span
 
 
 def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -> None:

@@ -640,16 +640,16 @@ def test_the_lead_and_the_loaders_rate_measured_when_the_window_opens():
     assert slow.fps <= slow.loader_min_fps * (1 + slow.fps_max_overstatement) * 1.001
 
 
-def _drained(batch_end_s, batches_timed, loader_end_s, images=8):
+def _drained(batch_end_s, batches_timed, loader_end_s, images=8, partial=False):
     from imagenet_classification import _add_drain
 
     ends = list(batch_end_s)
-    result = RunResult(listed=images * len(ends), classified=images * len(ends), batches=len(ends),
-                       batches_timed=batches_timed, frames_timed=images * batches_timed)  # fmt: skip
+    counts = images if isinstance(images, list) else [images] * len(ends)
+    result = RunResult(listed=sum(counts), classified=sum(counts), batches=len(ends), batches_timed=batches_timed,
+                       frames_timed=sum(counts[len(ends) - batches_timed :]), partial=partial)  # fmt: skip
     warm = ends[len(ends) - batches_timed - 1]
     result.elapsed_s = ends[-1] - warm
-    result.timeline = {"started_at": 100.0, "warmup_end_s": warm, "batch_end_s": ends}
-    result.timeline["batch_images"] = [images] * len(ends)
+    result.timeline = {"started_at": 100.0, "warmup_end_s": warm, "batch_end_s": ends, "batch_images": counts}
     _add_drain(result, 100.0 + loader_end_s)
     out = io.StringIO()
     _print_summary(result, out)
@@ -677,6 +677,15 @@ def test_batches_the_model_ran_after_the_loaders_end_by_hand():
         assert "WARNING" not in out
     result, out = _drained([1, 2, 3, 4, 5], 4, 2.5)
     assert (result.drained_batches, result.fps_while_loading) == (2, 8.0) and "WARNING" not in out
+    # More than half the window after the loader's end: too few batches for a rate before it.
+    result, out = _drained([1, 2, 3, 3.5, 4], 4, 1.5)
+    assert (result.drained_batches, result.fps_while_loading) == (3, None) and "FPS is mostly the model's" in out
+    # No image before it (every image of those batches skipped as bad): no rate, and no division by 0.
+    result, out = _drained([1, 2, 3, 3.5, 4], 4, 3.2, images=[8, 0, 0, 0, 8])
+    assert (result.drained_batches, result.fps_while_loading) == (1, None) and "FPS is mostly the model's" in out
+    # A stopped run's loader did not end: nothing said of it.
+    result, out = _drained([1, 2, 3, 3.5, 4], 4, 2.2, partial=True)
+    assert (result.drained_batches, result.fps_while_loading) == (None, None) and "after the loader" not in out
     result, out = _drained([1, 2, 3, 3.95, 4.9], 4, 2.5)  # FPS 2.6 % above: within DRAIN_SLACK
     assert result.drained_batches == 2 and result.fps < 8.0 * 1.03 and "WARNING" not in out
     assert "FPS is 5% above the 8.00 images/s" in _drained([1, 2, 3, 3.9, 4.8], 4, 2.5)[1]
@@ -697,8 +706,8 @@ def test_the_batches_after_a_real_pipelines_end_are_found():
             yield batch
 
     stats = _PipelineStats()
-    with (pipeline := get_pipeline([("x", 0)] * 24, 2, decode, 2, 2, 2, stats=stats)).auto_stop():
-        result = benchmark(slow(pipeline.get_iterator(timeout=30)), _bundle(), listed=24, warmup_batches=2,
+    with (pipeline := get_pipeline([("x", 0)] * 48, 2, decode, 2, 2, 2, stats=stats)).auto_stop():
+        result = benchmark(slow(pipeline.get_iterator(timeout=30)), _bundle(), listed=48, warmup_batches=2,
                            sync_clocks=stats.start_window)  # fmt: skip
     _add_drain(result, stats.loader_end())
     t = result.timeline
@@ -736,8 +745,11 @@ def test_a_run_states_its_loaders_lead_and_the_bound(tmp_path, capfd):
     # On the CPU: the timed batches the model began after the loader's last, and FPS before them.
     t, drained = r["timeline"], r["drained_batches"]
     assert 0 <= drained <= 8 and t["loader_end_s"] > 0
-    kept = [end for end in t["batch_end_s"][2:] if end <= t["window_end_s"]][: 10 - drained]
-    if kept:
+    began = [t["warmup_end_s"], *t["batch_end_s"][2:-1]]  # of each timed batch: the one before it ends
+    assert all(b < t["loader_end_s"] for b in began[: 10 - drained])
+    assert all(b >= t["loader_end_s"] for b in began[10 - drained :])
+    kept = t["batch_end_s"][2 : 12 - drained]
+    if len(kept) >= drained:
         assert r["fps_while_loading"] == pytest.approx(len(kept) / (kept[-1] - t["warmup_end_s"]), rel=1e-4)
     assert ("the FPS window holds 10 batches" in proc.stdout) == (bound > 0.1)
 

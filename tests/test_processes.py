@@ -54,6 +54,7 @@ def test_processes_and_threads_give_the_same_counts_accuracy_and_predictions(dem
         assert [f["path"] for f in result["failures"]] == [str(bad)]
         assert "truncated JPEG" in result["failures"][0]["reason"]
         assert len(rows) == 15 and str(bad) not in {row["path"] for row in rows}
+        assert 0 <= result["drained_batches"] <= result["batches_timed"]  # the loader's end seen in both
     reference, reference_rows = runs[(0, 2)]
     assert reference["top1_correct"] >= 10  # real weights on real photos: a comparison worth making
     for key in ((1, 2), (2, 1)):
