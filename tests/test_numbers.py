@@ -167,7 +167,7 @@ def test_a_run_at_the_max_bad_limit_reports_exact_figures(ranked_set, ranked_che
     assert (f"Breakdown (images/s): loader alone {b['loader_fps']:.1f} | model alone {b['model_fps']:.1f} | "
             f"end-to-end {r['fps']:.1f}") in lines  # fmt: skip
     noise = (
-        " (above 100 %: measurement noise, or a window too short for the loader's buffer)"
+        " (above 100 %: measurement noise, or a window too short for the loader's buffer or its drain)"
         if b["efficiency"] > 1
         else ""
     )
@@ -1000,7 +1000,7 @@ def test_breakdown_bound_and_efficiency_by_hand():
     _print_breakdown(_Breakdown.from_rates(40.0, 600.0, 41.0, torch.device("cuda", 0)), over)
     assert over.getvalue().splitlines()[1] == (
         "Bound 40.0 images/s, set by the loader; end-to-end reaches 102% of it "
-        "(above 100 %: measurement noise, or a window too short for the loader's buffer)"
+        "(above 100 %: measurement noise, or a window too short for the loader's buffer or its drain)"
     )
 
 
