@@ -2062,7 +2062,7 @@ class _PipelineStats:
         """When the loader's last batch was decoded (``time.monotonic``), or None: when the decode
         stage handed it on, before any wait for room (with ``--decode-processes``, when it reached
         this process: a batch a worker held decoded is not seen)."""
-        return self.queues[-2].last_put if len(self.queues) > 1 else None
+        return self.queues[-2].last_put if self.queues else None  # source, decode, sink: the decode's
 
     def summary(self) -> dict:
         """Each of ``stages`` (name, concurrency, tasks, failures, average task seconds), and the
@@ -4668,7 +4668,7 @@ def _add_drain(result: RunResult, loader_end: float | None) -> None:
     they are more than half the window (too few batches left for a rate) or no image ran before
     them. Not for a stopped run: its loader did not end."""
     t = result.timeline
-    if loader_end is None or t is None or result.warmup_included or not result.batches_timed or result.partial:
+    if loader_end is None or not result.batches_timed or result.partial:
         return
     t["loader_end_s"] = done = loader_end - t["started_at"]
     ends, images = t["batch_end_s"], t["batch_images"]
@@ -4676,10 +4676,9 @@ def _add_drain(result: RunResult, loader_end: float | None) -> None:
     began = [t["warmup_end_s"], *ends[first:-1]]  # each timed batch begins as the one before it ends
     kept = sum(1 for t0 in began if t0 < done)
     result.drained_batches = result.batches_timed - kept
-    span = ends[first + kept - 1] - t["warmup_end_s"] if kept else 0.0
     timed = sum(images[first : first + kept])
-    if kept >= result.drained_batches and timed and span > 0:
-        result.fps_while_loading = timed / span
+    if kept >= result.drained_batches and timed:  # so kept >= 1; each batch ends after the window opens
+        result.fps_while_loading = timed / (ends[first + kept - 1] - t["warmup_end_s"])
 
 
 def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -> None:

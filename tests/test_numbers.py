@@ -640,23 +640,26 @@ def test_the_lead_and_the_loaders_rate_measured_when_the_window_opens():
     assert slow.fps <= slow.loader_min_fps * (1 + slow.fps_max_overstatement) * 1.001
 
 
-def _drained(batch_end_s, batches_timed, loader_end_s, images=8, partial=False):
+def _drained(batch_end_s, batches_timed, loader_end_s, images=8, partial=False, included=False):
     from imagenet_classification import _add_drain
 
     ends = list(batch_end_s)
     counts = images if isinstance(images, list) else [images] * len(ends)
     result = RunResult(listed=sum(counts), classified=sum(counts), batches=len(ends), batches_timed=batches_timed,
-                       frames_timed=sum(counts[len(ends) - batches_timed :]), partial=partial)  # fmt: skip
-    warm = ends[len(ends) - batches_timed - 1]
+                       frames_timed=sum(counts[len(ends) - batches_timed :]), partial=partial,
+                       warmup_included=included)  # fmt: skip
+    warm = 0.0 if included else ends[len(ends) - batches_timed - 1]
     result.elapsed_s = ends[-1] - warm
     result.timeline = {"started_at": 100.0, "warmup_end_s": warm, "batch_end_s": ends, "batch_images": counts}
-    _add_drain(result, 100.0 + loader_end_s)
+    _add_drain(result, None if loader_end_s is None else 100.0 + loader_end_s)
     out = io.StringIO()
     _print_summary(result, out)
     return result, out.getvalue()
 
 
 def test_batches_the_model_ran_after_the_loaders_end_by_hand():
+    from imagenet_classification import _PipelineStats
+
     # Batches end at 1, 2, 3, 3.5 and 4 s, the first the warm-up: the loader ended at 2.2 s, while the
     # third ran; the model began the last two after it, and ran them twice as fast.
     result, out = _drained([1, 2, 3, 3.5, 4], 4, 2.2)
@@ -683,6 +686,13 @@ def test_batches_the_model_ran_after_the_loaders_end_by_hand():
     # No image before it (every image of those batches skipped as bad): no rate, and no division by 0.
     result, out = _drained([1, 2, 3, 3.5, 4], 4, 3.2, images=[8, 0, 0, 0, 8])
     assert (result.drained_batches, result.fps_while_loading) == (1, None) and "FPS is mostly the model's" in out
+    # A window that includes the warm-up: from the start. No loader's end known: nothing said.
+    result, out = _drained([1, 2, 3, 3.5, 4], 5, 2.2, included=True)
+    assert (result.drained_batches, result.fps_while_loading) == (2, 8.0)  # 24 images in the first 3 s
+    assert "the model ran the last 2 of the 5 timed batches" in out
+    result, out = _drained([1, 2, 3, 3.5, 4], 4, None)
+    assert (result.drained_batches, result.fps_while_loading) == (None, None) and "WARNING" not in out
+    assert "loader_end_s" not in result.timeline and _PipelineStats().loader_end() is None
     # A stopped run's loader did not end: nothing said of it.
     result, out = _drained([1, 2, 3, 3.5, 4], 4, 2.2, partial=True)
     assert (result.drained_batches, result.fps_while_loading) == (None, None) and "after the loader" not in out
