@@ -340,6 +340,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         epilog="README.md describes every flag, the output, the results file and the exit statuses.",
         formatter_class=_HelpFormatter,
+        allow_abbrev=False,  # a prefix such as --swee would slip past the sweep's command filter
     )
     for add_flags in (_data_flags, _loader_flags, _model_flags, _run_flags):
         add_flags(parser)
@@ -3501,7 +3502,12 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
     ValueError for any other spec, or a value not a whole number from 1 (0 for ``decode-processes``)
     to :py:data:`_COUNT_MAX`."""
     grid = {name: [value] for name, value in defaults.items()}
+    named: set[str] = set()  # a setting named twice: which values? Refused, not one of them dropped
     for spec in specs:
+        name = "num-threads" if spec == "auto" else spec.partition("=")[0]
+        if name in named:
+            raise ValueError(f"{spec!r}: {name} is set twice (auto sets num-threads); give its values once")
+        named.add(name)
         if spec == "auto":
             grid["num-threads"] = [2**i for i in range(cpu_count.bit_length()) if 2**i < cpu_count] + [cpu_count]
             continue
@@ -3752,13 +3758,27 @@ _SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--workers", *(f"--{nam
 
 
 def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
-    """The command line as typed, less the sweep's own flags and settings, then ``point``'s settings."""
-    out, skipping = [], False
+    """The command line as typed, less the sweep's own flags and settings, then ``point``'s settings.
+    A dropped flag takes its one value with it (none if attached: ``-j8``, ``--plot=p.png``), and
+    ``--sweep`` its settings: a DATA_DIR after them stays (flags are never abbreviated: the parser
+    takes no prefixes)."""
+    out, drop, settings = [], 0, False
     for word in command:
         if word.startswith("-") and not re.fullmatch(r"-\d.*", word):  # a flag, not a negative number
             name = word.split("=")[0]
-            skipping = name in _SWEEP_DROPPED or name[:2] in ("-j", "-b") and not name.startswith("--")  # -j8
-        if not skipping:
+            short = name[:2] in ("-j", "-b") and not name.startswith("--")
+            dropped = name in _SWEEP_DROPPED or short
+            settings = name == "--sweep"
+            attached = "=" in word or (short and len(word) > 2)
+            drop = 1 if dropped and not settings and not attached else 0
+            if not dropped:
+                out.append(word)
+        elif settings and (word == "auto" or "=" in word):
+            continue
+        elif drop:
+            drop -= 1
+        else:
+            settings = False
             out.append(word)
     return [*out, *point.flags().split()]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from imagenet_classification import _parse_args, _parse_sweep
+from imagenet_classification import _parse_args, _parse_sweep, _SweepPoint, _with_settings
 from tests.conftest import ROOT, TINY, read_json, run_cli, run_main
 
 FAST = [*TINY, "--no-compile", "--dtype", "float32"]
@@ -25,6 +25,26 @@ def test_sweep_specs():
     for bad in ("threads=1", "num-threads=", "num-threads=0,1", "batch-size=x", "auto=1"):
         with pytest.raises(ValueError):
             _parse_sweep([bad], defaults, 2)
+    for twice in (["num-threads=1", "num-threads=2"], ["auto", "num-threads=2"], ["batch-size=1", "batch-size=1"]):
+        with pytest.raises(ValueError, match="is set twice"):  # not one of them silently dropped
+            _parse_sweep(twice, defaults, 2)
+
+
+def test_the_recommended_command_keeps_the_data_and_drops_the_sweeps_own_flags(capsys):
+    point = _SweepPoint(num_threads=1, batch_size=2, queue_size=16, loader_fps=1.0, model_fps=1.0)
+    settings = ["--num-threads", "1", "--batch-size", "2", "--queue-size", "16"]
+    for typed, kept in (
+        ("-b 2 --sweep num-threads=1 /d", "/d"),  # DATA_DIR after a dropped flag's value, or its settings
+        ("-b 2 /d --sweep num-threads=1", "/d"),
+        ("/d --sweep auto batch-size=1,2 --plot p.png --results-file=r.json --skip-bad", "/d --skip-bad"),
+        ("--input-flist l -j8 -b4 --sweep=auto --model m --batch-size 8", "--input-flist l --model m"),
+        ("--sweep auto /d --num-threads 4 --mean -0.5 0.2 0.3", "/d --mean -0.5 0.2 0.3"),
+    ):
+        assert _with_settings(["python", "x.py", *typed.split()], point) == ["python", "x.py", *kept.split(), *settings]
+    # A flag's prefix is refused, not taken: --swee would slip past the filter into the command.
+    with pytest.raises(SystemExit) as stop:
+        _parse_args(["/d", "--swee", "auto"])
+    assert stop.value.code == 2 and "unrecognized arguments: --swee" in capsys.readouterr().err
 
 
 def test_a_data_dir_after_the_sweep_is_the_data_dir(capsys):
