@@ -232,6 +232,13 @@ _img_size = _number(int, 1, f"at most {_IMG_SIZE_MAX} pixels, at least 1", _IMG_
 _fraction = _number(float, 1e-6, "a number in (0, 1]", 1)
 
 
+def _file_name(text: str) -> Path:
+    """A file to write, as typed: Path drops a trailing / (``r.json/``), which names a folder."""
+    if text.endswith("/"):
+        raise argparse.ArgumentTypeError(f"{text}: not a file name (a trailing / names a folder)")
+    return Path(text)
+
+
 def _max_bad(text: str) -> tuple[float, bool]:
     """Parse ``N`` or ``P%`` into ``(value, is_percent)``."""
     is_percent = text.endswith("%")
@@ -326,10 +333,10 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--cold-cache", action="store_true", help="evict the files from the page cache before each read")
     run.add_argument("--parity", type=_count0, default=0, metavar="N", help="compare with timm's transform on N images")
     run.add_argument("--stats-interval", type=_seconds, help="also log SPDL's own stage statistics every S seconds")
-    run.add_argument("--results-file", type=Path, help="write the result as JSON here")
-    run.add_argument("--predictions-file", type=Path, help="write one row per image here (.csv or .jsonl)")
-    run.add_argument("--trace", type=Path, help=f"write PATH.json and PATH.pftrace ({TRACE_BATCHES} batches)")
-    run.add_argument("--plot", type=Path, help="draw the run's timeline (or the sweep) into this PNG")
+    run.add_argument("--results-file", type=_file_name, help="write the result as JSON here")
+    run.add_argument("--predictions-file", type=_file_name, help="write one row per image here (.csv or .jsonl)")
+    run.add_argument("--trace", type=_file_name, help=f"write PATH.json and PATH.pftrace ({TRACE_BATCHES} batches)")
+    run.add_argument("--plot", type=_file_name, help="draw the run's timeline (or the sweep) into this PNG")
     sweep = "time the loader at each setting: auto, or e.g. num-threads=1,2,4 batch-size=64,128"
     run.add_argument("--sweep", nargs="+", metavar="SPEC", help=sweep)
     run.add_argument("--debug", action="store_true", help="debug logging")
@@ -4393,7 +4400,7 @@ def _check_output_path(flag: str, path: Path) -> str:
     """One file the run will write: a file name in a writable folder, not a device; its real path."""
     if str(path) == "-":  # stdout carries the summary; a file beside it is what was meant, or a mistake
         raise InputError(f"{flag} -: the summary goes to stdout; give a file name (- is none)")
-    if path.name in ("", ".", "..") or str(path).endswith(os.sep):
+    if path.name in ("", ".", ".."):
         raise InputError(f"{flag} {path}: not a file name")
     if (problem := _not_a_file(path)) is not None:
         raise InputError(f"{flag} {path}: {problem}")

@@ -135,6 +135,8 @@ def test_a_failed_write_leaves_the_old_results_whole(tmp_path, monkeypatch):
         ("--results-file", "fifo", "not a regular file"),
         ("--results-file", "long", "File name too long"),
         ("--trace", "", "not a file name"),
+        ("--results-file", "slash", "a trailing / names a folder"),  # Path would drop it: r.json written
+        ("--plot", "slash", "a trailing / names a folder"),
         ("--trace", "pftrace-folder", "not a regular file"),
         ("--predictions-file", "p.txt", "must end in .csv or .jsonl"),
         ("--checkpoint", "long", "File name too long"),
@@ -144,6 +146,7 @@ def test_a_failed_write_leaves_the_old_results_whole(tmp_path, monkeypatch):
 def test_files_the_run_writes_or_reads_are_checked_first(dataset, tmp_path, flag, target, words):
     first_image = dataset.parent / dataset.read_text().splitlines()[0]
     targets = {"list": dataset, "image": first_image, "long": tmp_path / ("x" * 300), "": Path("")}
+    targets["slash"] = f"{tmp_path}/r.json/"
     if target == "dangling":
         (tmp_path / "link.json").symlink_to(tmp_path / "no-such-folder" / "r.json")
         targets[target] = tmp_path / "link.json"

@@ -266,8 +266,10 @@ def test_a_cold_run_evicts_reports_the_read_ceiling_and_counts_the_same(evicting
               "--warmup-batches", "0", "--skip-bad", "--breakdown"]  # fmt: skip
     _read_all(existing)  # warm, so that the eviction has something to drop
     # In this process: what the runs report is checked, not the process.
+    torch.manual_seed(0)  # the same random weights in both runs: their accuracies compare
     warm = run_main(capfd, *common, "--results-file", evicting_dir / "warm.json")
     assert warm.returncode == 0, warm.stderr
+    torch.manual_seed(0)
     cold = run_main(capfd, *common, "--cold-cache", "--results-file", evicting_dir / "cold.json")
     assert cold.returncode == 0, cold.stderr
     w, c = read_json(evicting_dir / "warm.json"), read_json(evicting_dir / "cold.json")
