@@ -243,7 +243,10 @@ def _max_bad(text: str) -> tuple[float, bool]:
     """Parse ``N`` or ``P%`` into ``(value, is_percent)``."""
     is_percent = text.endswith("%")
     parse = _number(float, 0, "N or P% (0-100)", 100) if is_percent else _number(int, 0, "N or P% (0-100)")
-    return parse(text[:-1] if is_percent else text), is_percent
+    try:
+        return parse(text[:-1] if is_percent else text), is_percent
+    except argparse.ArgumentTypeError:  # its message quotes the number without the %
+        raise argparse.ArgumentTypeError(f"expected N or P% (0-100), got {text!r}") from None
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -579,7 +582,7 @@ def read_labels(path: Path | str) -> _Labels:
         # The last label must not silently win: a.JPEG and a.png are one name (the extension is dropped).
         _one_class(first, _image_name(name.strip()), label, where, " (names are matched without their extension)")
     if not first:
-        raise InputError(f"{path}: no labels in it")
+        raise InputError(f"{'<stdin>' if str(path) == '-' else path}: no labels in it")
     return _Labels(str(path), {name: label for name, (label, _) in first.items()})
 
 
@@ -4482,6 +4485,8 @@ def _preflight(
     threads, processes = _capped_workers(args, shard.size_of(len(images)))
     torch_loader = args.loader == "torch"
     check_decoder = CHECK_DECODER_IMAGES if args.check_decoder is None else args.check_decoder
+    if args.check_decoder and device.type == "cpu" and decoder == "ffmpeg" and not torch_loader:
+        _LG.info("--check-decoder: nothing to compare: FFmpeg on the CPU is the reference itself.")
     derived = {
         "images": images,
         "shard": shard,

@@ -186,6 +186,7 @@ def test_a_broken_stdout_keeps_the_results_file(dataset, tmp_path):
     "args, words",
     [
         (["--skip-bad", "--max-bad", "nan%"], "argument --max-bad"),
+        (["--skip-bad", "--max-bad", "101%"], "got '101%'"),  # as typed, not the number without its %
         (["--timeout", "nan"], "argument --timeout"),
         (["--timeout", "1e10"], "expected at most 1e6 seconds"),
         # Counts past what a C int holds (itertools.islice, SPDL, torch) are refused, not a traceback.
@@ -211,6 +212,20 @@ def test_argument_values_that_cannot_work_stop_at_the_start(dataset, tmp_path, a
     proc = _run(dataset, *args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     _one_line_error(proc, words)
+
+
+def test_labels_from_an_empty_stdin_name_it(dataset):
+    cmd = _cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--labels", "-")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, input="")
+    assert proc.returncode == 2, proc.stderr
+    _one_line_error(proc, "<stdin>: no labels in it")
+
+
+def test_a_decoder_check_with_nothing_to_compare_says_so(dataset, capfd):
+    proc = run_main(capfd, "--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--check-decoder", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "--check-decoder: nothing to compare: FFmpeg on the CPU is the reference itself" in proc.stderr
+    assert "Decoder check:" not in proc.stderr
 
 
 @pytest.mark.parametrize(
