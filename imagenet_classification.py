@@ -3413,26 +3413,6 @@ class _Parity:
         )
 
 
-def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform) -> dict[str, Tensor]:
-    """Each image as timm's validation reads (``Image.open(...).convert("RGB")``) and crops it:
-    uint8 ``3 x S x S`` by path; images PIL cannot decode are left out."""
-    import timm.data
-    from PIL import Image
-
-    t = transform
-    # use_prefetcher: timm's eval transform up to the crop, then a uint8 tensor (no float, no normalisation)
-    size = (3, t.size, t.size)
-    reference = timm.data.create_transform(
-        input_size=size, crop_pct=t.crop_pct, crop_mode=t.crop_mode, interpolation=t.interpolation, use_prefetcher=True
-    )
-    out = {}
-    for path, _ in items:
-        with contextlib.suppress(ImageDecodeError), _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
-            with Image.open(io.BytesIO(_read_image_bytes(path))) as image:
-                out[path] = reference(image.convert("RGB"))
-    return out
-
-
 def _top5(model: ModelBundle, images: list[Tensor], batch_size: int) -> Tensor:
     """The model's five top classes of each uint8 ``3 x S x S`` image: int64 ``N x 5`` on the CPU."""
     device, tops = _model_device(model), [torch.empty(0, 5, dtype=torch.int64)]  # no image: 0 x 5
@@ -3449,13 +3429,27 @@ def _measure_parity(
     model: ModelBundle,
     batch_size: int = 32,
 ) -> _Parity:
-    """Decode ``items`` with the loader's ``decode`` (made with a skipping policy) and with timm's
-    reference transform, and compare pixels and the model's predictions."""
+    """Decode ``items`` with the loader's ``decode`` (made with a skipping policy) and as timm's validation
+    does (``Image.open(...).convert("RGB")``, its eval transform), and compare the pixels (uint8
+    ``3 x S x S``) and the model's predictions on the images both decoded."""
+    import timm.data
+    from PIL import Image
+
     ours: dict[str, Tensor] = {}
     for start in range(0, len(items), batch_size):
         batch = decode(items[start : start + batch_size])
         ours.update(zip(batch.paths, batch[0].cpu(), strict=True))
-    reference = _reference_images(items, model.transform)
+    t = model.transform
+    # use_prefetcher: timm's eval transform up to the crop, then a uint8 tensor (no float, no normalisation)
+    size = (3, t.size, t.size)
+    timm_transform = timm.data.create_transform(
+        input_size=size, crop_pct=t.crop_pct, crop_mode=t.crop_mode, interpolation=t.interpolation, use_prefetcher=True
+    )
+    reference: dict[str, Tensor] = {}
+    for path, _ in items:
+        with contextlib.suppress(ImageDecodeError), _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
+            with Image.open(io.BytesIO(_read_image_bytes(path))) as image:
+                reference[path] = timm_transform(image.convert("RGB"))
     paths = [path for path, _ in items if path in ours and path in reference]
     mads = [(ours[p].float() - reference[p].float()).abs().mean().item() for p in paths]
     a = _top5(model, [ours[p] for p in paths], batch_size)
@@ -3474,7 +3468,6 @@ def _measure_parity(
 def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
     """``--parity``: the run's own decode (the SPDL loader's, or for ``--loader torch`` the
     DataLoader's PIL decode, in this process), skipping bad images, against timm's."""
-    policy = BadImagePolicy(skip=True)
 
     def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> _Batch:
         images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
@@ -3483,6 +3476,7 @@ def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
 
     decode = decode_like_the_dataloader
     if config.loader != "torch":
+        policy = BadImagePolicy(skip=True)
         decode = get_decode_func(
             config.device, config.transform, config.decoder, policy, max_image_bytes=config.max_image_bytes
         )
