@@ -3583,8 +3583,7 @@ class _Sweep:
 
     @property
     def candidates(self) -> list[_SweepPoint]:
-        """The points whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first
-        (fewest threads in all, then processes, batch, queue): those worth running end to end."""
+        """The points whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first: to run end to end."""
         best = max((p.bound_fps for p in self.points), default=0.0)
         near = [p for p in self.points if p.bound_fps >= (1 - SWEEP_TOLERANCE) * best]
         return sorted(near, key=lambda p: (p.threads, p.decode_processes, p.batch_size, p.queue_size))
@@ -3747,20 +3746,17 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         print(f"  {shlex.join(_with_settings([*command, *skip], best))}", file=file)
 
 
-# The sweep's own flags, and the settings it sets, by every long name the parser takes (-j, -b: below).
-_SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--workers", *(f"--{name}" for name in _SWEPT)}
-
-
 def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
     """The command line as typed, less the sweep's own flags, then ``point``'s settings. A dropped flag
     takes its value with it (none if attached: ``-j8``, ``--plot=p.png``), ``--sweep`` its settings: a
     DATA_DIR after them stays. The parser takes no prefixes of flags: none slips past by abbreviation."""
+    own = {"--sweep", "--plot", "--results-file", "--workers", *(f"--{name}" for name in _SWEPT)}  # -j, -b: below
     out, value_follows, settings = [], False, False
     for word in command:
         if word.startswith("-") and not re.fullmatch(r"-\d.*", word):  # a flag, not a negative number
             name = word.split("=")[0]
             short = name[:2] in ("-j", "-b") and not name.startswith("--")
-            dropped = name in _SWEEP_DROPPED or short
+            dropped = name in own or short
             settings = name == "--sweep"
             attached = "=" in word or (short and len(word) > 2)
             value_follows = dropped and not settings and not attached
