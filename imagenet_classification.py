@@ -3416,29 +3416,6 @@ class _Parity:
         )
 
 
-def _reference_images(items: Sequence[tuple[str, int]], transform: EvalTransform) -> dict[str, Tensor]:
-    """Each image as timm's validation reads (``Image.open(...).convert("RGB")``) and crops it:
-    uint8 ``3 x S x S`` by path; images PIL cannot decode are left out."""
-    import timm.data
-    from PIL import Image
-
-    t = transform
-    # use_prefetcher: timm's eval transform up to the crop, then a uint8 tensor (no float, no normalisation)
-    size = (3, t.size, t.size)
-    reference = timm.data.create_transform(
-        input_size=size, crop_pct=t.crop_pct, crop_mode=t.crop_mode, interpolation=t.interpolation, use_prefetcher=True
-    )
-    out = {}
-    for path, _ in items:
-        try:
-            with _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
-                with Image.open(io.BytesIO(_read_image_bytes(path))) as image:
-                    out[path] = reference(image.convert("RGB"))
-        except ImageDecodeError:
-            continue
-    return out
-
-
 def _top5(model: ModelBundle, images: list[Tensor], batch_size: int) -> Tensor:
     """The model's five top classes of each uint8 ``3 x S x S`` image: int64 ``N x 5`` on the CPU."""
     device, tops = _model_device(model), [torch.empty(0, 5, dtype=torch.int64)]  # no image: 0 x 5
@@ -3455,13 +3432,27 @@ def _measure_parity(
     model: ModelBundle,
     batch_size: int = 32,
 ) -> _Parity:
-    """Decode ``items`` with the loader's ``decode`` (made with a skipping policy) and with timm's
-    reference transform, and compare pixels and the model's predictions."""
+    """Decode ``items`` with the loader's ``decode`` (made with a skipping policy) and as timm's validation
+    does (``Image.open(...).convert("RGB")``, its eval transform), and compare the pixels (uint8
+    ``3 x S x S``) and the model's predictions on the images both decoded."""
+    import timm.data
+    from PIL import Image
+
     ours: dict[str, Tensor] = {}
     for start in range(0, len(items), batch_size):
         batch = decode(items[start : start + batch_size])
         ours.update(zip(batch.paths, batch[0].cpu(), strict=True))
-    reference = _reference_images(items, model.transform)
+    t = model.transform
+    # use_prefetcher: timm's eval transform up to the crop, then a uint8 tensor (no float, no normalisation)
+    size = (3, t.size, t.size)
+    timm_transform = timm.data.create_transform(
+        input_size=size, crop_pct=t.crop_pct, crop_mode=t.crop_mode, interpolation=t.interpolation, use_prefetcher=True
+    )
+    reference: dict[str, Tensor] = {}
+    for path, _ in items:
+        with contextlib.suppress(ImageDecodeError), _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
+            with Image.open(io.BytesIO(_read_image_bytes(path))) as image:
+                reference[path] = timm_transform(image.convert("RGB"))
     paths = [path for path, _ in items if path in ours and path in reference]
     mads = [(ours[p].float() - reference[p].float()).abs().mean().item() for p in paths]
     a = _top5(model, [ours[p] for p in paths], batch_size)
@@ -3480,7 +3471,6 @@ def _measure_parity(
 def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
     """``--parity``: the run's own decode (the SPDL loader's, or for ``--loader torch`` the
     DataLoader's PIL decode, in this process), skipping bad images, against timm's."""
-    policy = BadImagePolicy(skip=True)
 
     def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> _Batch:
         images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
@@ -3489,6 +3479,7 @@ def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
 
     decode = decode_like_the_dataloader
     if config.loader != "torch":
+        policy = BadImagePolicy(skip=True)
         decode = get_decode_func(
             config.device, config.transform, config.decoder, policy, max_image_bytes=config.max_image_bytes
         )
@@ -3507,27 +3498,26 @@ _SWEEP_LEADS = 4  # an end-to-end window holds this many times the batches its l
 
 
 def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int) -> dict[str, list[int]]:
-    """The values to sweep of each of ``_SWEPT``, from ``auto`` (threads doubling from 1 to the CPU
-    count) or ``NAME=V1,V2,...`` specs; a setting not named keeps its value from ``defaults``.
-    ValueError for any other spec, or a value not a whole number from 1 (0 for ``decode-processes``)
-    to :py:data:`_COUNT_MAX`."""
+    """The values to sweep of each of ``_SWEPT`` from ``auto`` or ``NAME=V1,V2,...`` specs, the others
+    kept at ``defaults``. ValueError for any other spec, a setting named twice (which values?), or a
+    value not a whole number from 1 (0 for ``decode-processes``) to :py:data:`_COUNT_MAX`."""
+    doubling = [2**i for i in range(cpu_count.bit_length()) if 2**i < cpu_count] + [cpu_count]
     grid = {name: [value] for name, value in defaults.items()}
-    named: set[str] = set()  # a setting named twice: which values? Refused, not one of them dropped
+    named: set[str] = set()
     for spec in specs:
-        name = "num-threads" if spec == "auto" else spec.partition("=")[0]
+        name, _, values = spec.partition("=")
+        if spec == "auto":
+            name, numbers = "num-threads", doubling
+        elif name not in _SWEPT or not values:
+            raise ValueError(f"{spec!r}: expected auto or NAME=V1,V2,... with NAME one of {', '.join(_SWEPT)}")
+        else:
+            try:
+                numbers = sorted({int(v) for v in values.split(",")})
+            except ValueError:
+                raise ValueError(f"{spec!r}: the values must be whole numbers") from None
         if name in named:
             raise ValueError(f"{spec!r}: {name} is set twice (auto sets num-threads); give its values once")
         named.add(name)
-        if spec == "auto":
-            grid["num-threads"] = [2**i for i in range(cpu_count.bit_length()) if 2**i < cpu_count] + [cpu_count]
-            continue
-        name, _, values = spec.partition("=")
-        if name not in _SWEPT or not values:
-            raise ValueError(f"{spec!r}: expected auto or NAME=V1,V2,... with NAME one of {', '.join(_SWEPT)}")
-        try:
-            numbers = sorted({int(v) for v in values.split(",")})
-        except ValueError:
-            raise ValueError(f"{spec!r}: the values must be whole numbers") from None
         least = 0 if name == "decode-processes" else 1
         if numbers[0] < least or numbers[-1] > _COUNT_MAX:
             raise ValueError(f"{spec!r}: the values must be at least {least} and at most {_COUNT_MAX}")
@@ -3546,9 +3536,11 @@ def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
         raise InputError(f"--sweep: {e}") from None
     if args.loader == "torch" and len(grid["queue-size"]) > 1:
         raise InputError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
-    capped = {**grid, **{name: sorted({min(v, listed) for v in grid[name]}) for name in ("num-threads", "batch-size")}}
-    batches = math.ceil(listed / min(capped["batch-size"]))
-    capped["decode-processes"] = sorted({min(v, max(1, batches)) for v in grid["decode-processes"]})
+    capped = dict(grid)
+    for name in ("num-threads", "batch-size"):
+        capped[name] = sorted({min(v, listed) for v in grid[name]})
+    batches = math.ceil(listed / min(capped["batch-size"]))  # listed >= 1: _read_images refuses an empty list
+    capped["decode-processes"] = sorted({min(v, batches) for v in grid["decode-processes"]})
     if capped != grid:
         asked = ", ".join(f"{name}={','.join(map(str, grid[name]))}" for name in grid if capped[name] != grid[name])
         _LG.info("Sweep: %s capped at the %d images listed.", asked, listed)
@@ -3594,8 +3586,7 @@ class _Sweep:
 
     @property
     def candidates(self) -> list[_SweepPoint]:
-        """The points whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first
-        (fewest threads in all, then processes, batch, queue): those worth running end to end."""
+        """The points whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first: to run end to end."""
         best = max((p.bound_fps for p in self.points), default=0.0)
         near = [p for p in self.points if p.bound_fps >= (1 - SWEEP_TOLERANCE) * best]
         return sorted(near, key=lambda p: (p.threads, p.decode_processes, p.batch_size, p.queue_size))
@@ -3658,11 +3649,10 @@ def _sweep_timed(
     model: ModelBundle | None = None,
     failures: list[ImageDecodeError] | None = None,
 ) -> float:
-    """Images/s of a loader of ``point``'s settings over ``images``, skipping bad images (added to
-    ``failures``, each once): the loader alone, or end to end through ``model`` (on the CPU, up to
-    the loader's end: :py:func:`_add_drain`), then over
-    as many of the list's images as make a window of ``_SWEEP_LEADS`` times the loader's lead
-    (``point.short_window`` if the list is shorter). An interrupt stops the loader at once."""
+    """Images/s of a loader of ``point``'s settings, skipping bad images (added to ``failures``, each
+    once): alone over ``images``, or end to end through ``model`` over a window of ``_SWEEP_LEADS``
+    times the loader's lead (``point.short_window`` if the list is shorter; on the CPU up to the
+    loader's end: :py:func:`_add_drain`)."""
     threads = point.num_threads
     concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
     sizes = {"batch_size": point.batch_size, "queue_size": point.queue_size, "decode_processes": point.decode_processes}
@@ -3678,18 +3668,15 @@ def _sweep_timed(
                 if model is None:
                     return measure_loader(loader.batches, config.device, _SWEEP_WARMUP, failures)
                 run = benchmark(loader.batches, model, listed=len(images), warmup_batches=_SWEEP_WARMUP, policy=policy)
-                if failures is not None:  # it reads further down the list: bad images the loader passes did not meet
-                    known = {f.path for f in failures}
-                    failures += [
-                        ImageDecodeError(f["path"], f["reason"]) for f in run.failures if f["path"] not in known
-                    ]
+                known = {f.path for f in failures}  # it reads further down the list than the loader passes
+                failures += [ImageDecodeError(f["path"], f["reason"]) for f in run.failures if f["path"] not in known]
                 if config.device.type == "cpu" and loader.stats is not None:  # else a larger lead, a faster setting
                     _add_drain(run, loader.stats.loader_end())
                     if run.fps_while_loading is None and run.drained_batches:  # the model's rate, mostly
                         point.short_window = True
                 return run.fps if run.fps_while_loading is None else run.fps_while_loading
         except RunInterrupted:
-            loader.stop_at_once = True
+            loader.stop_at_once = True  # not waiting for the queued batches
             raise
 
 
@@ -3713,11 +3700,7 @@ def _sweep_command(config: _RunConfig) -> int:
         _print_out(_print_sweep, sweep, config.command)
         title = f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting"
         outputs = [
-            (
-                "the results",
-                config.results_file,
-                lambda path: _write_atomically(path, _sweep_file_text(path, sweep, payload)),
-            ),
+            ("the results", config.results_file, lambda path: _write_sweep(path, sweep, payload)),
             ("the plot", config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
         ]
         not_written = _write_outputs(outputs)
@@ -3726,12 +3709,15 @@ def _sweep_command(config: _RunConfig) -> int:
     return status or _held_status(held) or (EXIT_FAILED if not_written else 0)
 
 
-def _sweep_file_text(path: Path, sweep: _Sweep, payload: dict) -> str:
-    """The sweep's results file: its points as CSV for a ``.csv`` name, else ``payload`` as JSON."""
+def _write_sweep(path: Path, sweep: _Sweep, payload: dict) -> None:
+    """Write the sweep's points as CSV for a ``.csv`` path, else ``payload`` as JSON. Atomically."""
     if not str(path).lower().endswith(".csv"):
-        return json.dumps(payload, indent=2) + "\n"
-    rows = [{**asdict(p), "bound_fps": p.bound_fps, "recommended": p is sweep.recommended} for p in sweep.points]
-    return _csv_text(rows, [*(f.name for f in dataclass_fields(_SweepPoint)), "bound_fps", "recommended"])
+        _write_atomically(path, json.dumps(payload, indent=2) + "\n")
+        return
+    best = sweep.recommended
+    rows = [{**asdict(p), "bound_fps": p.bound_fps, "recommended": p is best} for p in sweep.points]
+    columns = [*(f.name for f in dataclass_fields(_SweepPoint)), "bound_fps", "recommended"]
+    _write_atomically(path, _csv_text(rows, columns))
 
 
 def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = None) -> None:
@@ -3763,37 +3749,33 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         print(f"  {shlex.join(_with_settings([*command, *skip], best))}", file=file)
 
 
-# The sweep's own flags, and the settings it sets, by every long name the parser takes (-j, -b: below).
-_SWEEP_DROPPED = {"--sweep", "--plot", "--results-file", "--workers", *(f"--{name}" for name in _SWEPT)}
-
-
 def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
-    """The command line as typed, less the sweep's own flags and settings, then ``point``'s settings.
-    A dropped flag takes its one value with it (none if attached: ``-j8``, ``--plot=p.png``), and
-    ``--sweep`` its settings: a DATA_DIR after them stays (flags are never abbreviated: the parser
-    takes no prefixes)."""
-    out, drop, settings = [], 0, False
+    """The command line as typed, less the sweep's own flags, then ``point``'s settings. A dropped flag
+    takes its value with it (none if attached: ``-j8``, ``--plot=p.png``), ``--sweep`` its settings: a
+    DATA_DIR after them stays. The parser takes no prefixes of flags: none slips past by abbreviation."""
+    own = {"--sweep", "--plot", "--results-file", "--workers", *(f"--{name}" for name in _SWEPT)}  # -j, -b: below
+    out, value_follows, settings = [], False, False
     for word in command:
         if word.startswith("-") and not re.fullmatch(r"-\d.*", word):  # a flag, not a negative number
             name = word.split("=")[0]
             short = name[:2] in ("-j", "-b") and not name.startswith("--")
-            dropped = name in _SWEEP_DROPPED or short
+            dropped = name in own or short
             settings = name == "--sweep"
             attached = "=" in word or (short and len(word) > 2)
-            drop = 1 if dropped and not settings and not attached else 0
+            value_follows = dropped and not settings and not attached
             if not dropped:
                 out.append(word)
         elif settings and (word == "auto" or "=" in word):
             continue
-        elif drop:
-            drop -= 1
+        elif value_follows:
+            value_follows = False
         else:
             settings = False
             out.append(word)
     return [*out, *point.flags().split()]
 
 
-def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
+def _plot_sweep(sweep: _Sweep, path: Path | str, title: str) -> bool:
     """Images/s against decode threads: the loader alone (lines), end to end (crosses), the model
     alone (dashed), the recommended setting circled, in plain numbers. False without matplotlib."""
     if (plt := _pyplot()) is None:
@@ -3828,8 +3810,7 @@ def _plot_sweep(sweep: _Sweep, path: Path | str, title: str = "") -> bool:
         ax.yaxis.set(major_locator=LogLocator(subs=(1, 2, 5)), major_formatter=ScalarFormatter())
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates, default=1) * 1.3)
-    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s")
-    ax.set_title(title or f"Sweep: {sweep.images} images per setting")
+    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s", title=title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     _save(fig, plt, ax, path)
     return True

@@ -218,7 +218,7 @@ def test_sweep_plot_reads_in_plain_numbers(tmp_path, monkeypatch):
     points[-1].e2e_fps = 2950.0
     kept = []
     monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to read it
-    assert _plot_sweep(_Sweep(points, 4000), tmp_path / "s.png")
+    assert _plot_sweep(_Sweep(points, 4000), tmp_path / "s.png", "a title")
     ax = kept[0].axes[0]
     assert [label.get_text() for label in ax.get_xticklabels()] == ["1", "2", "4", "8", "16"]
     assert ax.get_yscale() == "log" and all("^" not in label.get_text() for label in ax.get_yticklabels())
