@@ -4439,12 +4439,9 @@ def _refuse_under_torchrun(args: argparse.Namespace, shard: _Shard) -> None:
         return
     if str(args.input_flist) == "-":
         raise InputError("--input-flist -: under torchrun every rank would read stdin; give the list as a file")
-    if args.breakdown:
-        raise InputError("--breakdown runs in a single process, not under torchrun")
-    if args.parity:
-        raise InputError("--parity compares in a single process, not under torchrun")
-    if args.sweep:
-        raise InputError("--sweep runs in a single process, not under torchrun")
+    for flag, given in (("--breakdown", args.breakdown), ("--parity", args.parity), ("--sweep", args.sweep)):
+        if given:
+            raise InputError(f"{flag} runs in a single process, not under torchrun")
 
 
 def _preflight(
@@ -4847,14 +4844,11 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     listed = config.images if report.error is None else config.my_images
     rows = _in_list_order(result.predictions or [], listed)
     timeline, trace = result.timeline, report.trace
+    plot = config.plot if timeline else None
     outputs = [  # a stopped run's too
         ("the results", config.results_file, lambda path: _write_results(path, report)),
         ("the per-image rows", config.predictions_file, lambda path: _write_predictions(path, rows)),
-        (
-            "the plot",
-            config.plot if timeline else None,
-            lambda path: _plot_timeline(timeline, path, _run_title(report)),
-        ),
+        ("the plot", plot, lambda path: _plot_timeline(timeline, path, _run_title(report))),
         ("the trace", config.trace if trace is not None else None, lambda path: _export_trace(trace, path)),
     ]
     try:
