@@ -4284,13 +4284,14 @@ class _RunConfig:
         return self.queue_size + 1 + _SPDL_STAGE_BUFFER + self.decode_concurrency * max(1, self.decode_processes)
 
     def policy(self) -> BadImagePolicy:
-        """A fresh bad-image policy as the flags ask."""
         if self.max_bad is None:
             return BadImagePolicy(skip=self.skip_bad)
         value, is_percent = self.max_bad
-        policy = BadImagePolicy(True, None if is_percent else int(value), value if is_percent else None)
-        if is_percent and self.shard.world_size > 1:  # a share of the job's list, not of each rank's shard
-            policy = BadImagePolicy(True, policy.limit(len(self.images)))
+        if not is_percent:
+            return BadImagePolicy(skip=True, max_bad=int(value))
+        policy = BadImagePolicy(skip=True, max_bad_percent=value)
+        if self.shard.world_size > 1:  # a share of the job's list, not of each rank's shard
+            return BadImagePolicy(skip=True, max_bad=policy.limit(len(self.images)))
         return policy
 
     def to_dict(self) -> dict:
@@ -4339,9 +4340,8 @@ def _read_images(args: argparse.Namespace) -> ImageList:
 
 
 def _check_files(args: argparse.Namespace, images: ImageList) -> None:
-    """The checkpoint, and every file the run will write: none may be a file the run reads (by real path:
-    the list, the labels, the checkpoint, the class table, this module, a ``local-dir:`` model's config
-    and weights, a listed image) or another output."""
+    """The checkpoint, and every file the run will write: none may be (by real path) a file the run
+    reads (a listed image too) or another output."""
     if args.checkpoint is not None and not args.checkpoint.is_file():
         what = "no such file" if not args.checkpoint.exists() else "not a regular file"
         raise InputError(f"--checkpoint {args.checkpoint}: {what}")
@@ -4423,12 +4423,9 @@ def _refuse_under_torchrun(args: argparse.Namespace, shard: _Shard) -> None:
         return
     if str(args.input_flist) == "-":
         raise InputError("--input-flist -: under torchrun every rank would read stdin; give the list as a file")
-    if args.breakdown:
-        raise InputError("--breakdown runs in a single process, not under torchrun")
-    if args.parity:
-        raise InputError("--parity compares in a single process, not under torchrun")
-    if args.sweep:
-        raise InputError("--sweep runs in a single process, not under torchrun")
+    for flag, given in (("--breakdown", args.breakdown), ("--parity", args.parity), ("--sweep", args.sweep)):
+        if given:
+            raise InputError(f"{flag} runs in a single process, not under torchrun")
 
 
 def _preflight(
@@ -4492,9 +4489,8 @@ def _preflight(
 
 
 def _capped_workers(args: argparse.Namespace, images: int) -> tuple[int, int]:
-    """``--num-threads`` and ``--decode-processes`` capped at the ``images`` this process has: a thread
-    with no image, or a worker process with no batch, idles and costs memory (a process each for the
-    DataLoader; for a decode process, an interpreter with torch and SPDL, some 350 MB)."""
+    """``--num-threads`` and ``--decode-processes`` capped at the ``images`` this process has: an idle
+    worker costs memory (a decode process, an interpreter with torch and SPDL: some 350 MB)."""
     threads = min(args.num_threads, max(1, images))
     processes = min(args.decode_processes, max(1, math.ceil(images / args.batch_size)))
     if threads < args.num_threads:
@@ -4575,9 +4571,8 @@ def _stop_pipeline(pipeline: Pipeline, at_once: bool, in_processes: bool) -> boo
 
 @contextlib.contextmanager
 def _tracing(path: Path | None, device: torch.device) -> Iterator[tuple[torch.profiler.profile, BinaryIO] | None]:
-    """With a path, record torch's trace and SPDL's: yields torch's profiler and the file that SPDL's
-    trace goes to as it is recorded, in memory (Perfetto's writes fail without a word: on a full disk
-    PATH.pftrace would be cut short); the caller writes both once the run has ended or stopped."""
+    """With a path, record torch's trace and SPDL's: yields torch's profiler and SPDL's trace file, in
+    memory (Perfetto's writes fail without a word on a full disk); :py:func:`_export_trace` writes both."""
     if path is None:
         yield None
         return
@@ -4594,13 +4589,10 @@ def _tracing(path: Path | None, device: torch.device) -> Iterator[tuple[torch.pr
 
 
 def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path) -> None:
-    """Write torch's trace (PATH.json) and SPDL's (PATH.pftrace), each whole or not at all (the old
-    file left whole), and say where both are. Raises OSError."""
+    """Write torch's trace (PATH.json) and SPDL's (PATH.pftrace), each whole or not at all. Raises OSError."""
     profiler, spdl_trace = trace
-    # Kineto's save() fails without a word (a full disk leaves no file, or a cut one, and its .tmp),
-    # and it rewrites the path it is given (a backslash becomes a folder, a control character is
-    # dropped): it writes into a temporary folder beside the trace (or, where that folder's path is
-    # not plain, in the temporary directory), and what it wrote must read back as JSON.
+    # Kineto's save() fails without a word on a full disk, and rewrites a path that is not plain (a
+    # backslash becomes a folder): it writes into a plain scratch folder, and must write JSON.
     beside = os.path.dirname(os.path.realpath(f"{path}.json"))
     folder = beside if beside.isprintable() and "\\" not in beside else tempfile.gettempdir()
     with tempfile.TemporaryDirectory(dir=folder, prefix=".imagenet_classification-trace-") as scratch:
@@ -4620,8 +4612,8 @@ def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path) ->
 
 
 def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> bool:
-    """The timed loop over this rank's images, into ``report``, which keeps what was measured however
-    it stops. Returns whether the loader stopped cleanly (no worker thread left stuck)."""
+    """The timed loop over this rank's images, into ``report`` however it stops. Returns whether the
+    loader stopped cleanly (no worker thread left stuck)."""
     images, policy, shard = config.my_images, config.policy(), config.shard
     progress = _Progress(len(images)) if shard.rank == 0 else None
     warmup = _warmup_for_all_ranks(shard, len(config.images), config.batch_size, config.warmup_batches)
@@ -4662,8 +4654,7 @@ def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> boo
 
 
 def _add_window_lead(result: RunResult, stats: _PipelineStats, concurrency: int) -> None:
-    """The loader's lead and known rate when the FPS window opened, as measured, in ``result``
-    (the lead never above the loader's capacity already there)."""
+    """The loader's measured lead (at most its capacity) and rate when the FPS window opened, in ``result``."""
     window = stats.window_lead(concurrency)
     if window is None or result.warmup_included or result.loader_lead is None:
         return
@@ -4674,12 +4665,9 @@ def _add_window_lead(result: RunResult, stats: _PipelineStats, concurrency: int)
 
 
 def _add_drain(result: RunResult, loader_end: float | None) -> None:
-    """On the CPU, where the loader and the model share the cores, into ``result``: the timed batches
-    the model began after the loader had decoded its last (``loader_end``, ``time.monotonic``). It
-    ran those with the cores to itself, faster than the run went while both ran: a short list's
-    FPS overstates the rate a long one would hold. ``fps_while_loading`` leaves them out; None if
-    they are more than half the window (too few batches left for a rate) or no image ran before
-    them. Not for a stopped run: its loader did not end."""
+    """On the CPU: the timed batches the model began after the loader's last (``loader_end``,
+    ``time.monotonic``) ran with the cores to itself, so a short list's FPS is too high.
+    ``fps_while_loading`` leaves them out; None if they are over half the window or no image ran before."""
     t = result.timeline
     if loader_end is None or not result.batches_timed or result.partial:
         return
@@ -4695,9 +4683,8 @@ def _add_drain(result: RunResult, loader_end: float | None) -> None:
 
 
 def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -> None:
-    """After the run, into the report: its loader alone, reading its files alone (each pass after
-    evicting them again with --cold-cache), the model alone on as many batches. What cuts it short
-    is said in the report; the run's result stands."""
+    """After the run, into the report: the loader alone, reading alone (evicted again with
+    --cold-cache), the model alone. What cuts it short is said in the report; the run's result stands."""
     images, result, cold = config.my_images, report.result, config.cold_cache
     batch_size = min(config.batch_size, len(images))
     try:  # from the first line: a signal as soon as it is logged cuts the breakdown, not the run
@@ -4756,9 +4743,8 @@ def _build_model(config: _RunConfig) -> ModelBundle:
 
 
 def _run(config: _RunConfig) -> _RunReport:
-    """The decoder check, joining the torchrun job, the model, parity, the timed loop and the
-    breakdown: what was measured, in a report. What stops the run before its loop (a signal while
-    the model compiles, out of memory in the parity pass) is in it too, nothing measured."""
+    """The decoder check, the torchrun job, the model, parity, the timed loop and the breakdown, in a
+    report; one that stopped before its loop too (nothing measured)."""
     shard = config.shard
     result = RunResult(len(config.my_images), partial=True)
     report = _RunReport(result, config.to_dict(), _environment(config.device), [], world_size=shard.world_size)
@@ -4786,8 +4772,7 @@ def _run(config: _RunConfig) -> _RunReport:
 
 
 def _explain(error: BaseException, config: _RunConfig | None) -> tuple[str, int]:
-    """The one line the command line prints for an error, with advice about its flags, and the
-    exit status: the only place where library errors meet flags and exit statuses."""
+    """The one line printed for an error, with advice about its flags, and the exit status."""
     if isinstance(error, RunInterrupted):
         return error.reason, 128 + error.signum  # as a shell reports a process a signal ended
     if isinstance(error, InputError):
@@ -4802,10 +4787,8 @@ def _explain(error: BaseException, config: _RunConfig | None) -> tuple[str, int]
 
 
 def _write_outputs(outputs: Sequence[tuple[str, Path | None, Callable[[Path], bool | None]]]) -> list[str]:
-    """Write each ``(what, path, writer)`` that has a path: one that fails costs no other; returns (and
-    says) a line per file not written, naming ``what`` is lost ("the results", which the summary above
-    has, or the per-image rows, the plot, the trace, which are nowhere else). A writer returning False
-    could not draw (no matplotlib): a note."""
+    """Write each ``(what, path, writer)`` that has a path, one failure costing no other; returns (and
+    says) a line per file not written. A writer returning False could not draw (no matplotlib)."""
     errors = []
     for what, path, write in outputs:
         if path is None:
@@ -4826,8 +4809,8 @@ def _write_outputs(outputs: Sequence[tuple[str, Path | None, Callable[[Path], bo
 
 
 def _finish(report: _RunReport, config: _RunConfig) -> int:
-    """Say why the run stopped (if it did), print the report (rank 0, or a rank that stopped
-    alone), write the files; return the exit status."""
+    """Say why the run stopped, print the report (rank 0, or a rank that stopped alone), write the
+    files; return the exit status."""
     shard, status, result = config.shard, 0, report.result
     alone = shard.world_size > 1 and report.error is not None
     limit = config.policy().limit(len(config.images))
@@ -4847,14 +4830,11 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     listed = config.images if report.error is None else config.my_images
     rows = _in_list_order(result.predictions or [], listed)
     timeline, trace = result.timeline, report.trace
+    plot = config.plot if timeline else None
     outputs = [  # a stopped run's too
         ("the results", config.results_file, lambda path: _write_results(path, report)),
         ("the per-image rows", config.predictions_file, lambda path: _write_predictions(path, rows)),
-        (
-            "the plot",
-            config.plot if timeline else None,
-            lambda path: _plot_timeline(timeline, path, _run_title(report)),
-        ),
+        ("the plot", plot, lambda path: _plot_timeline(timeline, path, _run_title(report))),
         ("the trace", config.trace if trace is not None else None, lambda path: _export_trace(trace, path)),
     ]
     try:
@@ -4876,19 +4856,15 @@ def _say(line: str) -> None:
 
 
 def _printable(text: str) -> str:
-    """``text`` as one line on a screen: each character that is not printable (a newline or carriage
-    return in a file name, a terminal's escape, a zero-width or bidi mark) backslash-escaped as Python's
-    repr writes it: ``\\n``, ``\\x1b``; a name's byte that is not UTF-8 as ``\\udce9``, as the streams'
-    backslashreplace writes it. A name with a newline would split the line, and could print a fake
-    ``FPS=`` line for a script that reads stdout."""
+    """``text`` as one line, each character that is not printable escaped as repr writes it (``\\n``,
+    ``\\x1b``, ``\\udce9``): a file name's newline could print a fake ``FPS=`` line."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _printable_record(record: logging.LogRecord) -> bool:
-    """A filter of this module's log: its message as one printable line (a path in it, a library's
-    error text); the traceback of ``exc_info`` is apart, and stays as it is."""
+    """A filter of this module's log: its message as one printable line (the traceback stays as it is)."""
     record.msg, record.args = _printable(record.getMessage()), None
     return True
 
@@ -4917,8 +4893,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[list[int]]:
-    """While the report is written, a signal waits until it is done (in the list yielded);
-    a second one ends the process at once."""
+    """While the report is written, a signal waits (in the list yielded); a second one ends the process."""
     held: list[int] = []
 
     def hold(signum: int, _frame: object) -> None:
@@ -4941,8 +4916,7 @@ def _held_status(held: list[int]) -> int:
 
 
 def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
-    """Log INFO and up (DEBUG with ``debug``); SPDL's per-stage statistics only with ``spdl_stats`` or
-    ``debug`` (the summary gives them over the FPS window)."""
+    """Log INFO and up (DEBUG with ``debug``); SPDL's per-stage statistics with ``spdl_stats`` or ``debug``."""
     fmt = "%(asctime)s [%(levelname)s] %(message)s"
     logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO, force=True)
     _LG.addFilter(_printable_record)  # added once, however often this runs
@@ -4970,8 +4944,7 @@ def _run_job(config: _RunConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line's work: check the inputs, build the model and loader, run, report.
-    Returns the exit status (argparse exits with 2 itself on a malformed command line)."""
+    """The command line's work; returns the exit status (argparse exits with 2 itself on a bad command line)."""
     import datetime
 
     start_time = datetime.datetime.now().astimezone().isoformat(timespec="seconds")  # ISO 8601, local offset
@@ -5003,8 +4976,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _program() -> list[str]:
-    """How this process was started, as a user would type it again: ``python -m imagenet_classification``,
-    ``python PATH.py``, or the installed command (by name when that name on PATH is this one)."""
+    """How this process was started, as a user would type it again (``python -m ...``, ``python PATH.py``,
+    or the installed command)."""
     import shutil
 
     main_module = sys.modules.get("__main__")
@@ -5019,9 +4992,8 @@ def _program() -> list[str]:
 
 
 def entrypoint(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point: :py:func:`main`, then the process ends at once with its status.
-    (The interpreter's shutdown would wait for decode threads still busy, forever for one stuck in a
-    hung read, abort as Gloo's threads free their last tensors, and warn of SPDL buffers alive.)"""
+    """:py:func:`main`, then the process ends at once with its status (the interpreter's shutdown would
+    wait forever for a decode thread stuck in a hung read, or abort as Gloo's threads free tensors)."""
     _fill_closed_streams()
     try:
         status = main(argv)
@@ -5040,9 +5012,8 @@ def entrypoint(argv: Sequence[str] | None = None) -> None:
 
 
 def _fill_closed_streams() -> None:
-    """Open /dev/null as each of stdin, stdout and stderr that was closed at start (``>&-``): the
-    next file opened would take its number, and what a native library prints would go into it (a
-    results file, a trace). Python's ``sys.stdout`` stays None: this module prints nothing there."""
+    """Open /dev/null as each of fds 0-2 closed at start (``>&-``): else the next file opened (a results
+    file) takes its number and gets what a native library prints."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
@@ -5051,8 +5022,7 @@ def _fill_closed_streams() -> None:
 
 
 def _end_children() -> None:
-    """End the worker processes left running (after an interrupt): orphaned, they would notice
-    only seconds later, holding the terminal's or a pipe's output open meanwhile."""
+    """End the worker processes left running (after an interrupt): orphaned, they hold a pipe open for seconds."""
     import multiprocessing
 
     for child in multiprocessing.active_children():
