@@ -1151,8 +1151,7 @@ def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
         raise ImageDecodeError(path, f"file over the {max_bytes / 2**20:g} MiB limit")
     if not data:
         raise ImageDecodeError(path, "empty file (0 bytes)")
-    # A JPEG's end-of-image marker comes after its first scan starts; data after it (a camera's
-    # trailer, a second image) is fine, as in PIL.
+    # The end-of-image marker follows the first scan; data after it (a camera's trailer) is fine, as in PIL.
     if data[:2] == b"\xff\xd8" and not data.endswith(b"\xff\xd9"):
         if data.find(b"\xff\xd9", _jpeg_scan(data)) == -1:
             raise ImageDecodeError(path, "truncated JPEG (no end-of-image marker)")
@@ -1283,9 +1282,8 @@ def _ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig]:
 
 
 def _decode_frames(data: bytes) -> spdl.io.ImageFrames:
-    """JPEG or PNG data decoded by FFmpeg in its own pixel format (an animated PNG's first frame).
-    Raises what SPDL raises for bad data (:py:data:`_DECODER_ERRORS`)."""
-    # spdl.io.demux_image and decode_packets' native calls, without their Python wrappers.
+    """JPEG or PNG data decoded by FFmpeg in its own pixel format (an animated PNG's first frame), by
+    SPDL's native calls without demux_image's and decode_packets' wrappers. Raises _DECODER_ERRORS."""
     demux_config, decode_config = _ffmpeg_jpeg_configs() if data.startswith(_JPEG_START) else (None, None)
     demuxer = _libspdl.make_demuxer(memoryview(data), demux_config=demux_config)
     try:
@@ -1433,9 +1431,8 @@ def _decode_items(
     policy: BadImagePolicy | None,
     failures: list[ImageDecodeError],
 ) -> tuple[list[Any], list[int], list[str]]:
-    """``(decoded images, labels, paths)``, each image marked in :py:data:`_DECODING` meanwhile: a
-    bad one added to ``failures`` (raised without a policy); another error raised with its path in
-    ``_while_decoding`` (for _loader_failed)."""
+    """``(decoded images, labels, paths)``, each image marked in _DECODING meanwhile; a bad one added to
+    ``failures`` (raised without a policy), another error raised with its path in ``_while_decoding``."""
     decoded, labels, paths = [], [], []
     marks, key = _DECODING, threading.get_ident()
     try:
