@@ -930,9 +930,8 @@ class EvalTransform:
     crop_mode: str = "center"
 
     def __post_init__(self) -> None:
-        """ValueError naming each field out of range, however the transform was made: else the
-        decoders would fail on every image and blame the images (``size=0``, ``crop_pct=-1``) or
-        decode another transform (``crop_mode="border"`` as center, ``crop_pct=87.5`` as a few pixels)."""
+        """ValueError naming each field out of range, however the transform was made: else every
+        image would fail (``size=0``) or another transform be decoded (``crop_pct=87.5``)."""
         reasons = []
         if not (isinstance(self.size, numbers.Integral) and _within(self.size, 1, _IMG_SIZE_MAX)):
             reasons.append(f"its size {self.size!r} is not a whole number of pixels from 1 to {_IMG_SIZE_MAX}")
@@ -954,11 +953,9 @@ class EvalTransform:
 
     @classmethod
     def from_model(cls, model: torch.nn.Module | str, overrides: dict | None = None) -> EvalTransform:
-        """From a timm model's pretrained config, a model name's (without building the model), or a
-        :py:class:`ModelBundle`'s own transform; ``overrides`` as timm's ``resolve_data_config`` takes
-        them (``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``, ``crop_mode``).
-        Raises InputError: not a timm model, or a transform this loader does not reproduce;
-        ValueError: an override timm does not take."""
+        """From a timm model's pretrained config, a model name's (not built) or a ModelBundle's
+        transform; ``overrides`` as timm's ``resolve_data_config`` takes them. Raises InputError (no
+        timm model, or a transform not reproduced here) or ValueError (an override timm ignores)."""
         import timm.data
 
         overrides = dict(overrides or {})
@@ -1022,8 +1019,7 @@ class EvalTransform:
         # exact=1: keep an odd full side as it is (the other side's region is even-sized).
         region = "" if (src_w, src_h) == (width, height) else f"crop={src_w}:{src_h}:{x0}:{y0}:exact=1,"
         crop = f"crop={self.size}:{self.size}:{pad_x}:{pad_y}"
-        # in_range=full: JPEG and PNG data are full range. Told so, swscale is set up once per
-        # graph, not again on the first frame (the same pixels, at twice the cost of a new graph).
+        # in_range=full (JPEG and PNG are): else swscale sets up again on the first frame (2x the cost).
         scale = f"scale={out_w}:{out_h}:flags={flags}:in_range=full"
         return f"{region}{scale},format=gbrp,{crop},format=rgb24"
 
@@ -1039,12 +1035,10 @@ REGION_TOLERANCE = 0.06  # source pixels
 
 @functools.lru_cache(maxsize=8192)  # images share sides
 def _resize_region(length: int, resized: int, offset: int, crop: int) -> tuple[int, int, int, int]:
-    """Along one side, the part of a frame to resize for the crop as if the whole frame were resized:
-    ``(start, source length, resized length, pad)``, the crop ``pad`` pixels into the resized region.
-    Of the regions of even start and length (4:2:0 chroma stays aligned), 4-16 resized pixels before
-    the crop and 4-39 after it, whose crop samples the source within :py:data:`REGION_TOLERANCE` of
-    the whole frame's ``(offset + k + 0.5) * length / resized``, the one resized smallest (then the
-    smallest pad); with none, or an enlarged side, the whole side: ``(0, length, resized, offset)``."""
+    """Along one side, the part of a frame to resize for the crop: ``(start, source length, resized
+    length, pad)``. The smallest region of even start and length (4:2:0 chroma stays aligned), 4-16
+    resized pixels before the crop and 4-39 after, whose crop samples within REGION_TOLERANCE of the
+    whole frame's resize; else (or on an enlarged side) the whole side, ``(0, length, resized, offset)``."""
     import numpy as np
 
     ratio = length / resized
@@ -1084,16 +1078,14 @@ class BadImagePolicy:
             raise ValueError("a limit on bad images applies only when they are skipped (skip=True)")
         if self.max_bad is not None and self.max_bad_percent is not None:
             raise ValueError("give max_bad or max_bad_percent, not both")
-        # Checked here, not at the first bad image: a run would stop there with a TypeError, or
-        # with a negative limit at once, or never with a percentage over 100.
+        # Checked here: at the first bad image a run would stop with a TypeError, at once, or never.
         if self.max_bad is not None and not (isinstance(self.max_bad, numbers.Integral) and _within(self.max_bad, 0)):
             raise ValueError(f"max_bad={self.max_bad!r}: expected a whole number of images, 0 or more")
         if self.max_bad_percent is not None and not _within(self.max_bad_percent, 0, 100):
             raise ValueError(f"max_bad_percent={self.max_bad_percent!r}: expected a number from 0 to 100")
 
     def limit(self, listed: int | None) -> int | None:
-        """The most bad images a run of ``listed`` images may skip; None: no limit (or a percentage
-        of an unknown number)."""
+        """The most bad images a run of ``listed`` may skip; None: no limit (or a percentage of None)."""
         if self.max_bad_percent is None or listed is None:
             return self.max_bad
         from fractions import Fraction  # exact: 10% of 30 is 3, never 2.9999
@@ -1101,8 +1093,7 @@ class BadImagePolicy:
         return math.floor(Fraction(str(self.max_bad_percent)) * listed / 100)
 
     def check(self, failures: Sequence[ImageDecodeError], listed: int | None = None) -> None:
-        """Raise RunStopped if ``failures``, the bad images met so far in order, stop the run;
-        ``listed``: the images listed (for a percentage)."""
+        """RunStopped if ``failures`` (the bad images so far, in order) stop a run of ``listed`` images."""
         if not failures:
             return
         if not self.skip:
@@ -1150,9 +1141,9 @@ def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
             if info.st_size > max_bytes:
                 mib = info.st_size / 2**20
                 raise ImageDecodeError(path, f"file of {mib:.1f} MiB, over the {max_bytes / 2**20:g} MiB limit")
-            # The file's size and a byte more, to see if it grew (or is bigger than it says, as in
-            # /proc): asking for max_bytes would allocate that much per image.
-            data = os.read(fd, min(info.st_size, max_bytes) + 1)
+            # A byte more than its size, to see if it grew (or is bigger than it says, as in /proc):
+            # asking for max_bytes would allocate that much per image.
+            data = os.read(fd, info.st_size + 1)
             if len(data) > info.st_size:
                 data += os.read(fd, max_bytes + 1 - len(data))
         finally:
@@ -1163,8 +1154,7 @@ def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
         raise ImageDecodeError(path, f"file over the {max_bytes / 2**20:g} MiB limit")
     if not data:
         raise ImageDecodeError(path, "empty file (0 bytes)")
-    # A JPEG's end-of-image marker comes after its first scan starts; data after it (a camera's
-    # trailer, a second image) is fine, as in PIL.
+    # The end-of-image marker follows the first scan; data after it (a camera's trailer) is fine, as in PIL.
     if data[:2] == b"\xff\xd8" and not data.endswith(b"\xff\xd9"):
         if data.find(b"\xff\xd9", _jpeg_scan(data)) == -1:
             raise ImageDecodeError(path, "truncated JPEG (no end-of-image marker)")
@@ -1256,17 +1246,15 @@ class _FilterGraphCache:
         seen: dict = state.setdefault("seen", {})  # sizes met once, oldest first
         key = (frames.width, frames.height, frames.pix_fmt)
         graph = graphs.pop(key, None)
-        cached = graph is not None
-        if not cached:
+        keep = graph is not None or key in seen  # a cached size, or a size's second image
+        if graph is None:
             graph = _filter_graph(*key, self.transform.ffmpeg_filter(key[0], key[1]))
         graph.add_frames(frames)
         output = graph.get_frames()
         if output is None:
             raise RuntimeError("the filter graph produced no frame")
-        if cached:  # back at the LRU's newest end
-            graphs[key] = graph
-        elif key in seen:  # a size's second image: only a graph that worked goes into the cache
-            del seen[key]
+        if keep:  # only a graph that worked goes (back) into the cache, at its newest end
+            seen.pop(key, None)
             graphs[key] = graph
             if len(graphs) > self.capacity:
                 del graphs[next(iter(graphs))]
@@ -1286,10 +1274,9 @@ def _filter_graph(width: int, height: int, pix_fmt: str, chain: str) -> spdl.io.
 
 @functools.cache
 def _ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig]:
-    """How JPEG data is demuxed and decoded: no format probe; ``fflags=noparse``: the file is one
-    packet, as PIL reads it, so a second image (an MPO, a gain map) is no frame SPDL refuses; on
-    x86-64 the Xvid IDCT (faster, closer to PIL's libjpeg); ``err_detect=explode``: damaged scan
-    data fails, not a frame of garbage classified. Made on first use (it loads SPDL's library)."""
+    """How JPEG data is demuxed and decoded: ``fflags=noparse``: the file is one packet, as PIL reads
+    it (a second image, an MPO's, is no frame SPDL refuses); on x86-64 the Xvid IDCT (faster, closer
+    to libjpeg); ``err_detect=explode``: damaged scan data fails. Made on first use (it loads SPDL)."""
     demux_config = spdl.io.demux_config(format="jpeg_pipe", format_options={"fflags": "noparse"})
     options = {"err_detect": "explode"}
     if platform.machine().lower() in ("x86_64", "amd64"):
@@ -1298,9 +1285,8 @@ def _ffmpeg_jpeg_configs() -> tuple[spdl.io.DemuxConfig, spdl.io.DecodeConfig]:
 
 
 def _decode_frames(data: bytes) -> spdl.io.ImageFrames:
-    """JPEG or PNG data decoded by FFmpeg in its own pixel format (an animated PNG's first frame).
-    Raises what SPDL raises for bad data (:py:data:`_DECODER_ERRORS`)."""
-    # spdl.io.demux_image and decode_packets' native calls, without their Python wrappers.
+    """JPEG or PNG data decoded by FFmpeg in its own pixel format (an animated PNG's first frame), by
+    SPDL's native calls without demux_image's and decode_packets' wrappers. Raises _DECODER_ERRORS."""
     demux_config, decode_config = _ffmpeg_jpeg_configs() if data.startswith(_JPEG_START) else (None, None)
     demuxer = _libspdl.make_demuxer(memoryview(data), demux_config=demux_config)
     try:
@@ -1448,9 +1434,8 @@ def _decode_items(
     policy: BadImagePolicy | None,
     failures: list[ImageDecodeError],
 ) -> tuple[list[Any], list[int], list[str]]:
-    """``(decoded images, labels, paths)``, each image marked in :py:data:`_DECODING` meanwhile: a
-    bad one added to ``failures`` (raised without a policy); another error raised with its path in
-    ``_while_decoding`` (for _loader_failed)."""
+    """``(decoded images, labels, paths)``, each image marked in _DECODING meanwhile; a bad one added to
+    ``failures`` (raised without a policy), another error raised with its path in ``_while_decoding``."""
     decoded, labels, paths = [], [], []
     marks, key = _DECODING, threading.get_ident()
     try:
