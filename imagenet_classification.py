@@ -2609,21 +2609,15 @@ def get_model(
 
 @dataclass
 class RunResult:
-    """What a run measured. ``classified + failed + not_reached == listed`` always holds
-    (``listed`` is None for an iterator of unknown length).
+    """What a run measured: ``classified + failed + not_reached == listed`` (``listed`` is None for
+    a loader of unknown length). FPS is ``frames_timed / elapsed_s`` over the ``batches_timed``
+    batches after the warm-up, or over all of them (``warmup_included``) when there were no more.
 
-    FPS is ``frames_timed / elapsed_s`` over the ``batches_timed`` batches after the warm-up, or
-    over all of them (``warmup_included``) when there were no more. ``decoder_fallbacks``: images a
-    GPU decoder left to the CPU; ``decoder_backends``: images each of its backends decoded, warm-up
-    included. ``not_finite``: images classified whose logits held a NaN or an infinity (never a
-    hit: the model gave no prediction for them). ``loader_lead``: batches the loader can hold ahead
-    of the model (after an SPDL run, what it held when the window opened); ``loader_min_fps``: a
-    rate it is known to have reached in the window. ``drained_batches``: on the CPU in a run of
-    :py:func:`main`, timed batches the model began after the loader had decoded its last, with the
-    cores to itself; ``fps_while_loading``: FPS over the window's other batches (see
-    :py:func:`_add_drain`; both None where it does not apply). ``timeline``: see
-    :py:meth:`_TimingWindow.timeline`. ``page_cache``: the listed files' share in memory before the
-    run. ``predictions``: one row per image classified, when asked for (not in :py:meth:`to_dict`).
+    ``decoder_fallbacks``: images a GPU decoder left to the CPU. ``not_finite``: images whose logits
+    held a NaN or an infinity (never a hit). ``loader_lead``: batches the loader can hold ahead of
+    the model; ``loader_min_fps``: a rate it reached in the window. ``drained_batches`` and
+    ``fps_while_loading``: see :py:func:`_add_drain`. ``predictions``: one row per image classified,
+    when asked for (not in :py:meth:`to_dict`).
     """
 
     listed: int | None
@@ -2664,10 +2658,9 @@ class RunResult:
 
     @property
     def fps_max_overstatement(self) -> float | None:
-        """How much FPS can overstate a loader-bound rate, as a share (0.1: up to 10 %; inf: the
-        window was all buffered). A window of T batches that opens with ``lead`` buffered needs
-        only T - lead from the loader; a loader known to reach ``loader_min_fps`` bounds it too.
-        None when the lead is unknown or the window includes the start (nothing buffered yet)."""
+        """How much FPS can overstate a loader-bound rate, as a share (inf: the window was all
+        buffered): a window of T batches that opens with ``lead`` buffered needs only T - lead from
+        the loader. None when the lead is unknown or the window includes the start."""
         if self.loader_lead is None or self.warmup_included or not self.batches_timed:
             return None
         lead = self.loader_lead  # a lead of the whole window or more: all of it buffered
@@ -2699,9 +2692,8 @@ class RunResult:
 
 
 class _TimingWindow:
-    """The FPS window, from the end of the warm-up (or the start, if no later) to the last batch,
-    read after the device's queue drains; ``sync`` runs before each clock start (a barrier across
-    ranks). Each batch's end is marked without waiting (a CUDA event on a GPU), for the timeline."""
+    """The FPS window, from the end of the warm-up (or the start) to the last batch, read after the
+    device's queue drains; ``sync`` runs before each clock start (a barrier across ranks)."""
 
     def __init__(self, device: torch.device, warmup_batches: int, sync: Callable[[], None] | None = None) -> None:
         self.device, self.warmup_batches, self.sync = device, warmup_batches, sync or (lambda: None)
@@ -2719,6 +2711,7 @@ class _TimingWindow:
         return time.perf_counter()
 
     def _mark(self) -> Any:
+        """A batch's end, marked without waiting for the device (for the timeline)."""
         if not self.cuda:
             return time.monotonic()
         event = torch.cuda.Event(enable_timing=True)
@@ -2737,15 +2730,13 @@ class _TimingWindow:
             self.frames += frames
 
     def _since_start(self, mark: Any) -> float:
-        """Seconds from the start to a batch's mark (a CUDA event's, once the device has drained)."""
         if self.cuda:
             return self._start_mark.elapsed_time(mark) / 1e3
         return mark - self._start_mark
 
     def close(self) -> tuple[int, float, bool]:
-        """``(images timed, seconds, whether the warm-up is included)``. The window ends with its last
-        batch, not when the loader ends (SPDL sees its end of stream up to 0.1 s later) or a stop
-        comes (a stall's whole time-out, a batch cut short)."""
+        """``(images timed, seconds, whether the warm-up is included)``. The window ends with its
+        last batch, not when the loader ends (SPDL sees its end up to 0.1 s later) or a stop comes."""
         self.t_end = self.clock()
         # No batch: no time timed (not the whole time-out of a stall before the first).
         last = self.t_start + self._since_start(self.marks[-1][0]) if self.marks else self.t_start
@@ -2759,8 +2750,8 @@ class _TimingWindow:
         (seconds from the start); after :py:meth:`close`."""
         times = [self._since_start(mark) for mark, _ in self.marks]
         counts = [frames for _, frames in self.marks]
-        # As many bins as the run's span has (the sink queue's occupancy gets as many), and one
-        # more only for a batch marked past the end (a GPU's events and the host clock differ).
+        # As many bins as the run's span has, and one more only for a batch marked past the end
+        # (a GPU's events and the host clock differ).
         last = int(max(times, default=0.0) // interval) + 1
         images = [0] * max(_bin_count(self.t_end - self.t_start, interval), last)
         for t, frames in zip(times, counts, strict=True):
@@ -2837,27 +2828,23 @@ def benchmark(
 ) -> RunResult:
     """Run the model over every batch and measure throughput and accuracy.
 
-    The first ``warmup_batches`` batches count towards accuracy but not towards FPS; if the
-    run has no more batches than that, FPS covers all of them (``warmup_included``, and a
-    WarmupIncluded warning).
+    The first ``warmup_batches`` batches count towards accuracy but not towards FPS; a run with no
+    more batches than that times all of them (``warmup_included``, and a WarmupIncluded warning).
 
     Args:
         loader: Yields ``(images, labels)`` batches, e.g. a pipeline's iterator.
         model: From :py:func:`get_model`.
         listed: How many images the loader was given, for the accounting.
         warmup_batches: Batches left out of the FPS window.
-        policy: The bad-image policy, applied to the failures of each batch as it is received
-            (a ``max_bad_percent`` needs ``listed``).
-        sync_clocks: Called just before each clock start (loop start, end of warm-up), e.g. a
-            barrier so that every rank of a distributed run starts its clock together.
-        progress: Called after each batch with the images classified so far and the running
-            top-1 count (a device tensor), e.g. a :py:class:`_Progress`.
+        policy: The bad-image policy, applied as each batch comes (a ``max_bad_percent`` needs ``listed``).
+        sync_clocks: Called just before each clock start, e.g. a barrier across a torchrun job's ranks.
+        progress: Called after each batch with the images classified and the top-1 count (a device tensor).
         predictions: Keep each image's top-5 classes and probabilities (``result.predictions``).
         loader_lead: Batches the loader can hold ahead of the model, for ``result.fps_max_overstatement``.
 
     Raises:
-        RunStopped: the run ended early (``kind`` says why); ``error.result`` holds the partial
-            result. RunInterrupted likewise for SIGINT / SIGTERM / Ctrl-C.
+        RunStopped: the run ended early (``kind`` says why), with the partial result in ``error.result``;
+            RunInterrupted likewise for SIGINT / SIGTERM.
         ValueError: a policy's ``max_bad_percent`` without ``listed``.
     """
     policy = policy or BadImagePolicy()
@@ -2891,8 +2878,8 @@ class WarmupIncluded(UserWarning):
 
 @contextlib.contextmanager
 def _stopped_runs(result: RunResult) -> Iterator[None]:
-    """Whatever ends the loop early leaves as a RunStopped (or RunInterrupted) that carries the
-    partial result: the loader's time-out and failure become RunStopped (stalled, loader)."""
+    """Whatever ends the loop early leaves as a RunStopped (or RunInterrupted) carrying the partial
+    result; the loader's failure and time-out become RunStopped (``loader``, ``stalled``)."""
     try:
         yield
     except RunStopped as e:
@@ -2901,16 +2888,26 @@ def _stopped_runs(result: RunResult) -> Iterator[None]:
     except KeyboardInterrupt as e:
         result.partial = True
         raise RunInterrupted(getattr(e, "signum", signal.SIGINT), result) from None
-    except (PipelineFailure, TimeoutError) as e:
+    except PipelineFailure as e:
         result.partial = True
-        error = _loader_failed(e) if isinstance(e, PipelineFailure) else _stalled()
+        error = _loader_failed(e)
+        error.result = result
+        raise error from None
+    except TimeoutError:
+        result.partial = True
+        stuck_on = _oldest_in_progress()
+        if stuck_on is None:
+            where = "the decode stage is idle, waiting for the list source"
+        else:
+            where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.0f} s"
+        error = RunStopped(f"no batch within the loader's time-out: {where}", "stalled", where=where)
         error.result = result
         raise error from None
 
 
 class _Loop:
-    """The timed loop's state: hit counts kept on the device (reading them each batch would
-    stall the GPU's queue), the timing window, and each batch's top 5 when predictions are kept."""
+    """The timed loop's state: hit counts kept on the device (reading them each batch would stall
+    the GPU's queue), the timing window, and each batch's top 5 when predictions are kept."""
 
     def __init__(
         self,
@@ -2963,9 +2960,8 @@ class _Loop:
 def _prediction_rows(
     classes: Tensor, probs: Tensor, labels: Tensor, finite: Tensor, paths: tuple[str, ...]
 ) -> Iterator[dict]:
-    """One row per image; an image whose logits were not finite has no top 5 and no probabilities
-    (null, valid JSON: topk ranks NaN anyhow) and is correct at no rank, as :py:class:`Classification`
-    counts it. A label outside the classes (a notebook's loader) has no name, and never matches."""
+    """One row per image. Logits not finite: no top 5, no probabilities (null) and correct at no
+    rank, as :py:class:`Classification` counts it. A label outside the classes has no name."""
     labels = labels.tolist()
     names = paths if len(paths) == len(labels) else [None] * len(labels)
     rows = zip(names, labels, classes.tolist(), probs.tolist(), finite.tolist(), strict=True)
@@ -2982,21 +2978,10 @@ def _prediction_rows(
         }
 
 
-def _stalled() -> RunStopped:
-    """No batch within the loader's time-out: what the decode stage was doing."""
-    stuck_on = _oldest_in_progress()
-    if stuck_on is None:
-        where = "the decode stage is idle, waiting for the list source"
-    else:
-        where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.0f} s"
-    return RunStopped(f"no batch within the loader's time-out: {where}", "stalled", where=where)
-
-
 def _loader_failed(error: BaseException) -> RunStopped:
     """What a pipeline failure was: out of memory while decoding an image, another error there
-    (named), or something else (SPDL's log above says what)."""
-    # A stage's error is SPDL's "failed N times", raised from the first error of the stage's
-    # function: the one _decode_items named the image of.
+    (named), or something else (SPDL's log says what)."""
+    # SPDL's "failed N times" is raised from the stage's first error, whose image _decode_items named.
     causes = [e.__cause__ or e for e in getattr(error, "exceptions", ())]
     cause = next((e for e in causes if hasattr(e, "_while_decoding")), None)
     if cause is None:
@@ -3025,7 +3010,7 @@ class _Progress:
         self.total, self.stream = total, stream or sys.stderr
         try:
             self.live = self.stream.isatty()
-        except (OSError, ValueError, AttributeError):  # AttributeError: no stderr at all (2>&-), no terminal
+        except (OSError, ValueError, AttributeError):  # AttributeError: no stderr at all (2>&-)
             self.live = False
         self.interval = 0.5 if self.live else 30.0
         self.started = self.last = time.perf_counter()
@@ -3066,14 +3051,10 @@ IN_MEMORY = 0.95  # a read pass that began with this share of the bytes in the p
 
 @dataclass
 class _Breakdown:
-    """Throughput of the loader alone, the model alone and both together, in images/s.
-
-    The bound is ``min(loader, model)``; ``efficiency`` is end-to-end over it (above 1 only by
-    noise). On the CPU, where the two share the cores, ``shared_fps`` = ``1 / (1/loader + 1/model)``
-    is their rate taking turns. ``read_fps`` and ``read_mb_s`` (10^6 bytes) are the listed files
-    read alone as the loader reads them, a ceiling it cannot outrun; ``read_resident`` is the share
-    of their bytes in the page cache as that pass began (after eviction when ``read_cold``).
-    """
+    """The loader alone, the model alone and both together, in images/s. ``efficiency`` is end to
+    end over ``min(loader, model)``. On the CPU, ``shared_fps`` = ``1 / (1/loader + 1/model)``: the
+    two taking turns on the cores. ``read_*``: the listed files read alone as the loader reads them
+    (MB: 10^6 bytes), a ceiling; ``read_resident``: their share in the page cache as that began."""
 
     loader_fps: float
     model_fps: float
@@ -3096,9 +3077,9 @@ class _Breakdown:
         device: torch.device,
         read: tuple[float, float, float | None, bool] | None = None,
     ) -> _Breakdown:
-        """``read``: ``(read_fps, read_mb_s, read_resident, read_cold)``. The bottleneck is the
-        ``disk`` when the loader is the slower side and reading alone, from the disk (not from
-        memory; unknown counts as the disk), is at most READ_BOUND_SLACK faster than the loader."""
+        """``read``: ``(read_fps, read_mb_s, read_resident, read_cold)``. The ``disk`` is the bottleneck
+        when the loader is slower and reading alone from the disk (resident unknown counts as the disk)
+        is at most READ_BOUND_SLACK faster than the loader."""
         bound = min(loader_fps, model_fps)
         shared = 1 / (1 / loader_fps + 1 / model_fps) if loader_fps > 0 and model_fps > 0 else 0.0
         bottleneck = "loader" if loader_fps < model_fps else "model"
@@ -3118,8 +3099,8 @@ def measure_loader(
     warmup_batches: int,
     failures: list[ImageDecodeError] | None = None,
 ) -> float:
-    """Images/s of a loader iterated alone, batches delivered on ``device``, nothing computed, in
-    :py:func:`benchmark`'s window; the bad images its batches left out added to ``failures``."""
+    """Images/s of a loader iterated alone, in :py:func:`benchmark`'s window; the bad images its
+    batches left out added to ``failures``."""
     window = _TimingWindow(device, warmup_batches)
     for batch in batches:
         window.add(batch[0].shape[0])
@@ -3132,10 +3113,9 @@ def measure_loader(
 def _read_batches(
     images: Iterable[tuple[str, int]], batch_size: int, threads: int, max_bytes: int, timeout: float
 ) -> Iterator[tuple[int, int]]:
-    """Each batch's ``(images read, bytes read)``, in order: its files read as the loader reads them,
-    ``threads`` batches at once in a thread pool (SPDL's hand-off of each batch would cost more than
-    reads from memory). A file refused counts as neither: the run counted it as failed. RunStopped
-    (``loader``) for no batch within ``timeout`` seconds."""
+    """Each batch's ``(images read, bytes read)``, in order, ``threads`` batches at once (SPDL's
+    hand-off of each batch would cost more than reads from memory). A refused file counts as
+    neither. RunStopped (``loader``) for no batch within ``timeout`` seconds."""
     import concurrent.futures
 
     def read_batch(items: Sequence[tuple[str, int]]) -> tuple[int, int]:
@@ -3282,8 +3262,8 @@ def _reduce_results(result: RunResult, shard: _Shard, device: torch.device) -> t
 
 
 def _agree_on_job(config: _RunConfig) -> None:
-    """InputError on every rank unless all read the same list (a list still being written would
-    give each its own) and were given the same settings; RunStopped (``peer``) if a rank stopped."""
+    """InputError on every rank unless all read the same list (one still being written gives each
+    its own) with the same settings; RunStopped (``peer``) if a rank stopped."""
     import hashlib
 
     import torch.distributed as dist
@@ -3334,12 +3314,10 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
 
 
 def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
-    """The job's totals into ``outcome.result``; returns the results file's ``ranks``.
-
-    A rank whose job stopped leaves its share in the job's store. Rank 0 then totals the shares
-    of the ranks that stopped (a rank with no word: its images not reached), and puts in
-    ``outcome.job_stop_reason`` the failure that stopped the job, not the signal or lost peer it
-    reached rank 0 as."""
+    """The job's totals into ``outcome.result``; returns the results file's ``ranks``. A stopped rank
+    leaves its share in the job's store; rank 0 then totals those (a rank with no word: its images
+    not reached) and names in ``outcome.job_stop_reason`` the failure that stopped the job, not the
+    signal or lost peer it reached rank 0 as."""
     import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
 
     result, shard = outcome.result, config.shard
