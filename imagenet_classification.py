@@ -1761,9 +1761,8 @@ def _gpu_decode_func(
     max_bytes: int,
     library: str | None = None,
 ) -> _DecodeFunc:
-    """The batch function of ``nvdec`` or ``nvjpeg`` (``library``: ``nvimgcodec`` where it is
-    installed, else ``torchvision``). Each file is read and its header parsed once; the CPU decodes
-    what the GPU leaves, each a fallback."""
+    """The batch function of ``nvdec`` or ``nvjpeg`` (``library``: default nvImageCodec if installed,
+    else torchvision); the CPU decodes what the GPU leaves, each a fallback."""
     if decoder == "nvdec" and device.type != "cuda":
         raise ValueError(f"nvdec decodes on a CUDA GPU, not on {device}")
     if decoder == "nvjpeg" and library is None:
@@ -1842,8 +1841,8 @@ def get_decode_func(
 
 
 def _check_gpu_decoder(decoder: str, device: torch.device) -> str:
-    """Check that ``decoder`` runs on ``device``: SPDL's CUDA extension loads, and a GPU decoder
-    decodes a small JPEG to the right colour. Returns the backend's name; raises InputError why not."""
+    """The backend's name if ``decoder`` runs on ``device`` (SPDL's CUDA extension loads, a small JPEG
+    decodes to the right colour); else InputError, saying why."""
     cuda_error = _spdl_cuda_error() if device.type == "cuda" else None
     if decoder == "ffmpeg":
         if cuda_error is not None:
@@ -1913,9 +1912,8 @@ class _DecoderCheck:
 def _check_decoder(
     decode: _DecodeFunc, items: Sequence[tuple[str, int]], transform: EvalTransform, decoder: str
 ) -> _DecoderCheck:
-    """Compare ``decode``'s pixels with FFmpeg's on the CPU, image by image, leaving out those
-    either cannot decode (the run's policy deals with them). InputError if one differs by more
-    than the tolerance: on this hardware and driver, the decoder does not deliver FFmpeg's images."""
+    """``decode``'s pixels against FFmpeg's on the CPU, image by image (those either cannot decode
+    left out); InputError if one differs by more than the tolerance."""
     reference = get_decode_func("cpu", transform)
     mads: dict[str, float] = {}
     fallbacks = 0
