@@ -3784,8 +3784,7 @@ def _plot_sweep(sweep: _Sweep, path: Path | str, title: str) -> bool:
 
 @dataclass
 class _RunReport:
-    """A run: its result (every rank's, summed), its config as the results file holds it, the
-    environment, each rank's; and, not in the file, what stopped it."""
+    """A run as the results file holds it (the result summed over ranks), and what stopped it."""
 
     result: RunResult
     config: dict
@@ -3835,7 +3834,7 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
         print(f"WARNING: only {result.batches} batch(es), not more than the warm-up: FPS includes it", file=file)
     over = result.fps_max_overstatement
     if over is not None and over > FPS_WINDOW_SLACK:
-        lead = min(result.loader_lead, result.batches_timed)  # known: the bound is
+        lead = min(result.loader_lead, result.batches_timed)
         had = "all of them" if lead == result.batches_timed else f"{lead}"
         bound = "FPS may be the model's rate alone" if over == math.inf else f"FPS may be up to {over:.0%} high"
         line = f"WARNING: the FPS window holds {result.batches_timed} batches and the loader may have had {had} "
@@ -3885,11 +3884,11 @@ def _page_cache_lines(cache: _PageCache) -> list[str]:
         share = cache.repeats / (cache.files + cache.skipped + cache.repeats)
         warning = f"  WARNING: {cache.repeats} listed lines ({share:.0%}) name a file listed before: those reads come "
         lines.append(warning + "from memory, not the disk (a cold run reads each file cold once)")
-    if not (cache.cold and after is not None and after > COLD_RESIDUE):
-        return lines
-    effect = "had no effect" if after >= (cache.resident or 0.0) else f"left {after:.1%} of the bytes in memory"
-    warning = f"  WARNING: eviction {effect}: the file system ignores it (tmpfs, some network file systems) or "
-    return [*lines, warning + "those pages are not yet written to disk (run sync first); they were read from memory"]
+    if cache.cold and after is not None and after > COLD_RESIDUE:
+        effect = "had no effect" if after >= (cache.resident or 0.0) else f"left {after:.1%} of the bytes in memory"
+        warning = f"  WARNING: eviction {effect}: the file system ignores it (tmpfs, some network file systems) or "
+        lines.append(warning + "those pages are not yet written to disk (run sync first); they were read from memory")
+    return lines
 
 
 def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
@@ -3977,11 +3976,11 @@ def _sliding_rate(ends: Sequence[float], images: Sequence[int], batches: int) ->
 
 
 def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
-    """The run as it went (images/s, the warm-up, the FPS window, the sink queue's occupancy) as a
-    PNG; False where matplotlib is missing."""
+    """The run, batch by batch, as a PNG; False where matplotlib is missing."""
     if (plt := _pyplot()) is None:
         return False
-    ends, images, warm, end = (timeline[k] for k in ("batch_end_s", "batch_images", "warmup_end_s", "window_end_s"))
+    ends, images = timeline["batch_end_s"], timeline["batch_images"]
+    warm, end = timeline["warmup_end_s"], timeline["window_end_s"]
     window = min(20, max(2, len(ends) // 10))
     fig, ax = plt.subplots(figsize=(9, 4.5))
     rates = _sliding_rate(ends, images, window)
@@ -4054,8 +4053,8 @@ os.umask(_UMASK)
 
 
 def _write_atomically(path: Path | str, data: str | bytes) -> None:
-    """Write ``data`` beside ``path`` (a symbolic link's target), then rename it over ``path``: a
-    reader sees the old file or the new one. Raises OSError, the old file left whole."""
+    """Write ``data`` beside ``path`` (or its link's target), then rename it over: a reader sees the old
+    file or the new one. Raises OSError, the old file left whole."""
     if (problem := _not_a_file(path)) is not None:  # the start-up check's own test (_check_output_path)
         raise OSError(errno.EINVAL, problem, str(path))
     if isinstance(data, str):  # surrogateescape: a name that is not UTF-8 is written as its bytes on disk
@@ -4144,9 +4143,8 @@ _PREDICTION_COLUMNS = ("path", "label", "label_name", "top5", "top5_names", "pro
 
 
 def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
-    """Write one row per classified image as JSON Lines or, for a ``.csv`` path, CSV: top5 (class
-    indices, best first) and probs (their softmax probabilities) joined by spaces, top5_names by
-    `` | ``, correct1 and correct5 as 0 or 1; no probs for logits that were not finite. Raises OSError."""
+    """Write one row per classified image as JSON Lines or, for a ``.csv`` path, CSV (lists joined by
+    spaces, top5_names by `` | ``, correct1/correct5 as 0 or 1). Raises OSError."""
     if not str(path).lower().endswith(".csv"):
         _write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
         return
@@ -4169,9 +4167,8 @@ def _run_title(report: _RunReport) -> str:
 
 
 def _in_list_order(rows: list[dict], images: ImageList) -> list[dict]:
-    """Prediction rows in the list's order, not the order their batches were decoded in: row i is
-    line i, a path listed k times taking its k positions in turn (its rows are alike: one image,
-    one class); a row whose path is not listed goes last."""
+    """Prediction rows in the list's order, not the decode order: a path listed k times takes its k
+    positions in turn (its rows are alike); a row whose path is not listed goes last."""
     positions: dict[str, list[int]] = {}  # each path's positions, the first last (popped first)
     for i in range(len(images) - 1, -1, -1):
         positions.setdefault(images.paths[i], []).append(i)
