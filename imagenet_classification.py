@@ -2105,19 +2105,8 @@ def get_pipeline(
     (cheaper than an ``aggregate`` stage: ``bench/decode_paths.py``). An exception out of
     ``decode_func`` stops the pipeline (``max_failures=0``) instead of dropping that batch.
 
-    Args:
-        src: ``(path, label)`` items, e.g. from :py:func:`source`.
-        batch_size: Items per batch.
-        decode_func: From :py:func:`get_decode_func`.
-        concurrency: Batches decoded at once.
-        buffer_size: Decoded batches held ready for the consumer.
-        num_threads: Threads in the pipeline's pool.
-        report_stats_interval: SPDL logs each stage's statistics every this many seconds (-1: at
-            each stage's end only).
-        stats: Collects the stage statistics (:py:meth:`_PipelineStats.summary`); its ``interval``
-            then sets SPDL's.
-        decode_processes: Decode in this many worker processes (SPDL's ``PipelineBuilder.to``),
-            ``concurrency`` batches at once each; ``decode_func`` must be picklable (:py:class:`_ProcessDecode`).
+    ``report_stats_interval`` -1: SPDL logs at each stage's end only; ``stats`` (if given) sets it instead.
+    ``decode_processes`` workers each decode ``concurrency`` batches; ``decode_func`` must then pickle.
     """
     if batch_size < 1:  # SPDL refuses the other sizes at 0 itself; this one would yield no batch at all
         raise ValueError(f"batch_size={batch_size!r}: expected at least 1")
