@@ -2250,7 +2250,7 @@ def _torch_loader_batches(loader: torch.utils.data.DataLoader | Iterator, device
         except RuntimeError as e:
             if "timed out" in str(e):  # the DataLoader's own time-out
                 raise TimeoutError(str(e)) from None
-            if "DataLoader worker" in str(e):  # torch's message for a worker killed (out of memory?) or failed
+            if _DATALOADER_DIED in str(e):  # killed (the out-of-memory killer?) or failed
                 raise RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader") from None
             raise
         except (ConnectionError, EOFError) as e:  # a worker died while its batch was handed over
@@ -2288,6 +2288,7 @@ def _quiet_worker(worker_id: int) -> None:
     sys.excepthook = hook
 
 
+_DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a worker died
 _ABANDONED: list = []  # DataLoader iterators not shut down after an interrupt: their workers end with the process
 
 
