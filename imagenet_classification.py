@@ -2238,6 +2238,9 @@ class _PILDataset(torch.utils.data.IterableDataset):
             yield batch, torch.tensor(labels, dtype=torch.int64).view(-1, 1), paths, failures
 
 
+_DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a worker died
+
+
 def _torch_loader_batches(loader: torch.utils.data.DataLoader | Iterator, device: torch.device) -> Iterator[_Batch]:
     """The DataLoader's batches on the device. TimeoutError: no batch within the DataLoader's
     ``timeout``; RunStopped (``loader``): a worker died."""
@@ -2288,7 +2291,6 @@ def _quiet_worker(worker_id: int) -> None:
     sys.excepthook = hook
 
 
-_DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a worker died
 _ABANDONED: list = []  # DataLoader iterators not shut down after an interrupt: their workers end with the process
 
 
