@@ -2330,10 +2330,9 @@ class Preprocessing(torch.nn.Module):
 
 
 class Classification(torch.nn.Module):
-    """Top-1 and top-5 hits of logits ``N x C`` against int64 labels ``N x 1`` (or ``N``, as a
-    DataLoader gives them; -1 never matches): two 0-d int64 tensors on the logits' device. A row with
-    a NaN or infinite logit is no hit: topk still ranks it, and would count whatever classes it
-    happens to put first. ValueError for labels of another shape, which would broadcast."""
+    """Top-1 and top-5 hits (two 0-d int64 tensors) of logits ``N x C`` against int64 labels ``N x 1``
+    or ``N`` (-1 never matches). A row with a NaN or infinite logit is no hit (topk would still rank
+    it). ValueError for labels of another shape, which would broadcast."""
 
     def forward(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         n = logits.shape[0]
@@ -2345,9 +2344,8 @@ class Classification(torch.nn.Module):
 
 
 class ModelBundle(torch.nn.Module):
-    """Preprocessing, the timm model (in ``dtype``) and Classification in one module, with the
-    evaluation ``transform`` the model expects. With ``batch_size`` (when compiled), smaller
-    batches are padded to it so that the compiled graph is reused; the padded rows are dropped."""
+    """Preprocessing, the timm model (in ``dtype``) and Classification, with the model's evaluation
+    ``transform``. With ``batch_size``, smaller batches are padded to it (a compiled graph reused)."""
 
     def __init__(
         self,
@@ -2363,8 +2361,8 @@ class ModelBundle(torch.nn.Module):
         self.dtype, self.transform, self.batch_size = dtype, transform, batch_size
 
     def logits(self, images: Tensor) -> Tensor:
-        """uint8 images ``N x 3 x H x W`` -> float32 logits ``N x C``. ValueError for images of another
-        type: floats already on the 0-1 scale would be divided by 255 again, and classify noise."""
+        """uint8 images ``N x 3 x H x W`` -> float32 logits ``N x C``. ValueError for another type
+        (floats on the 0-1 scale would be divided by 255 again)."""
         if images.dtype != torch.uint8:
             raise ValueError(f"images of type {images.dtype}: expected torch.uint8 (0-255), as the decoders give")
         n = images.shape[0]
@@ -2450,9 +2448,8 @@ def _unreadable(path: Path, error: Exception) -> str:
 
 
 def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
-    """Load a local checkpoint into ``model``: what timm's ``load_state_dict`` finds in it (a state
-    dict, timm's training checkpoint, torchvision's ``{'model': ...}``, a ``.safetensors`` file),
-    weights only. InputError for anything else, naming the first key that does not fit."""
+    """Load into ``model`` the weights timm's ``load_state_dict`` finds (a state dict, timm's training
+    checkpoint, torchvision's ``{'model': ...}``, safetensors). InputError naming what does not fit."""
     import timm.models
     from safetensors import SafetensorError
 
@@ -2492,8 +2489,8 @@ HUB_CHECK_S = 3.0  # seconds to wait for the model hub's server before calling i
 
 
 def _hub_unreachable(config: dict) -> str | None:
-    """Why the Hugging Face hub, where timm fetches these weights, does not answer one connection attempt;
-    None when it does, the weights come from elsewhere, ``HF_HUB_OFFLINE`` is set, or a proxy stands between."""
+    """Why the Hugging Face hub does not answer one connection attempt; None when it does, the weights
+    come from elsewhere, ``HF_HUB_OFFLINE`` is set, or a proxy stands between."""
     import socket
     import urllib.parse
 
@@ -2554,17 +2551,15 @@ def get_model(
 
     Args:
         model_name: Any name ``timm.create_model`` accepts.
-        device: Where the model runs.
         pretrained: Load timm's pretrained weights (from the model hub or its cache).
-        checkpoint: A local checkpoint to load instead (see :py:func:`_load_checkpoint`); no hub access.
-        compile: ``torch.compile`` the model and the normalisation: True for mode
-            :py:data:`COMPILE_MODE`, or one of :py:data:`COMPILE_MODES`.
-        dtype: The model's precision: a torch dtype, its name, or ``auto`` (what suits the hardware).
-        use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32 (with a
-            ``dtype`` other than ``auto``, they must agree).
-        batch_size: With ``compile``, pad smaller batches to this size (see ModelBundle).
-        transform: The evaluation transform, or overrides of the model's as timm's
-            ``resolve_data_config`` takes them: ``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``.
+        checkpoint: A local checkpoint to load instead; no hub access.
+        compile: ``torch.compile`` the model and the normalisation: True for :py:data:`COMPILE_MODE`,
+            or one of :py:data:`COMPILE_MODES`.
+        dtype: A torch dtype, its name, or ``auto`` (what suits the hardware).
+        use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
+        batch_size: With ``compile``, pad smaller batches to this size.
+        transform: The evaluation transform, or overrides of the model's (``img_size``, ``crop_pct``,
+            ``interpolation``, ``mean``, ``std``).
 
     Raises:
         InputError: an unknown model, weights out of reach, a checkpoint that does not fit, or a
@@ -2572,6 +2567,9 @@ def get_model(
         ValueError: an unknown dtype, compile mode or transform override.
     """
     device = torch.device(device)
+    mode = COMPILE_MODE if compile is True else compile
+    if compile and mode not in COMPILE_MODES:
+        raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
     if batch_size is not None and not (isinstance(batch_size, numbers.Integral) and _within(batch_size, 1)):
         raise ValueError(f"batch_size={batch_size!r}: expected at least 1, or None (no padding)")
     if use_bf16 is not None:
@@ -2588,13 +2586,11 @@ def get_model(
         transform = EvalTransform.from_model(model, transform)
     model = model.eval().to(device=device, dtype=dtype)
     preprocessing = Preprocessing(transform.mean, transform.std).to(device)
-    if not compile:
-        return ModelBundle(preprocessing, model, Classification(), dtype, transform)
-    mode = COMPILE_MODE if compile is True else compile
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
-    model = torch.compile(model, mode=mode)
-    preprocessing = torch.compile(preprocessing, mode=mode)
+    if compile:
+        model = torch.compile(model, mode=mode)
+        preprocessing = torch.compile(preprocessing, mode=mode)
+    else:
+        batch_size = None  # padding serves a compiled graph only
     return ModelBundle(preprocessing, model, Classification(), dtype, transform, batch_size)
 
 
