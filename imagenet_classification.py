@@ -1964,8 +1964,8 @@ _SPDL_STAGE_BUFFER = 2  # batches SPDL's queue between the decode stage and the 
 
 
 class _TimedQueue(StatsQueue):
-    """SPDL's ``StatsQueue`` (its logs unchanged) that also records when batches came and went:
-    SPDL's own figures stop when its stage ends, before the model has taken every sink batch."""
+    """SPDL's ``StatsQueue`` that also records when batches came and went: SPDL's own figures stop
+    when its stage ends, before the model has taken every sink batch."""
 
     def __init__(self, info: StageInfo, *, buffer_size: int = 1, interval: float = -1) -> None:
         super().__init__(info, buffer_size=buffer_size, interval=interval)
@@ -2037,7 +2037,7 @@ class _PipelineStats:
 
     def waiting_per_interval(self, start: float, end: float, interval: float, bins: int) -> list[float]:
         """The share of each of ``bins`` intervals of ``interval`` seconds from ``start`` (the last one up
-        to ``end``, ``time.monotonic``) in which a batch waited in the sink queue (the timeline's)."""
+        to ``end``) in which a batch waited in the sink queue."""
         totals = [0.0] * bins
         changes = [*self.queues[-1].changes, (end, False)]
         for (t0, waiting), (t1, _) in itertools.pairwise(changes):
@@ -2381,7 +2381,7 @@ class ModelBundle(torch.nn.Module):
 
 def _resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     """``auto`` and ``cuda`` are ``cuda:LOCAL_RANK`` (``auto``: ``cpu`` without CUDA); InputError
-    for what is not a device this machine has."""
+    for a device this machine lacks."""
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     try:
