@@ -1947,8 +1947,8 @@ _SPDL_STAGE_BUFFER = 2  # batches SPDL's queue between the decode stage and the 
 
 
 class _TimedQueue(StatsQueue):
-    """SPDL's ``StatsQueue`` (its logs unchanged) that also records when batches came and went:
-    SPDL's own figures stop when its stage ends, before the model has taken every sink batch."""
+    """SPDL's ``StatsQueue`` that also records when batches came and went: SPDL's own figures stop
+    when its stage ends, before the model has taken every sink batch."""
 
     def __init__(self, info: StageInfo, *, buffer_size: int = 1, interval: float = -1) -> None:
         super().__init__(info, buffer_size=buffer_size, interval=interval)
@@ -1995,10 +1995,8 @@ class _TaskStats(TaskStatsHook):
 
 
 class _PipelineStats:
-    """SPDL's per-stage statistics through the builder's public hooks (its own logs are kept). A
-    sink queue almost always holding a batch: the loader runs ahead of the model; almost always
-    empty: the model is starved. Task times cover the whole run; the sink queue's figures start at
-    the last :py:meth:`start_window` (``benchmark``'s ``sync_clocks``), leaving out the warm-up."""
+    """SPDL's per-stage statistics through the builder's public hooks (its own logs kept). Task
+    times cover the whole run; the sink queue's figures start at the last :py:meth:`start_window`."""
 
     def __init__(self, interval: float = -1) -> None:
         self.interval = interval
@@ -2017,12 +2015,12 @@ class _PipelineStats:
         return self.queues[-1]
 
     def start_window(self) -> None:
-        """Measure the sink queue from now on, leaving out what came before (e.g. the warm-up)."""
+        """Measure the sink queue from now on (``benchmark``'s ``sync_clocks``: after the warm-up)."""
         self.window = time.monotonic()
 
     def waiting_per_interval(self, start: float, end: float, interval: float, bins: int) -> list[float]:
         """The share of each of ``bins`` intervals of ``interval`` seconds from ``start`` (the last one up
-        to ``end``, ``time.monotonic``) in which a batch waited in the sink queue (the timeline's)."""
+        to ``end``) in which a batch waited in the sink queue."""
         totals = [0.0] * bins
         changes = [*self.queues[-1].changes, (end, False)]
         for (t0, waiting), (t1, _) in itertools.pairwise(changes):
@@ -2035,10 +2033,8 @@ class _PipelineStats:
         return [round(s / interval, 4) for s in totals]
 
     def window_lead(self, concurrency: int) -> tuple[int, float | None] | None:
-        """At the FPS window's opening: the batches decoded and not yet taken, plus those that may
-        have been under way (at most ``concurrency``); and the loader's known rate in batches/s (a
-        lower bound): the better of all its batches since its start and of those decoded since the
-        opening, less those under way. None before the window."""
+        """At the FPS window's opening: the batches decoded and not taken, plus those perhaps under way
+        (at most ``concurrency``); and a lower bound of the loader's rate in batches/s. None before it."""
         if not self.stages or self.window is None:  # no stages here: --decode-processes
             return None
         t0, sink, ends = self.window, self.queues[-1], sorted(self.stages[-1].ends)
@@ -2048,19 +2044,19 @@ class _PipelineStats:
         rates = [0.0]
         if ends and ends[-1] > sink.started:  # the stages all start at once
             rates.append(len(ends) / (ends[-1] - sink.started))
-        if (new_work := len(ends) - done0 - under_way) > 0 and ends[-1] > t0:
+        new_work = len(ends) - done0 - under_way
+        if new_work > 0 and ends[-1] > t0:
             rates.append(new_work / (ends[-1] - t0))
         return max(0, done0 - taken0) + under_way, max(rates) or None
 
     def loader_end(self) -> float | None:
-        """When the loader's last batch was decoded (``time.monotonic``), or None: when the decode
-        stage handed it on, before any wait for room (with ``--decode-processes``, when it reached
-        this process: a batch a worker held decoded is not seen)."""
+        """When the decode stage handed on its last batch (``time.monotonic``), or None. With
+        ``--decode-processes``, when it reached this process."""
         return self.queues[-2].last_put if self.queues else None  # source, decode, sink: the decode's
 
     def summary(self) -> dict:
-        """Each of ``stages`` (name, concurrency, tasks, failures, average task seconds), and the
-        ``sink_queue``'s batches, occupancy and average wait per ``get``."""
+        """Each stage's name, concurrency, tasks, failures and average task seconds; the sink queue's
+        batches, occupancy and average wait per ``get``."""
         sink = self.queues[-1]
         opened = self.window or sink.started
         waits = [returned - max(called, opened) for called, returned in sink.gets if returned > opened]
@@ -2105,14 +2101,21 @@ def get_pipeline(
     (cheaper than an ``aggregate`` stage: ``bench/decode_paths.py``). An exception out of
     ``decode_func`` stops the pipeline (``max_failures=0``) instead of dropping that batch.
 
-    ``report_stats_interval`` -1: SPDL logs at each stage's end only; ``stats`` (if given) sets it instead.
-    ``decode_processes`` workers each decode ``concurrency`` batches; ``decode_func`` must then pickle.
+    Args:
+        src: ``(path, label)`` items, e.g. from :py:func:`source`.
+        decode_func: From :py:func:`get_decode_func`.
+        concurrency: Batches decoded at once (per process with ``decode_processes``).
+        buffer_size: Decoded batches held ready for the consumer.
+        report_stats_interval: Seconds between SPDL's statistics logs (-1: at each stage's end).
+        stats: Collects the stage statistics; its ``interval`` then sets SPDL's.
+        decode_processes: Decode in this many worker processes; ``decode_func`` must be picklable.
     """
     if batch_size < 1:  # SPDL refuses the other sizes at 0 itself; this one would yield no batch at all
         raise ValueError(f"batch_size={batch_size!r}: expected at least 1")
-    hooks: dict[str, Any] = {"report_stats_interval": report_stats_interval}
+    hooks: dict[str, Any] = {}
     if stats is not None:
-        hooks = dict(queue_class=stats.queue, task_hook_factory=stats.task_hooks, report_stats_interval=stats.interval)
+        hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
+        report_stats_interval = stats.interval
     builder = PipelineBuilder().add_source(_batched(src, batch_size))
     if decode_processes:
         _start_resource_tracker()
@@ -2123,14 +2126,14 @@ def get_pipeline(
         builder = builder.to(pool).pipe(decode_func, concurrency=concurrency, name="decode").to(MAIN_PROCESS)
     else:
         builder = builder.pipe(decode_func, concurrency=concurrency, name="decode")
-    return builder.add_sink(buffer_size).build(num_threads=num_threads, max_failures=0, **hooks)
+    pipeline = builder.add_sink(buffer_size)
+    return pipeline.build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval, **hooks)
 
 
 def _start_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker (the pool's semaphores are in its care) with a hang-up
-    ignored, as it ignores SIGINT and SIGTERM itself: a closed terminal's SIGHUP reaches the whole
-    process group, and a relaunched tracker prints a traceback for each semaphore it never saw.
-    Its module's own ``ensure_running``, in its ``__all__``; a no-op once it runs."""
+    """Start multiprocessing's resource tracker (keeper of the pool's semaphores) ignoring a hang-up,
+    as it ignores SIGINT and SIGTERM: a closed terminal's SIGHUP reaches the process group, and a
+    relaunched tracker prints a traceback for each semaphore it never saw."""
     from multiprocessing import resource_tracker
 
     if threading.current_thread() is not threading.main_thread():
@@ -2143,10 +2146,9 @@ def _start_resource_tracker() -> None:
 
 
 def _decode_worker_init() -> None:
-    """In each ``--decode-processes`` worker: Ctrl-C and a hang-up (sent to the process group) are
-    the main process's to handle; the SIGTERM that ends a worker ends it quietly (SPDL's native library,
-    loaded first, installs glog's handler, which prints a stack trace); no interpreter teardown,
-    as in the main process (nanobind would list SPDL's objects still alive)."""
+    """In each ``--decode-processes`` worker: Ctrl-C and a hang-up are the main process's; SIGTERM
+    ends it quietly (SPDL's native library, loaded first, installs glog's handler, which prints a
+    stack trace); no interpreter teardown (nanobind would list SPDL's objects still alive)."""
     import atexit
 
     spdl.io.utils.get_ffmpeg_versions()
@@ -2157,8 +2159,8 @@ def _decode_worker_init() -> None:
 
 
 class _ProcessDecode:
-    """The FFmpeg decode function, made in the worker process that runs it (a closure cannot be
-    pickled to a spawned worker): CPU batches, bad images left out and listed in ``Batch.failures``."""
+    """The FFmpeg CPU decode function, made in the worker process that runs it (a closure cannot be
+    pickled to a spawned worker); bad images are left out, listed in ``Batch.failures``."""
 
     def __init__(self, transform: EvalTransform, max_image_bytes: int) -> None:
         self.transform, self.max_image_bytes = transform, max_image_bytes
@@ -2172,8 +2174,8 @@ class _ProcessDecode:
 
 
 def _received(batches: Iterator[_Batch], device: torch.device) -> Iterator[_Batch]:
-    """Batches from ``--decode-processes`` workers, copied to ``device`` here, where the model is.
-    While this process waits for one, the stall registry says so (a worker's images are not known here)."""
+    """Batches from ``--decode-processes`` workers, copied to ``device``; the stall registry says
+    while this process waits for one (a worker's images are not known here)."""
     while True:
         _DECODING[-1] = ("a batch in a --decode-processes worker", time.monotonic())  # -1: no thread's ident
         batch = next(batches, None)
@@ -2190,10 +2192,9 @@ def _received(batches: Iterator[_Batch], device: torch.device) -> Iterator[_Batc
 
 
 class _PILDataset(torch.utils.data.IterableDataset):
-    """The DataLoader's batches, decoded by PIL (:py:func:`_decode_pil`) in its workers: the list
-    cut into batches of ``batch_size`` in order, as the SPDL loader cuts it, each worker taking
-    every n-th (the DataLoader hands them out in that order again). A batch is ``(images, labels,
-    paths, failures)``: uint8 N x 3 x H x W (channels-last), int64 N x 1, each failure ``(path, reason)``."""
+    """The DataLoader's batches, decoded by PIL in its workers, cut in order as the SPDL loader cuts
+    them, each worker taking every n-th. A batch is ``(images, labels, paths, failures)``: uint8
+    N x 3 x H x W (channels-last), int64 N x 1, and the bad images' ImageDecodeErrors."""
 
     def __init__(
         self, images: ImageList, transform: EvalTransform, max_bytes: int = MAX_IMAGE_MB << 20, batch_size: int = 1
@@ -2201,21 +2202,18 @@ class _PILDataset(torch.utils.data.IterableDataset):
         super().__init__()
         self.images, self.transform, self.max_bytes, self.batch_size = images, transform, max_bytes, batch_size
 
+    def decode_one(self, path: str) -> Any:
+        return _decode_pil(path, self.transform, _read_image_bytes(path, self.max_bytes))
+
     def __iter__(self) -> Iterator[tuple]:
         import numpy as np
 
         worker = torch.utils.data.get_worker_info()
         worker_id, workers = (worker.id, worker.num_workers) if worker else (0, 1)
         for items in itertools.islice(_batched(self.images, self.batch_size), worker_id, None, workers):
-            images, labels, paths, failures = [], [], [], []
-            for path, label in items:
-                try:
-                    images.append(_decode_pil(path, self.transform, _read_image_bytes(path, self.max_bytes)))
-                except ImageDecodeError as e:
-                    failures.append((path, e.reason))
-                    continue
-                labels.append(label)
-                paths.append(path)
+            failures: list[ImageDecodeError] = []
+            # Any policy but None lists bad images: the main process applies its own.
+            images, labels, paths = _decode_items(items, self.decode_one, BadImagePolicy(skip=True), failures)
             if images:
                 batch = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)
             else:
@@ -2227,9 +2225,8 @@ _DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a wo
 
 
 def _torch_loader_batches(loader: torch.utils.data.DataLoader | Iterator, device: torch.device) -> Iterator[_Batch]:
-    """The DataLoader's batches (from the loader, or an iterator over it) on the device, their bad
-    images in ``Batch.failures`` (for benchmark's policy). Raises TimeoutError (no batch within the
-    DataLoader's ``timeout``) and RunStopped (``loader``: a worker died)."""
+    """The DataLoader's batches on the device. TimeoutError: no batch within the DataLoader's
+    ``timeout``; RunStopped (``loader``): a worker died."""
     batches = iter(loader)
     while True:
         try:
@@ -2245,15 +2242,13 @@ def _torch_loader_batches(loader: torch.utils.data.DataLoader | Iterator, device
         except (ConnectionError, EOFError) as e:  # a worker died while its batch was handed over
             message = f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})"
             raise RunStopped(message, "loader") from None
-        errors = [ImageDecodeError(path, reason) for path, reason in failures]
-        yield _Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths, errors)
+        yield _Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths, failures)
 
 
 def _get_torch_loader(
     dataset: _PILDataset, num_workers: int, device: torch.device, timeout: float
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over ``dataset``'s batches in ``num_workers`` processes, pinned memory on CUDA.
-    Its batches are whole already: no ``batch_size`` of its own (``default_convert`` keeps them)."""
+    """A DataLoader over ``dataset``'s whole batches (no ``batch_size`` of its own), pinned on CUDA."""
     timeout = timeout if num_workers else 0  # torch refuses a timeout for an in-process loader
     return torch.utils.data.DataLoader(
         dataset,
@@ -2266,11 +2261,9 @@ def _get_torch_loader(
 
 
 def _quiet_worker(worker_id: int) -> None:
-    """In a DataLoader worker: a hang-up (sent to the process group) is the main process's to handle,
-    as torch leaves Ctrl-C to it; a batch's hand-over that breaks because the main process stopped
-    taking it (an interrupt) prints no traceback. multiprocessing's resource sharer, the thread that passes a
-    batch's memory to the main process, sends what it cannot send to ``sys.excepthook``; the main
-    process reports the run, and a broken hand-over of its own (``_torch_loader_batches``)."""
+    """In a DataLoader worker: a hang-up is the main process's to handle (as torch leaves it Ctrl-C);
+    a hand-over broken by the main process stopping, which multiprocessing's resource sharer sends
+    to ``sys.excepthook``, prints no traceback."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     default = sys.excepthook
 
@@ -2295,10 +2288,9 @@ def _open_torch_loader(config: _RunConfig, images: ImageList) -> Iterator[_Loade
     finally:
         if loader.stop_at_once:  # the process ends right after the report: no joining busy workers
             _ABANDONED.append(workers)
-        elif hasattr(workers, "_shutdown_workers"):  # torch's own, private: no public way to shut them down now
-            # Now, not once nothing refers to the iterator (a stopped run's traceback keeps this
-            # frame): until then torch's SIGCHLD handler raises, anywhere, for a dead worker. It
-            # can raise in here too (another worker's exit), for a death the run already reported.
+        elif hasattr(workers, "_shutdown_workers"):  # torch's private one: no public way to do it now
+            # Not when the iterator is collected (a traceback keeps this frame): until then torch's
+            # SIGCHLD handler raises anywhere for a dead worker, in here too, for a reported death.
             with contextlib.suppress(RuntimeError):
                 workers._shutdown_workers()
 
@@ -2321,10 +2313,9 @@ class Preprocessing(torch.nn.Module):
 
 
 class Classification(torch.nn.Module):
-    """Top-1 and top-5 hits of logits ``N x C`` against int64 labels ``N x 1`` (or ``N``, as a
-    DataLoader gives them; -1 never matches): two 0-d int64 tensors on the logits' device. A row with
-    a NaN or infinite logit is no hit: topk still ranks it, and would count whatever classes it
-    happens to put first. ValueError for labels of another shape, which would broadcast."""
+    """Top-1 and top-5 hits (two 0-d int64 tensors) of logits ``N x C`` against int64 labels ``N x 1``
+    or ``N`` (-1 never matches). A row with a NaN or infinite logit is no hit (topk would still rank
+    it). ValueError for labels of another shape, which would broadcast."""
 
     def forward(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         n = logits.shape[0]
@@ -2336,9 +2327,8 @@ class Classification(torch.nn.Module):
 
 
 class ModelBundle(torch.nn.Module):
-    """Preprocessing, the timm model (in ``dtype``) and Classification in one module, with the
-    evaluation ``transform`` the model expects. With ``batch_size`` (when compiled), smaller
-    batches are padded to it so that the compiled graph is reused; the padded rows are dropped."""
+    """Preprocessing, the timm model (in ``dtype``) and Classification, with the model's evaluation
+    ``transform``. With ``batch_size``, smaller batches are padded to it (a compiled graph reused)."""
 
     def __init__(
         self,
@@ -2354,8 +2344,8 @@ class ModelBundle(torch.nn.Module):
         self.dtype, self.transform, self.batch_size = dtype, transform, batch_size
 
     def logits(self, images: Tensor) -> Tensor:
-        """uint8 images ``N x 3 x H x W`` -> float32 logits ``N x C``. ValueError for images of another
-        type: floats already on the 0-1 scale would be divided by 255 again, and classify noise."""
+        """uint8 images ``N x 3 x H x W`` -> float32 logits ``N x C``. ValueError for another type
+        (floats on the 0-1 scale would be divided by 255 again)."""
         if images.dtype != torch.uint8:
             raise ValueError(f"images of type {images.dtype}: expected torch.uint8 (0-255), as the decoders give")
         n = images.shape[0]
@@ -2374,7 +2364,7 @@ class ModelBundle(torch.nn.Module):
 
 def _resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     """``auto`` and ``cuda`` are ``cuda:LOCAL_RANK`` (``auto``: ``cpu`` without CUDA); InputError
-    for what is not a device this machine has."""
+    for a device this machine lacks."""
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -2441,9 +2431,8 @@ def _unreadable(path: Path, error: Exception) -> str:
 
 
 def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
-    """Load a local checkpoint into ``model``: what timm's ``load_state_dict`` finds in it (a state
-    dict, timm's training checkpoint, torchvision's ``{'model': ...}``, a ``.safetensors`` file),
-    weights only. InputError for anything else, naming the first key that does not fit."""
+    """Load into ``model`` the weights timm's ``load_state_dict`` finds (a state dict, timm's training
+    checkpoint, torchvision's ``{'model': ...}``, safetensors). InputError naming what does not fit."""
     import timm.models
     from safetensors import SafetensorError
 
@@ -2483,8 +2472,8 @@ HUB_CHECK_S = 3.0  # seconds to wait for the model hub's server before calling i
 
 
 def _hub_unreachable(config: dict) -> str | None:
-    """Why the Hugging Face hub, where timm fetches these weights, does not answer one connection attempt;
-    None when it does, the weights come from elsewhere, ``HF_HUB_OFFLINE`` is set, or a proxy stands between."""
+    """Why the Hugging Face hub does not answer one connection attempt; None when it does, the weights
+    come from elsewhere, ``HF_HUB_OFFLINE`` is set, or a proxy stands between."""
     import socket
     import urllib.parse
 
@@ -2545,17 +2534,15 @@ def get_model(
 
     Args:
         model_name: Any name ``timm.create_model`` accepts.
-        device: Where the model runs.
         pretrained: Load timm's pretrained weights (from the model hub or its cache).
-        checkpoint: A local checkpoint to load instead (see :py:func:`_load_checkpoint`); no hub access.
-        compile: ``torch.compile`` the model and the normalisation: True for mode
-            :py:data:`COMPILE_MODE`, or one of :py:data:`COMPILE_MODES`.
-        dtype: The model's precision: a torch dtype, its name, or ``auto`` (what suits the hardware).
-        use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32 (with a
-            ``dtype`` other than ``auto``, they must agree).
-        batch_size: With ``compile``, pad smaller batches to this size (see ModelBundle).
-        transform: The evaluation transform, or overrides of the model's as timm's
-            ``resolve_data_config`` takes them: ``img_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``.
+        checkpoint: A local checkpoint to load instead; no hub access.
+        compile: ``torch.compile`` the model and the normalisation: True for :py:data:`COMPILE_MODE`,
+            or one of :py:data:`COMPILE_MODES`.
+        dtype: A torch dtype, its name, or ``auto`` (what suits the hardware).
+        use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
+        batch_size: With ``compile``, pad smaller batches to this size.
+        transform: The evaluation transform, or overrides of the model's (``img_size``, ``crop_pct``,
+            ``interpolation``, ``mean``, ``std``).
 
     Raises:
         InputError: an unknown model, weights out of reach, a checkpoint that does not fit, or a
@@ -2563,6 +2550,9 @@ def get_model(
         ValueError: an unknown dtype, compile mode or transform override.
     """
     device = torch.device(device)
+    mode = COMPILE_MODE if compile is True else compile
+    if compile and mode not in COMPILE_MODES:
+        raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
     if batch_size is not None and not (isinstance(batch_size, numbers.Integral) and _within(batch_size, 1)):
         raise ValueError(f"batch_size={batch_size!r}: expected at least 1, or None (no padding)")
     if use_bf16 is not None:
@@ -2579,13 +2569,11 @@ def get_model(
         transform = EvalTransform.from_model(model, transform)
     model = model.eval().to(device=device, dtype=dtype)
     preprocessing = Preprocessing(transform.mean, transform.std).to(device)
-    if not compile:
-        return ModelBundle(preprocessing, model, Classification(), dtype, transform)
-    mode = COMPILE_MODE if compile is True else compile
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
-    model = torch.compile(model, mode=mode)
-    preprocessing = torch.compile(preprocessing, mode=mode)
+    if compile:
+        model = torch.compile(model, mode=mode)
+        preprocessing = torch.compile(preprocessing, mode=mode)
+    else:
+        batch_size = None  # padding serves a compiled graph only
     return ModelBundle(preprocessing, model, Classification(), dtype, transform, batch_size)
 
 
