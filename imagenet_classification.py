@@ -2237,12 +2237,23 @@ def _torch_loader_batches(loader: torch.utils.data.DataLoader | Iterator, device
             if "timed out" in str(e):  # the DataLoader's own time-out
                 raise TimeoutError(str(e)) from None
             if _DATALOADER_DIED in str(e):  # killed (the out-of-memory killer?) or failed
+                _forget_workers(batches)
                 raise RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader") from None
             raise
         except (ConnectionError, EOFError) as e:  # a worker died while its batch was handed over
+            _forget_workers(batches)
             message = f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})"
             raise RunStopped(message, "loader") from None
         yield _Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths, failures)
+
+
+def _forget_workers(batches: Iterator) -> None:
+    """After a worker's death is reported: torch's SIGCHLD handler raises it again, anywhere in this
+    process (in the run's clean-up too), until the workers' pids are forgotten. torch forgets them
+    in ``_shutdown_workers`` only: its private calls, as no public one exists."""
+    if getattr(batches, "_worker_pids_set", False):
+        torch.utils.data._utils.signal_handling._remove_worker_pids(id(batches))
+        batches._worker_pids_set = False
 
 
 def _get_torch_loader(
