@@ -242,11 +242,12 @@ def _file_name(text: str) -> Path:
 def _max_bad(text: str) -> tuple[float, bool]:
     """Parse ``N`` or ``P%`` into ``(value, is_percent)``."""
     is_percent = text.endswith("%")
-    parse = _number(float, 0, "N or P% (0-100)", 100) if is_percent else _number(int, 0, "N or P% (0-100)")
+    what = "N or P% (0-100)"
+    parse = _number(float, 0, what, 100) if is_percent else _number(int, 0, what)
     try:
         return parse(text[:-1] if is_percent else text), is_percent
     except argparse.ArgumentTypeError:  # its message quotes the number without the %
-        raise argparse.ArgumentTypeError(f"expected N or P% (0-100), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -4409,8 +4410,10 @@ def _preflight(
     threads, processes = _capped_workers(args, shard.size_of(len(images)))
     torch_loader = args.loader == "torch"
     check_decoder = CHECK_DECODER_IMAGES if args.check_decoder is None else args.check_decoder
-    if args.check_decoder and device.type == "cpu" and decoder == "ffmpeg" and not torch_loader:
-        _LG.info("--check-decoder: nothing to compare: FFmpeg on the CPU is the reference itself.")
+    if device.type == "cpu" and decoder == "ffmpeg":
+        if args.check_decoder:
+            _LG.info("--check-decoder: nothing to compare: FFmpeg on the CPU is the reference itself.")
+        check_decoder = 0
     derived = {
         "images": images,
         "shard": shard,
@@ -4659,8 +4662,8 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
 
 def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
     """The run's decoder against FFmpeg on the CPU, on the first images (before the model is built)."""
-    if not config.check_decoder or config.device.type == "cpu" and config.decoder == "ffmpeg":
-        return None  # FFmpeg on the CPU is the reference itself
+    if not config.check_decoder:  # off, or FFmpeg on the CPU: the reference itself (_preflight)
+        return None
     decode = get_decode_func(config.device, config.transform, config.decoder, max_image_bytes=config.max_image_bytes)
     check = _check_decoder(decode, list(config.images.head(config.check_decoder)), config.transform, config.decoder)
     line = "Decoder check: %s against FFmpeg on the CPU, %d images, mean absolute difference %.2f (worst %.2f); "
