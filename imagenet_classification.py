@@ -2794,9 +2794,9 @@ def _logits(model: ModelBundle, images: Tensor) -> Tensor:
         with _out_of_memory_stops(images.device, images.shape[0]):
             return model.logits(images)
     except RuntimeError as e:
+        if _DATALOADER_DIED in str(e):  # from torch's SIGCHLD handler: _stopped_runs reports it
+            raise
         first = str(e).splitlines()[0] if str(e) else ""
-        if _DATALOADER_DIED in str(e):  # torch raises it from its SIGCHLD handler, wherever the loop is
-            raise RunStopped(f"the DataLoader failed: {first.strip()}", "loader") from None
         message = f"the model failed on a batch of {images.shape[0]} images: {first}"
         raise RunStopped(message, "model", "--debug shows where; --no-compile if torch.compile failed") from e
 
@@ -2878,6 +2878,13 @@ def _stopped_runs(result: RunResult) -> Iterator[None]:
     except PipelineFailure as e:
         result.partial = True
         error = _loader_failed(e)
+        error.result = result
+        raise error from None
+    except RuntimeError as e:
+        if _DATALOADER_DIED not in str(e):
+            raise
+        result.partial = True  # torch's SIGCHLD handler raises it wherever the loop is when a worker dies
+        error = RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader")
         error.result = result
         raise error from None
     except TimeoutError:

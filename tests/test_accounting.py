@@ -172,6 +172,28 @@ def test_a_percentage_of_bad_images_needs_the_number_listed(jpeg_set, tmp_path, 
     assert benchmark([batch], tiny_model, policy=BadImagePolicy(skip=True, max_bad=3), warmup_batches=0).failed == 3
 
 
+def test_a_dataloader_worker_death_raised_anywhere_in_the_loop_stops_the_run(jpeg_set, tiny_model):
+    # torch's SIGCHLD handler raises a dead worker's RuntimeError wherever the main thread is: here
+    # in the progress callback, between the loader and the model. It stops the run as the loader's
+    # failure, with the batches done so far, not as an unexpected RuntimeError.
+    batch = get_decode_func("cpu", tiny_model.transform)(list(read_file_list(jpeg_set, f"{jpeg_set.parent}/"))[:4])
+
+    def progress(classified, top1):
+        if classified > 4:
+            raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. ")
+
+    with pytest.raises(RunStopped, match=r"^the DataLoader failed: DataLoader worker \(pid 4242\) is killed") as info:
+        benchmark([batch, batch, batch], tiny_model, listed=12, warmup_batches=0, progress=progress)
+    result = info.value.result
+    assert (info.value.kind, result.classified, result.partial) == ("loader", 8, True)
+
+    def other_failure(classified, top1):
+        raise RuntimeError("something else")
+
+    with pytest.raises(RuntimeError, match="^something else$"):  # any other RuntimeError is not the loader's
+        benchmark([batch], tiny_model, warmup_batches=0, progress=other_failure)
+
+
 def test_a_rank_outside_the_job_is_refused_not_sliced(jpeg_set):
     prefix = f"{jpeg_set.parent}/"
     images = read_file_list(jpeg_set, prefix)
