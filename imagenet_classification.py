@@ -1495,8 +1495,6 @@ NVIMGCODEC_BACKENDS = ("hardware", "cuda", "hybrid")  # nvImageCodec's on a GPU,
 NVIMGCODEC_CPU_THREADS = 1  # per decoder: each pipeline thread has decoders of its own
 NVDEC_CONCURRENCY = 4  # batches decoded at once with NVDEC: one hardware decoder per thread
 NVDEC_MIN_SIDE, NVDEC_MAX_SIZE = 64, (32768, 16384)  # JPEG on A100 / H100 (SPDL's capability table)
-FPS_WINDOW_SLACK = 0.1  # the most FPS may overstate a loader-bound rate without a warning
-DRAIN_SLACK = 0.03  # the most FPS may exceed its rate while the loader ran (on the CPU) without a warning
 CHECK_DECODER_IMAGES = 8  # images a GPU decoder is compared with FFmpeg on before a run (--check-decoder)
 DECODER_TOLERANCE = 3.0  # mean absolute difference (0-255) a GPU decoder may show against FFmpeg, per image
 
@@ -3806,6 +3804,12 @@ class _RunReport:
         return payload
 
 
+FPS_WINDOW_SLACK = 0.1  # the most FPS may overstate a loader-bound rate without a warning
+DRAIN_SLACK = 0.03  # the most FPS may exceed its rate while the loader ran (on the CPU) without a warning
+FALLBACK_WARNING = 0.05  # a share of images decoded on the CPU that makes a GPU decoder's figures mostly the CPU's
+COLD_RESIDUE = 0.05  # a share of the listed bytes still in memory after eviction that makes a cold run not cold
+
+
 def _print_drain(result: RunResult, file: TextIO | None) -> None:
     """The warning for a window whose last batches ran after the loader had finished (:py:func:`_add_drain`)."""
     drained, while_loading = result.drained_batches, result.fps_while_loading
@@ -3818,10 +3822,6 @@ def _print_drain(result: RunResult, file: TextIO | None) -> None:
     else:
         line += f"FPS is {result.fps / while_loading - 1:.0%} above the {while_loading:.2f} images/s before it"
     print(line + "; list more images (repeating the list is fine)", file=file)
-
-
-FALLBACK_WARNING = 0.05  # a share of images decoded on the CPU that makes a GPU decoder's figures mostly the CPU's
-COLD_RESIDUE = 0.05  # a share of the listed bytes still in memory after eviction that makes a cold run not cold
 
 
 def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
