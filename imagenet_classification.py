@@ -2223,6 +2223,11 @@ class _PILDataset(torch.utils.data.IterableDataset):
 _DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a worker died
 
 
+def _worker_died(e: RuntimeError) -> RunStopped:
+    """torch's error for a dead DataLoader worker, as the loader's failure."""
+    return RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader")
+
+
 def _torch_loader_batches(loader: torch.utils.data.DataLoader | Iterator, device: torch.device) -> Iterator[_Batch]:
     """The DataLoader's batches on the device. TimeoutError: no batch within the DataLoader's
     ``timeout``; RunStopped (``loader``): a worker died."""
@@ -2237,7 +2242,7 @@ def _torch_loader_batches(loader: torch.utils.data.DataLoader | Iterator, device
                 raise TimeoutError(str(e)) from None
             if _DATALOADER_DIED in str(e):  # killed (the out-of-memory killer?) or failed
                 _forget_workers(batches)
-                raise RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader") from None
+                raise _worker_died(e) from None
             raise
         except (ConnectionError, EOFError) as e:  # a worker died while its batch was handed over
             _forget_workers(batches)
@@ -2882,7 +2887,7 @@ def _stopped_runs(result: RunResult) -> Iterator[None]:
         if _DATALOADER_DIED not in str(e):
             raise
         result.partial = True  # torch's SIGCHLD handler raises it wherever the loop is when a worker dies
-        error = RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader")
+        error = _worker_died(e)
         error.result = result
         raise error from None
     except TimeoutError:
