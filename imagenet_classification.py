@@ -2650,8 +2650,8 @@ class RunResult:
     def fps_max_overstatement(self) -> float | None:
         """How much FPS can overstate a loader-bound rate, as a share (inf: the window was all
         buffered): a window of T batches that opens with ``lead`` buffered needs only T - lead from
-        the loader. None when the lead is unknown or the window includes the start."""
-        if self.loader_lead is None or self.warmup_included or not self.batches_timed:
+        the loader. None when the lead is unknown, the window includes the start or timed no image."""
+        if self.loader_lead is None or self.warmup_included or not self.frames_timed:
             return None
         lead = self.loader_lead  # a lead of the whole window or more: all of it buffered
         bound = math.inf if self.batches_timed <= lead else lead / (self.batches_timed - lead)
@@ -3842,6 +3842,11 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
         line += f"ready or under way when it opened: if the loader is the bottleneck, {bound}; list more images "
         print(line + "(repeating the list is fine)", file=file)
     _print_drain(result, file)
+    if result.failed and not result.classified:
+        line = f"WARNING: no image was classified, {result.failed} failed to decode: FPS and accuracy measure nothing"
+        print(line, file=file)
+    elif result.batches_timed and not result.frames_timed:
+        print("WARNING: every image of the FPS window failed to decode: FPS measures nothing", file=file)
     print(f"FPS={result.fps:.2f} ({result.frames_timed}/{result.elapsed_s:.2f})", file=file)
     skipped = f", {result.failed} failed to decode" if result.failed else ""
     for k, correct, acc in (("1", result.top1_correct, result.top1), ("5", result.top5_correct, result.top5)):
@@ -4630,7 +4635,7 @@ def _add_drain(result: RunResult, loader_end: float | None) -> None:
     ``time.monotonic``) ran with the cores to itself, so a short list's FPS is too high.
     ``fps_while_loading`` leaves them out; None if they are over half the window or no image ran before."""
     t = result.timeline
-    if loader_end is None or not result.batches_timed or result.partial:
+    if loader_end is None or not result.frames_timed or result.partial:
         return
     t["loader_end_s"] = done = loader_end - t["started_at"]
     ends, images = t["batch_end_s"], t["batch_images"]

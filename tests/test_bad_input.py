@@ -282,3 +282,7 @@ def test_all_bad_list_reports_zero_classified(tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = read_json(out)
     assert (result["classified"], result["failed"], result["top1"], result["fps"]) == (0, 3, 0.0, 0.0)
+    # Said, and no warning about an FPS window that timed nothing (the loader's lead, its drain).
+    assert "WARNING: no image was classified, 3 failed to decode: FPS and accuracy measure nothing" in proc.stdout
+    assert "FPS window holds" not in proc.stdout and "after the loader" not in proc.stdout, proc.stdout
+    assert (result["fps_max_overstatement"], result["fps_window_may_be_buffered"]) == (None, False)

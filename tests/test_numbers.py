@@ -900,6 +900,31 @@ def test_results_and_their_rates_by_hand(tmp_path):
                                                      {"path": "b.JPEG", "reason": "x"}])  # fmt: skip
 
 
+def test_a_window_whose_every_image_failed_measures_nothing_and_says_so():
+    from imagenet_classification import _add_drain
+
+    # The warm-up classifies 2 images; every image after it fails: FPS 0 over a window of one empty
+    # batch is no rate, and no warning may read it as one (a buffered window, the loader's drain).
+    def loader():
+        yield _Batch(*_batch([AT_RANK_1, AT_RANK_5]))
+        yield _Batch(*_batch([]), failures=[ImageDecodeError("bad.JPEG", "empty file (0 bytes)")])
+
+    result = benchmark(loader(), _bundle(), listed=3, warmup_batches=1, policy=BadImagePolicy(skip=True), loader_lead=4)
+    assert (result.classified, result.failed, result.batches_timed, result.frames_timed) == (2, 1, 1, 0)
+    assert (result.fps, result.fps_max_overstatement, result.to_dict()["fps_window_may_be_buffered"]) == (
+        0,
+        None,
+        False,
+    )
+    _add_drain(result, result.timeline["started_at"])  # the loader ended before the window: still no rate to correct
+    assert (result.drained_batches, result.fps_while_loading) == (None, None)
+    out = io.StringIO()
+    _print_summary(result, out)
+    assert "WARNING: every image of the FPS window failed to decode: FPS measures nothing" in out.getvalue()
+    assert "FPS window holds" not in out.getvalue() and "after the loader" not in out.getvalue()
+    assert "no image was classified" not in out.getvalue()
+
+
 def test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_file(tmp_path):
     # The decode function lists each batch's failures and GPU-decoder fallbacks with the batch; on
     # this CPU-only machine a generator stands in for it.
