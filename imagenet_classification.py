@@ -3434,8 +3434,8 @@ def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
 
     def decode_like_the_dataloader(items: Sequence[tuple[str, int]]) -> _Batch:
         images = ImageList(tuple(path for path, _ in items), tuple(label for _, label in items))
-        batches = _PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
-        return next(_torch_loader_batches(iter(batches), config.device))
+        dataset = _PILDataset(images, config.transform, config.max_image_bytes, batch_size=len(items))
+        return _Batch(*next(iter(dataset)))  # one batch of (images, labels, paths, failures), on the CPU
 
     decode = decode_like_the_dataloader
     if config.loader != "torch":
@@ -3718,7 +3718,7 @@ def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
     for word in command:
         if word.startswith("-") and not re.fullmatch(r"-\d.*", word):  # a flag, not a negative number
             name = word.split("=")[0]
-            short = name[:2] in ("-j", "-b") and not name.startswith("--")
+            short = name[:2] in ("-j", "-b")
             dropped = name in own or short
             settings = name == "--sweep"
             attached = "=" in word or (short and len(word) > 2)
