@@ -3613,10 +3613,8 @@ def _sweep_timed(
     once): alone over ``images``, or end to end through ``model`` over a window of ``_SWEEP_LEADS``
     times the loader's lead (``point.short_window`` if the list is shorter; on the CPU up to the
     loader's end: :py:func:`_add_drain`)."""
-    threads = point.num_threads
-    concurrency = min(threads, NVDEC_CONCURRENCY) if config.decoder == "nvdec" else threads
     sizes = {"batch_size": point.batch_size, "queue_size": point.queue_size, "decode_processes": point.decode_processes}
-    settings = replace(config, num_threads=threads, decode_concurrency=concurrency, **sizes)
+    settings = replace(config, num_threads=point.num_threads, **sizes)
     policy = BadImagePolicy(skip=True)
     if model is not None:  # a window of many times what the loader holds when it opens, or it times the model alone
         batches = _SWEEP_WARMUP + _SWEEP_LEADS * settings.loader_lead
@@ -4204,7 +4202,6 @@ class _RunConfig:
     transform: EvalTransform  # built once: the loader's and the model's
     batch_size: int
     num_threads: int  # decode threads (in each decode process), or DataLoader workers; at most one per image
-    decode_concurrency: int  # batches decoded at once: num_threads, at most NVDEC_CONCURRENCY with NVDEC
     decode_processes: int
     queue_size: int
     model: str
@@ -4238,6 +4235,11 @@ class _RunConfig:
     @property
     def max_image_bytes(self) -> int:
         return self.max_image_mb << 20
+
+    @property
+    def decode_concurrency(self) -> int:
+        """Batches decoded at once: one a thread, at most NVDEC_CONCURRENCY with NVDEC."""
+        return min(self.num_threads, NVDEC_CONCURRENCY) if self.decoder == "nvdec" else self.num_threads
 
     @property
     def loader_lead(self) -> int:
@@ -4440,7 +4442,6 @@ def _preflight(
         "transform": transform,
         "num_threads": threads,
         "decode_processes": processes,
-        "decode_concurrency": min(threads, NVDEC_CONCURRENCY) if decoder == "nvdec" else threads,
         "dtype": dtype,
         "dtype_reason": dtype_reason,
         "compile": (args.compile_mode or COMPILE_MODE) if compiled else None,
