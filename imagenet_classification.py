@@ -2999,6 +2999,35 @@ def _check_delivered(delivered: int, listed: int | None) -> None:
     raise RunStopped(f"the loader delivered {delivered} images, more than the {listed} listed", "loader")
 
 
+def _add_window_lead(result: RunResult, stats: _PipelineStats, concurrency: int) -> None:
+    """The loader's measured lead (at most its capacity) and rate when the FPS window opened, in ``result``."""
+    window = stats.window_lead(concurrency)
+    if window is None or result.warmup_included or result.loader_lead is None:
+        return
+    lead, batches_per_s = window
+    result.loader_lead = min(result.loader_lead, lead)
+    if batches_per_s is not None and result.batches_timed:
+        result.loader_min_fps = batches_per_s * result.frames_timed / result.batches_timed
+
+
+def _add_drain(result: RunResult, loader_end: float | None) -> None:
+    """On the CPU: the timed batches the model began after the loader's last (``loader_end``,
+    ``time.monotonic``) ran with the cores to itself, so a short list's FPS is too high.
+    ``fps_while_loading`` leaves them out; None if they are over half the window or no image ran before."""
+    t = result.timeline
+    if loader_end is None or not result.frames_timed or result.partial:
+        return
+    t["loader_end_s"] = done = loader_end - t["started_at"]
+    ends, images = t["batch_end_s"], t["batch_images"]
+    first = len(ends) - result.batches_timed
+    began = [t["warmup_end_s"], *ends[first:-1]]  # each timed batch begins as the one before it ends
+    kept = sum(1 for t0 in began if t0 < done)
+    result.drained_batches = result.batches_timed - kept
+    timed = sum(images[first : first + kept])
+    if kept >= result.drained_batches and timed:  # so kept >= 1; each batch ends after the window opens
+        result.fps_while_loading = timed / (ends[first + kept - 1] - t["warmup_end_s"])
+
+
 class _Progress:
     """Images done, images/s and running top-1: a live line on a terminal, a log line otherwise.
     The running top-1 waits for the device, so it is read only when a line is shown."""
@@ -4618,35 +4647,6 @@ def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> boo
         start, end = t["started_at"], t["started_at"] + t["end_s"]
         t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, t["interval_s"], len(t["images"]))
     return loader.stopped_cleanly
-
-
-def _add_window_lead(result: RunResult, stats: _PipelineStats, concurrency: int) -> None:
-    """The loader's measured lead (at most its capacity) and rate when the FPS window opened, in ``result``."""
-    window = stats.window_lead(concurrency)
-    if window is None or result.warmup_included or result.loader_lead is None:
-        return
-    lead, batches_per_s = window
-    result.loader_lead = min(result.loader_lead, lead)
-    if batches_per_s is not None and result.batches_timed:
-        result.loader_min_fps = batches_per_s * result.frames_timed / result.batches_timed
-
-
-def _add_drain(result: RunResult, loader_end: float | None) -> None:
-    """On the CPU: the timed batches the model began after the loader's last (``loader_end``,
-    ``time.monotonic``) ran with the cores to itself, so a short list's FPS is too high.
-    ``fps_while_loading`` leaves them out; None if they are over half the window or no image ran before."""
-    t = result.timeline
-    if loader_end is None or not result.frames_timed or result.partial:
-        return
-    t["loader_end_s"] = done = loader_end - t["started_at"]
-    ends, images = t["batch_end_s"], t["batch_images"]
-    first = len(ends) - result.batches_timed
-    began = [t["warmup_end_s"], *ends[first:-1]]  # each timed batch begins as the one before it ends
-    kept = sum(1 for t0 in began if t0 < done)
-    result.drained_batches = result.batches_timed - kept
-    timed = sum(images[first : first + kept])
-    if kept >= result.drained_batches and timed:  # so kept >= 1; each batch ends after the window opens
-        result.fps_while_loading = timed / (ends[first + kept - 1] - t["warmup_end_s"])
 
 
 def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -> None:
