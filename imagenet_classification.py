@@ -3676,6 +3676,7 @@ def _sweep_command(config: _RunConfig) -> int:
         sweep = _run_sweep(config, _build_model(config), config.sweep)
     except (RunStopped, RunInterrupted) as e:  # before the first setting: an empty sweep, written all the same
         sweep = _Sweep([], 0, error=e)
+    sweep.failures = _in_list_order(sweep.failures, config.images, lambda failure: failure.path)
     with _signals_held() as held:
         status = 0
         if sweep.error is not None:
@@ -4199,15 +4200,15 @@ def _run_title(report: _RunReport) -> str:
     return f"{head}\nFPS {r.fps:,.1f}, top-1 {r.top1:.1%} of {r.classified}"
 
 
-def _in_list_order(rows: list[dict], images: ImageList) -> list[dict]:
-    """Prediction rows in the list's order, not the decode order: a path listed k times takes its k
-    positions in turn (its rows are alike); a row whose path is not listed goes last."""
+def _in_list_order(rows: list, images: ImageList, path: Callable[[Any], str] = lambda row: row["path"]) -> list:
+    """Prediction (or failure) rows in the list's order, not the decode order: a path listed k times
+    takes its k positions in turn (its rows are alike); a row whose path is not listed goes last."""
     positions: dict[str, list[int]] = {}  # each path's positions, the first last (popped first)
     for i in range(len(images) - 1, -1, -1):
         positions.setdefault(images.paths[i], []).append(i)
 
     def position(row: dict) -> int:
-        free = positions.get(row["path"])
+        free = positions.get(path(row))
         return free.pop() if free else len(images)
 
     return sorted(rows, key=position)
@@ -4796,6 +4797,7 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     # A stopped job's rows are rank 0's alone (the others' stay with them): in its shard's order.
     listed = config.images if report.error is None else config.my_images
     rows = _in_list_order(result.predictions or [], listed)
+    result.failures = _in_list_order(result.failures, listed)  # not as SPDL hands on batches: as they complete
     timeline, trace = result.timeline, report.trace
     plot = config.plot if timeline else None
     outputs = [  # a stopped run's too

@@ -271,6 +271,29 @@ def test_a_fifo_device_or_oversized_file_is_refused_unread(dataset):
     assert (result["classified"], result["failed"]) == (12, 3)
 
 
+def test_failures_are_listed_in_the_lists_order_not_the_decode_order(tmp_path):
+    # Batch 1 (a large photo, then a bad image) is still decoding when batch 2 (a bad image alone) is
+    # done, and SPDL hands batches on as they complete: the failures are reported as the list has them.
+    write_jpeg(tmp_path / "val/n01440764/big.JPEG", (6000, 4000), (90, 120, 150))
+    for name in ("bad1", "bad2"):
+        (tmp_path / f"val/n01440764/{name}.JPEG").write_bytes(b"")
+    flist = tmp_path / "val.flist"
+    flist.write_text("".join(f"val/n01440764/{name}.JPEG\n" for name in ("big", "bad1", "bad2")))
+    out = tmp_path / "r.json"
+    proc = run_cli("--input-flist", flist, "--prefix", f"{tmp_path}/", *TINY, "--no-compile", "--batch-size", "2",
+                   "--skip-bad", "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [Path(f["path"]).name for f in read_json(out)["failures"]] == ["bad1.JPEG", "bad2.JPEG"]
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("  failed:")]
+    assert [Path(line.split(": ")[1]).name for line in failed] == ["bad1.JPEG", "bad2.JPEG"], proc.stdout
+    # The sweep's, too.
+    proc = run_cli("--input-flist", flist, "--prefix", f"{tmp_path}/", *TINY, "--no-compile", "--sweep",
+                   "num-threads=2", "batch-size=2", "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [Path(f["path"]).name for f in read_json(out)["sweep"]["failures"]] == ["bad1.JPEG", "bad2.JPEG"]
+    assert f"(the first: {tmp_path}/val/n01440764/bad1.JPEG: empty file (0 bytes);" in proc.stdout
+
+
 def test_all_bad_list_reports_zero_classified(tmp_path):
     flist = tmp_path / "val.flist"
     flist.write_text("".join(f"val/n01440764/{i}.JPEG\n" for i in range(3)))
