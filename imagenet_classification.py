@@ -3583,10 +3583,13 @@ class _Sweep:
     @property
     def recommended(self) -> _SweepPoint | None:
         """The smallest candidate run end to end within ``SWEEP_TOLERANCE`` of the best such run (the
-        bound says too little where loader and model share the cores); else the smallest candidate."""
+        bound says too little where loader and model share the cores); else the smallest candidate.
+        None when no setting was measured, or none decoded an image."""
+        if not any(p.loader_fps for p in self.points):
+            return None
         measured = [p for p in self.candidates if p.e2e_fps is not None]
         if not measured:
-            return self.candidates[0] if self.points else None
+            return self.candidates[0]
         best = max(p.e2e_fps for p in measured)
         return next(p for p in measured if p.e2e_fps >= (1 - SWEEP_TOLERANCE) * best)
 
@@ -3623,7 +3626,8 @@ def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]
             sweep.points.append(point)
             _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
         best = max(sweep.points, key=lambda p: p.bound_fps)
-        for point in [best, *[p for p in sweep.candidates if p is not best][:2]]:
+        ends = [best, *[p for p in sweep.candidates if p is not best][:2]] if best.bound_fps else []  # 0: none decoded
+        for point in ends:
             point.e2e_fps = _sweep_timed(config, point, images, model, sweep.failures)
             _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
     except (RunStopped, RunInterrupted) as e:
@@ -3731,10 +3735,12 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         line = f"{len(failed)} listed images failed to decode and were skipped in every setting that read them"
         print(_printable(f"{line} ({first}; --results-file lists them all)"), file=file)
     best = sweep.recommended
-    if best is not None:  # None: stopped before any setting was measured
+    if best is not None:
         print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
         skip = ["--skip-bad"] if sweep.failures and "--skip-bad" not in command else []
         print(f"  {shlex.join(_with_settings([*command, *skip], best))}", file=file)
+    elif sweep.points:  # else: stopped before any setting was measured
+        print("No setting to recommend: no setting decoded an image", file=file)
 
 
 def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
@@ -3785,9 +3791,9 @@ def _plot_sweep(sweep: _Sweep, path: Path | str, title: str) -> bool:
         rate = f"{model:,.0f}" if model >= 100 else f"{model:.3g}"
         place = {"xytext": (-4, 3), "textcoords": "offset points", "ha": "right", "va": "bottom"}
         ax.annotate(f"model alone, batch {batch_size}: {rate}/s", (threads[-1], model), **place, fontsize=8)
-    best = sweep.recommended
-    circle = {"markersize": 18, "fillstyle": "none", "color": "black", "label": f"recommended: {best.flags()}"}
-    ax.plot([best.threads], [best.e2e_fps or best.loader_fps], "o", **circle)
+    if (best := sweep.recommended) is not None:
+        circle = {"markersize": 18, "fillstyle": "none", "color": "black", "label": f"recommended: {best.flags()}"}
+        ax.plot([best.threads], [best.e2e_fps or best.loader_fps], "o", **circle)
     ax.set_xscale("log", base=2)
     ax.set_xticks(threads, [str(t) for t in threads])
     rates = [r for p in sweep.points for r in (p.loader_fps, p.model_fps, p.e2e_fps) if r]
@@ -4655,6 +4661,9 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
     --cold-cache), the model alone. What cuts it short is said in the report; the run's result stands."""
     images, result, cold = config.my_images, report.result, config.cold_cache
     batch_size = min(config.batch_size, len(images))
+    if not result.frames_timed:  # every image of the window failed: rates of no image compare nothing
+        report.breakdown_cut = "the run timed no image: nothing to compare"
+        return
     try:  # from the first line: a signal as soon as it is logged cuts the breakdown, not the run
         _LG.info("Breakdown: timing the loader alone, then reading alone, then the model alone.")
         if cold:

@@ -309,3 +309,16 @@ def test_all_bad_list_reports_zero_classified(tmp_path):
     assert "WARNING: no image was classified, 3 failed to decode: FPS and accuracy measure nothing" in proc.stdout
     assert "FPS window holds" not in proc.stdout and "after the loader" not in proc.stdout, proc.stdout
     assert (result["fps_max_overstatement"], result["fps_window_may_be_buffered"]) == (None, False)
+    proc = run_cli("--input-flist", flist, "--prefix", f"{tmp_path}/", *FAST, "--skip-bad", "--breakdown")
+    assert proc.returncode == 0, proc.stderr
+    assert "Breakdown cut short (the run timed no image: nothing to compare)" in proc.stdout
+    assert "Bound" not in proc.stdout, proc.stdout  # no 'set by the loader' from a rate of no image
+    # A sweep recommends no setting, none having decoded an image (their rates, all 0, rank nothing).
+    plot = tmp_path / "sweep.png"
+    proc = run_cli("--input-flist", flist, "--prefix", f"{tmp_path}/", *FAST, "--sweep", "num-threads=1,2",
+                   "--results-file", out, "--plot", plot)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "No setting to recommend: no setting decoded an image" in proc.stdout
+    assert "The smallest setting" not in proc.stdout and plot.stat().st_size > 0
+    sweep = read_json(out)["sweep"]
+    assert sweep["recommended"] is None and [p["e2e_fps"] for p in sweep["points"]] == [None, None]
