@@ -1118,12 +1118,14 @@ def _spdl_reason(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _decoder_errors(path: str, decoder: str, also: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
-    """Turn what a decoder raises for one image's data into that image's ImageDecodeError."""
+def _pil_errors(path: str) -> Iterator[None]:
+    """Turn what PIL raises for one image's data (a decompression bomb too) into its ImageDecodeError."""
+    from PIL import Image
+
     try:
         yield
-    except (*_DECODER_ERRORS, *also) as e:
-        raise ImageDecodeError(path, f"{decoder} cannot decode it: {_spdl_reason(e)}") from None
+    except (*_DECODER_ERRORS, Image.DecompressionBombError) as e:
+        raise ImageDecodeError(path, f"PIL cannot decode it: {_spdl_reason(e)}") from None
 
 
 _NOT_A_FILE = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO"}  # else a device (/dev/zero) or a socket
@@ -1304,7 +1306,7 @@ def _decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) 
     from PIL import Image
 
     data = _read_image_bytes(path) if data is None else data
-    with _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
+    with _pil_errors(path):
         try:
             opened = Image.open(io.BytesIO(data))
         except Image.UnidentifiedImageError:
@@ -1351,7 +1353,7 @@ def _crop_on_cpu(
     else:
         return _decode_pil(path, graphs.transform, data)
     _check_size(path, size, graphs.transform)
-    try:  # what _decoder_errors does, without a context manager's objects for every image
+    try:  # what _pil_errors does, without a context manager's objects for every image
         frames = _decode_frames(data)
         if frames.width <= 0:  # corrupt data: no frame, which would fail the whole batch's conversion
             raise ValueError("no frame decoded (corrupt data)")
@@ -1385,6 +1387,9 @@ class _Batch(tuple):
 
     def __reduce__(self) -> tuple:  # from a --decode-processes worker (its tensors through shared memory)
         return type(self), (*self, self.paths, self.failures, self.fallbacks, self.decoded_by)
+
+
+_DecodeFunc = Callable[[Sequence[tuple[str, int]]], _Batch]  # see get_decode_func
 
 
 def _record_batch(batch: tuple, result: RunResult, failures: list[ImageDecodeError]) -> None:
@@ -1423,10 +1428,8 @@ def _working_on(path: str) -> Iterator[None]:
 def _oldest_in_progress() -> tuple[str, float] | None:
     """``(path, seconds)`` of the image decoded the longest so far, or None."""
     marks = [mark for mark in list(_DECODING.values()) if mark is not None]  # list(): one step
-    if not marks:
-        return None
-    path, started = min(marks, key=lambda mark: mark[1])
-    return path, time.monotonic() - started
+    oldest = min(marks, key=lambda mark: mark[1], default=None)
+    return None if oldest is None else (oldest[0], time.monotonic() - oldest[1])
 
 
 def _decode_items(
@@ -1461,7 +1464,7 @@ def _decode_items(
 
 def _ffmpeg_decode_func(
     transform: EvalTransform, device: torch.device, policy: BadImagePolicy | None, max_bytes: int
-) -> Callable[[Sequence[tuple[str, int]]], _Batch]:
+) -> _DecodeFunc:
     cuda_config = _spdl_cuda_config(device) if device.type == "cuda" else None
     graphs = _FilterGraphCache(transform)
 
@@ -1497,8 +1500,6 @@ NVDEC_CONCURRENCY = 4  # batches decoded at once with NVDEC: one hardware decode
 NVDEC_MIN_SIDE, NVDEC_MAX_SIZE = 64, (32768, 16384)  # JPEG on A100 / H100 (SPDL's capability table)
 CHECK_DECODER_IMAGES = 8  # images a GPU decoder is compared with FFmpeg on before a run (--check-decoder)
 DECODER_TOLERANCE = 3.0  # mean absolute difference (0-255) a GPU decoder may show against FFmpeg, per image
-
-_DecodeFunc = Callable[[Sequence[tuple[str, int]]], "_Batch"]  # see get_decode_func
 
 # The CUDA config of this thread's NVDEC decoder: SPDL caches one decoder per thread, and it keeps
 # the config (stream, allocator) of its first use (``NvDecDecoderCore::init_decoder``).
@@ -1546,7 +1547,7 @@ def _resize_crop_on_device(images: Tensor, transform: EvalTransform, size: tuple
 def _resize_crop_groups(images: Sequence[Tensor | None], transform: EvalTransform) -> list[Tensor | None]:
     """Each ``3 x H x W`` image resized and cropped (None stays None), one call per size (ImageNet's
     500 x 375 and 375 x 500 are most of a batch)."""
-    groups: dict[tuple[int, int], list[int]] = {}
+    groups: dict[tuple[int, ...], list[int]] = {}
     for i, image in enumerate(images):
         if image is not None:
             groups.setdefault(tuple(image.shape), []).append(i)
@@ -3441,7 +3442,7 @@ def _measure_parity(
     )
     reference: dict[str, Tensor] = {}
     for path, _ in items:
-        with contextlib.suppress(ImageDecodeError), _decoder_errors(path, "PIL", also=(Image.DecompressionBombError,)):
+        with contextlib.suppress(ImageDecodeError), _pil_errors(path):
             with Image.open(io.BytesIO(_read_image_bytes(path))) as image:
                 reference[path] = timm_transform(image.convert("RGB"))
     paths = [path for path, _ in items if path in ours and path in reference]
