@@ -983,7 +983,7 @@ class EvalTransform:
             message = f"{width} / {cfg['crop_pct']} resizes each image's shorter side to {short} pixels: "
             raise InputError(message + f"every image would be over the limit of {MAX_IMAGE_PIXELS:,}", "--crop-pct")
         try:
-            mean, std = (tuple(float(v) for v in cfg[name]) for name in ("mean", "std"))
+            mean, std = tuple(map(float, cfg["mean"])), tuple(map(float, cfg["std"]))
             return cls(int(width), float(cfg["crop_pct"]), str(cfg["interpolation"]), mean, std, cfg["crop_mode"])
         except (TypeError, ValueError) as error:  # the checks of a transform made in a notebook
             raise InputError(f"its evaluation transform cannot be reproduced here: {error}", "--model") from None
