@@ -1353,7 +1353,7 @@ def _crop_on_cpu(
     else:
         return _decode_pil(path, graphs.transform, data)
     _check_size(path, size, graphs.transform)
-    try:  # what _pil_errors does, without a context manager's objects for every image
+    try:  # as _pil_errors does for PIL, without a context manager's objects for every image
         frames = _decode_frames(data)
         if frames.width <= 0:  # corrupt data: no frame, which would fail the whole batch's conversion
             raise ValueError("no frame decoded (corrupt data)")
