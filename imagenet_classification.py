@@ -60,10 +60,11 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, TextIO
 
-if __name__ == "__main__":  # a signal while the libraries below load: one line, not a traceback
-
+if __name__ in ("__main__", "__mp_main__"):  # a signal while the libraries below load: one line, not a
+    # traceback; none in a --decode-processes worker (spawned, it imports this as __mp_main__)
     def _interrupted_while_starting(signum: int, _frame: object) -> None:
-        os.write(2, f"error: interrupted by {signal.Signals(signum).name} while starting\n".encode())
+        if __name__ == "__main__":
+            os.write(2, f"error: interrupted by {signal.Signals(signum).name} while starting\n".encode())
         os._exit(128 + signum)
 
     for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -229,7 +230,6 @@ _image_mb = _number(int, 1, "a whole number of MiB from 1 to 4096", 4096)  # a f
 _IMG_SIZE_MAX = 4096  # pixels: a larger crop is a typo, not a model's input
 _MEAN_RANGE, _STD_RANGE = (0.0, 1.0), (1e-3, 1.0)  # on the 0-1 scale: 123.7 (the 0-255 one) classifies noise
 _img_size = _number(int, 1, f"at most {_IMG_SIZE_MAX} pixels, at least 1", _IMG_SIZE_MAX)
-_fraction = _number(float, 1e-6, "a number in (0, 1]", 1)
 
 
 def _file_name(text: str) -> Path:
@@ -315,7 +315,8 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--no-bf16", action="store_const", const="float32", dest="dtype", help="--dtype float32")
     transform = parser.add_argument_group("evaluation transform (default: the model's pretrained config)")
     transform.add_argument("--img-size", type=_img_size, metavar="N", help="side of the square crop fed to the model")
-    transform.add_argument("--crop-pct", type=_fraction, metavar="F", help="resize the shorter side to img-size / F")
+    crop_pct = _number(float, 1e-6, f"a number above 0, at most {_CROP_PCT_MAX:g}", _CROP_PCT_MAX)  # above 1: padded
+    transform.add_argument("--crop-pct", type=crop_pct, metavar="F", help="resize the shorter side to img-size / F")
     transform.add_argument("--interpolation", choices=sorted(_FFMPEG_SCALE_FLAGS), help="the resize's filter")
     # On the 0-1 scale: 123.7 or 58.4 (the 0-255 one) would classify noise; a std near 0 overflows.
     scale = "on the 0-1 scale (values on the 0-255 one / 255)"
@@ -4396,7 +4397,11 @@ def _check_output_path(flag: str, path: Path) -> str:
     target = Path(os.path.realpath(path))
     if not target.parent.is_dir():
         raise InputError(f"{flag} {path}: folder {target.parent} does not exist")
-    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+    try:  # as the write at the end will (root passes os.access where it cannot write: sysfs, NFS)
+        tempfile.TemporaryFile(dir=target.parent).close()
+    except OSError as e:
+        raise InputError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
+    if target.exists() and not os.access(target, os.W_OK):
         raise InputError(f"{flag} {path}: cannot write there")
     return str(target)
 

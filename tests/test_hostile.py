@@ -918,3 +918,32 @@ def test_outputs_that_are_files_the_run_reads_are_refused(dataset, tmp_path, cap
         status, _, stderr = _main([*base, "--results-file", target], capfd)
         assert status == 2 and "is one of the run's inputs or outputs" in _errors(stderr)[0], stderr
     assert image.read_bytes()[:2] == b"\xff\xd8"
+
+
+def test_crop_pct_takes_above_1_what_a_model_config_may_hold(jpeg_set, tmp_path):
+    # The transform pads a crop_pct over 1 (volo_d4_448's 1.15) as timm does: the flag takes it too.
+    out = tmp_path / "r.json"
+    run = ["--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile", "--max-samples", "4"]
+    proc = run_cli(*run, "--batch-size", "4", "--crop-pct", "1.15", "--results-file", out)
+    assert proc.returncode == 0, proc.stderr
+    assert read_json(out)["config"]["crop_pct"] == 1.15
+    proc = run_cli(*run, "--crop-pct", "2.5")
+    assert proc.returncode == 2 and "--crop-pct: expected a number above 0, at most 2, got '2.5'" in proc.stderr
+
+
+def test_an_output_folder_no_file_can_be_made_in_is_refused_before_the_run_for_root_too(jpeg_set):
+    # root passes os.access's test in /sys (and on a root-squashed NFS mount), where no file can be made.
+    run = ["--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile", "--max-samples", "4"]
+    proc = run_cli(*run, "--results-file", "/sys/r.json")
+    assert proc.returncode == 2 and "error: --results-file /sys/r.json: cannot write there (" in proc.stderr
+    assert "Model test_efficientnet" not in proc.stderr, proc.stderr  # before the model is built
+
+
+def test_a_decode_worker_interrupted_while_it_starts_ends_without_a_word():
+    # A spawned --decode-processes worker imports the module as __mp_main__: Ctrl-C to the process
+    # group while it loads torch must print no traceback under the run's own line.
+    code = "import os, runpy, signal; runpy.run_path({!r}, run_name='__mp_main__'); os.kill(os.getpid(), signal.SIGINT)"
+    code += "; import time; time.sleep(5); print('not ended')"
+    command = [sys.executable, "-c", code.format(str(ROOT / "imagenet_classification.py"))]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "")
