@@ -2979,16 +2979,32 @@ def _prediction_rows(
 
 def _loader_failed(error: BaseException) -> RunStopped:
     """What a pipeline failure was: out of memory while decoding an image, another error there
-    (named), or something else (SPDL's log says what)."""
+    (named), a --decode-processes worker's death, or something else (SPDL's log says what)."""
     # SPDL's "failed N times" is raised from the stage's first error, whose image _decode_items named.
     causes = [e.__cause__ or e for e in getattr(error, "exceptions", ())]
     cause = next((e for e in causes if hasattr(e, "_while_decoding")), None)
     if cause is None:
+        # A dead worker: SPDL can no longer read its queue (a connection refused or reset, an EOF).
+        lost = next((e for c in causes for e in _chain(c) if isinstance(e, ConnectionError | EOFError)), None)
+        if lost is not None:
+            why = f"{type(lost).__name__}: {lost}"
+            message = f"the loading pipeline failed: a --decode-processes worker died ({why}): killed, by the "
+            return RunStopped(message + "out-of-memory killer? (dmesg says)", "loader")
         return RunStopped(f"the loading pipeline failed: {error} (the log above says why)", "loader")
     path = cause._while_decoding
     if isinstance(cause, MemoryError):
         return RunStopped(f"out of memory while decoding {path}; fewer --num-threads need less", "loader")
     return RunStopped(f"the loading pipeline failed on {path}: {type(cause).__name__}: {cause}", "loader")
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then what it was raised from or during, and so on."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:  # a cycle of contexts ends
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
 
 
 def _check_delivered(delivered: int, listed: int | None) -> None:

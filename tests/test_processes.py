@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import shutil
@@ -162,3 +163,32 @@ def test_a_stall_names_the_worker_processes(jpeg_set):
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "the decode stage has been on a batch in a --decode-processes worker for" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_decode_worker_killed_stops_the_run_with_one_line_that_says_so(tmp_path):
+    # The out-of-memory killer ends a worker: one line says a worker died (SPDL's own is 'pipeline
+    # stages failed'), with the partial result, every listed image accounted for.
+    flist = make_jpeg_set(tmp_path, 40)
+    flist.write_text("\n".join(flist.read_text().splitlines() * 150) + "\n")  # 6000: far more than it reaches
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), "--prefix",
+           f"{flist.parent}/", *TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1",
+           "--decode-processes", "2", "--num-threads", "1", "--results-file", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    loaded = False  # a worker killed as it starts is another case: SPDL waits for it (until --timeout)
+    while not loaded:
+        assert proc.poll() is None and time.monotonic() < deadline, "the decode workers did not start"
+        time.sleep(0.2)
+        workers = _worker_pids(proc.pid)
+        with contextlib.suppress(OSError):  # FFmpeg's libraries, loaded by the worker's initializer
+            loaded = len(workers) == 2 and all(b"libavcodec" in Path(f"/proc/{w}/maps").read_bytes() for w in workers)
+    time.sleep(3)  # the workers decoding
+    os.kill(min(workers), signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=60)
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1, stderr[-3000:]
+    assert errors[0].startswith("error: the loading pipeline failed: a --decode-processes worker died (")
+    assert "(PARTIAL RUN)" in stdout
+    result = read_json(out)
+    assert result["partial"] is True and result["classified"] + result["not_reached"] == 6000
