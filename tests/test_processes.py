@@ -83,16 +83,21 @@ def _running(pid: int) -> bool:
         return False
 
 
-# SIGTERM to the main process; a hang-up (a closed terminal) to the whole process group, workers too.
-@pytest.mark.parametrize("signum, group", [(signal.SIGTERM, False), (signal.SIGHUP, True)], ids=["term", "hangup"])
-def test_a_signal_stops_every_decode_process_and_keeps_the_partial_result(tmp_path, signum, group):
+def _start_in_two_processes(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A run over 6000 images (far more than a test waits for) in 2 decode processes; its results file."""
     flist = make_jpeg_set(tmp_path, 40)
-    flist.write_text("\n".join(flist.read_text().splitlines() * 150) + "\n")  # 6000: far more than it reaches
+    flist.write_text("\n".join(flist.read_text().splitlines() * 150) + "\n")
     out = tmp_path / "r.json"
     cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), "--prefix",
            f"{flist.parent}/", *TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1",
            "--decode-processes", "2", "--num-threads", "1", "--results-file", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True), out
+
+
+# SIGTERM to the main process; a hang-up (a closed terminal) to the whole process group, workers too.
+@pytest.mark.parametrize("signum, group", [(signal.SIGTERM, False), (signal.SIGHUP, True)], ids=["term", "hangup"])
+def test_a_signal_stops_every_decode_process_and_keeps_the_partial_result(tmp_path, signum, group):
+    proc, out = _start_in_two_processes(tmp_path)
     deadline = time.monotonic() + 120
     while len(workers := _worker_pids(proc.pid)) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, "the decode workers did not start"
@@ -168,13 +173,7 @@ def test_a_stall_names_the_worker_processes(jpeg_set):
 def test_a_decode_worker_killed_stops_the_run_with_one_line_that_says_so(tmp_path):
     # The out-of-memory killer ends a worker: one line says a worker died (SPDL's own is 'pipeline
     # stages failed'), with the partial result, every listed image accounted for.
-    flist = make_jpeg_set(tmp_path, 40)
-    flist.write_text("\n".join(flist.read_text().splitlines() * 150) + "\n")  # 6000: far more than it reaches
-    out = tmp_path / "r.json"
-    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), "--prefix",
-           f"{flist.parent}/", *TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1",
-           "--decode-processes", "2", "--num-threads", "1", "--results-file", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc, out = _start_in_two_processes(tmp_path)
     deadline = time.monotonic() + 120
     loaded = False  # a worker killed as it starts is another case: SPDL waits for it (until --timeout)
     while not loaded:
