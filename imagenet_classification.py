@@ -2134,16 +2134,20 @@ def get_pipeline(
 def _start_resource_tracker() -> None:
     """Start multiprocessing's resource tracker (keeper of the pool's semaphores) ignoring a hang-up,
     as it ignores SIGINT and SIGTERM: a closed terminal's SIGHUP reaches the process group, and a
-    relaunched tracker prints a traceback for each semaphore it never saw."""
+    relaunched tracker prints a traceback for each semaphore it never saw. Nor does it warn of the
+    semaphores it removes after an interrupt, which ends this process at once (os._exit): its job."""
     from multiprocessing import resource_tracker
 
     if threading.current_thread() is not threading.main_thread():
         return  # only the main thread sets signal handlers; the pool then starts the tracker as it is
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a disposition a child keeps through exec
+    quiet = "ignore:resource_tracker:UserWarning"  # the tracker's -W (multiprocessing passes sys.warnoptions on)
+    sys.warnoptions.append(quiet)
     try:
         resource_tracker.ensure_running()
     finally:
         signal.signal(signal.SIGHUP, previous)
+        sys.warnoptions.remove(quiet)
 
 
 def _decode_worker_init() -> None:
