@@ -2988,8 +2988,12 @@ def _loader_failed(error: BaseException) -> RunStopped:
     causes = [e.__cause__ or e for e in getattr(error, "exceptions", ())]
     cause = next((e for e in causes if hasattr(e, "_while_decoding")), None)
     if cause is None:
-        # A dead worker: SPDL can no longer read its queue (a connection refused or reset, an EOF).
-        lost = next((e for c in causes for e in _chain(c) if isinstance(e, ConnectionError | EOFError)), None)
+        # A dead worker: SPDL can no longer read its queue (a connection refused or reset, an EOF), or
+        # its pool's monitor saw it exit (BrokenExecutor: "A worker process exited unexpectedly.").
+        from concurrent.futures import BrokenExecutor
+
+        died = (ConnectionError, EOFError, BrokenExecutor)
+        lost = next((e for c in causes for e in _chain(c) if isinstance(e, died)), None)
         if lost is not None:
             why = f"{type(lost).__name__}: {lost}"
             message = f"the loading pipeline failed: a --decode-processes worker died ({why}): killed, by the "

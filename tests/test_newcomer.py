@@ -40,7 +40,7 @@ def test_timms_flag_names_mean_what_they_mean_there(tmp_path):
 @pytest.mark.parametrize(
     "argv",
     [["DIR", "--data-dir", "DIR"], ["DIR", "--input-flist", "x"], ["DIR", "--torchcompile", "eager"],
-     ["DIR", "--crop-pct", "1.5"], ["DIR", "--mean", "0.5", "0.5"], ["DIR", "--compile", "--no-compile"],
+     ["DIR", "--crop-pct", "2.5"], ["DIR", "--mean", "0.5", "0.5"], ["DIR", "--compile", "--no-compile"],
      ["DIR", "--img-size", "4097"], ["DIR", "--interpolation", "box"], ["DIR", "--pretrained", "--no-pretrained"]],
 )  # fmt: skip
 def test_flags_that_cannot_go_together_are_refused(argv, capsys):

@@ -252,6 +252,14 @@ def test_bad_image_policy_bookkeeping_by_hand():
             stage_errors.append(e)
     stopped = _loader_failed(PipelineFailure([("decode", stage_errors[0]), ("other", stage_errors[1])]))
     assert "out of memory while decoding a.JPEG" in str(stopped)
+    # A --decode-processes worker's death, as SPDL's pool monitor reports it (the kill itself: test_processes).
+    from concurrent.futures import BrokenExecutor
+
+    try:
+        raise RuntimeError("The pipeline stage (decode) failed 1 times") from BrokenExecutor("A worker process exited")
+    except RuntimeError as e:
+        stopped = _loader_failed(PipelineFailure([("decode", e)]))
+    assert str(stopped).startswith("the loading pipeline failed: a --decode-processes worker died (BrokenExecutor: ")
     # A stalled run names the image in progress for the longest time, and for how long.
     assert _oldest_in_progress() is None
     entered, release = [threading.Event(), threading.Event()], threading.Event()
