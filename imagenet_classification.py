@@ -182,6 +182,11 @@ class RunStopped(Exception):
         self.result: RunResult | None = None
 
 
+# What reading from a worker process raises once the worker died (the OOM killer?): its pipe was
+# refused or reset, or it ended. Both loaders' workers: the DataLoader's and --decode-processes'.
+_WORKER_GONE = (ConnectionError, EOFError)
+
+
 class RunInterrupted(KeyboardInterrupt):
     """SIGINT, SIGTERM or SIGHUP (a closed terminal, a dropped ssh) during a run (a KeyboardInterrupt,
     so that no library swallows it), with the partial :py:class:`RunResult` once
@@ -2250,7 +2255,7 @@ def _torch_loader_batches(loader: torch.utils.data.DataLoader | Iterator, device
                 _forget_workers(batches)
                 raise _worker_died(e) from None
             raise
-        except (ConnectionError, EOFError) as e:  # a worker died while its batch was handed over
+        except _WORKER_GONE as e:  # a worker died while its batch was handed over
             _forget_workers(batches)
             message = f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})"
             raise RunStopped(message, "loader") from None
@@ -2992,7 +2997,7 @@ def _loader_failed(error: BaseException) -> RunStopped:
         # its pool's monitor saw it exit (BrokenExecutor: "A worker process exited unexpectedly.").
         from concurrent.futures import BrokenExecutor
 
-        died = (ConnectionError, EOFError, BrokenExecutor)
+        died = (*_WORKER_GONE, BrokenExecutor)
         lost = next((e for c in causes for e in _chain(c) if isinstance(e, died)), None)
         if lost is not None:
             why = f"{type(lost).__name__}: {lost}"
@@ -3603,8 +3608,11 @@ class _Sweep:
 
     @property
     def candidates(self) -> list[_SweepPoint]:
-        """The points whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first: to run end to end."""
+        """The points whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first: to run end to
+        end. None when no setting decoded an image (every bound 0)."""
         best = max((p.bound_fps for p in self.points), default=0.0)
+        if not best:
+            return []
         near = [p for p in self.points if p.bound_fps >= (1 - SWEEP_TOLERANCE) * best]
         return sorted(near, key=lambda p: (p.threads, p.decode_processes, p.batch_size, p.queue_size))
 
@@ -3612,12 +3620,10 @@ class _Sweep:
     def recommended(self) -> _SweepPoint | None:
         """The smallest candidate run end to end within ``SWEEP_TOLERANCE`` of the best such run (the
         bound says too little where loader and model share the cores); else the smallest candidate.
-        None when no setting was measured, or none decoded an image."""
-        if not any(p.loader_fps for p in self.points):
-            return None
+        None when there is no candidate."""
         measured = [p for p in self.candidates if p.e2e_fps is not None]
         if not measured:
-            return self.candidates[0]
+            return self.candidates[0] if self.candidates else None
         best = max(p.e2e_fps for p in measured)
         return next(p for p in measured if p.e2e_fps >= (1 - SWEEP_TOLERANCE) * best)
 
@@ -3653,8 +3659,10 @@ def _run_sweep(config: _RunConfig, model: ModelBundle, grid: dict[str, list[int]
             point.loader_fps = _sweep_timed(config, point, images, failures=None if sweep.points else sweep.failures)
             sweep.points.append(point)
             _LG.info("Sweep: %s: the loader alone %.1f images/s", point.flags(), point.loader_fps)
-        best = max(sweep.points, key=lambda p: p.bound_fps)
-        ends = [best, *[p for p in sweep.candidates if p is not best][:2]] if best.bound_fps else []  # 0: none decoded
+        ends = []
+        if sweep.candidates:
+            best = max(sweep.points, key=lambda p: p.bound_fps)
+            ends = [best, *[p for p in sweep.candidates if p is not best][:2]]
         for point in ends:
             point.e2e_fps = _sweep_timed(config, point, images, model, sweep.failures)
             _LG.info("Sweep: %s: end to end %.1f images/s", point.flags(), point.e2e_fps)
