@@ -39,6 +39,7 @@ import itertools
 import json
 import logging
 import math
+import multiprocessing
 import numbers
 import os
 import pickle
@@ -2136,6 +2137,12 @@ def get_pipeline(
     return pipeline.build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval, **hooks)
 
 
+def _decode_worker_died(why: str) -> RunStopped:
+    """The loader's failure when a ``--decode-processes`` worker died."""
+    message = f"the loading pipeline failed: a --decode-processes worker died ({why}): killed, by the "
+    return RunStopped(message + "out-of-memory killer? (dmesg says)", "loader")
+
+
 def _start_resource_tracker() -> None:
     """Start multiprocessing's resource tracker (keeper of the pool's semaphores) ignoring a hang-up,
     as it ignores SIGINT and SIGTERM: a closed terminal's SIGHUP reaches the process group, and a
@@ -2183,12 +2190,19 @@ class _ProcessDecode:
         return self.decode(items)
 
 
-def _received(batches: Iterator[_Batch], device: torch.device) -> Iterator[_Batch]:
-    """Batches from ``--decode-processes`` workers, copied to ``device``; the stall registry says
-    while this process waits for one (a worker's images are not known here)."""
+def _received(batches: Iterator[_Batch], device: torch.device, workers: int) -> Iterator[_Batch]:
+    """Batches from the ``workers`` ``--decode-processes`` workers, copied to ``device``; the stall
+    registry says while this process waits for one (a worker's images are not known here). SPDL
+    waits for the batches of a worker killed as it started: at the time-out, its death is named."""
     while True:
         _DECODING[-1] = ("a batch in a --decode-processes worker", time.monotonic())  # -1: no thread's ident
-        batch = next(batches, None)
+        try:
+            batch = next(batches, None)
+        except TimeoutError:
+            gone = workers - len(multiprocessing.active_children())  # the pool's workers are this process's children
+            if gone > 0:
+                raise _decode_worker_died(f"{gone} of {workers} gone; SPDL waited for its batches") from None
+            raise
         _DECODING[-1] = None
         if batch is None:
             return
@@ -3000,9 +3014,7 @@ def _loader_failed(error: BaseException) -> RunStopped:
         died = (*_WORKER_GONE, BrokenExecutor)
         lost = next((e for c in causes for e in _chain(c) if isinstance(e, died)), None)
         if lost is not None:
-            why = f"{type(lost).__name__}: {lost}"
-            message = f"the loading pipeline failed: a --decode-processes worker died ({why}): killed, by the "
-            return RunStopped(message + "out-of-memory killer? (dmesg says)", "loader")
+            return _decode_worker_died(f"{type(lost).__name__}: {lost}")
         return RunStopped(f"the loading pipeline failed: {error} (the log above says why)", "loader")
     path = cause._while_decoding
     if isinstance(cause, MemoryError):
@@ -4584,7 +4596,7 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
     # Not SPDL's auto_stop: its one timeout is set as it starts, and an interrupt's stop cannot wait.
     pipeline.start()
     batches = pipeline.get_iterator(timeout=config.timeout)
-    loader = _Loader(_received(batches, config.device) if in_processes else batches, stats)
+    loader = _Loader(_received(batches, config.device, in_processes) if in_processes else batches, stats)
     try:
         yield loader
     finally:
@@ -5041,8 +5053,6 @@ def _fill_closed_streams() -> None:
 
 def _end_children() -> None:
     """End the worker processes left running (after an interrupt): orphaned, they hold a pipe open for seconds."""
-    import multiprocessing
-
     for child in multiprocessing.active_children():
         with contextlib.suppress(OSError, ValueError, AttributeError):
             child.kill()

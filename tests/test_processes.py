@@ -83,14 +83,14 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _start_in_two_processes(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+def _start_in_two_processes(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     """A run over 6000 images (far more than a test waits for) in 2 decode processes; its results file."""
     flist = make_jpeg_set(tmp_path, 40)
     flist.write_text("\n".join(flist.read_text().splitlines() * 150) + "\n")
     out = tmp_path / "r.json"
     cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), "--prefix",
            f"{flist.parent}/", *TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1",
-           "--decode-processes", "2", "--num-threads", "1", "--results-file", str(out)]  # fmt: skip
+           "--decode-processes", "2", "--num-threads", "1", "--results-file", str(out), *extra]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True), out
 
 
@@ -190,5 +190,22 @@ def test_a_decode_worker_killed_stops_the_run_with_one_line_that_says_so(tmp_pat
     assert proc.returncode == 1 and len(errors) == 1, stderr[-3000:]
     assert errors[0].startswith("error: the loading pipeline failed: a --decode-processes worker died (")
     assert "(PARTIAL RUN)" in stdout
+    result = read_json(out)
+    assert result["partial"] is True and result["classified"] + result["not_reached"] == 6000
+
+
+def test_a_decode_worker_killed_as_it_starts_is_named_at_the_time_out(tmp_path):
+    # SPDL waits for the batches of a worker killed before it has started: at the time-out, the run
+    # says a worker died (exit 1), not that the decode stage stalled (exit 3).
+    proc, out = _start_in_two_processes(tmp_path, "--timeout", "5")
+    deadline = time.monotonic() + 120
+    while not (workers := _worker_pids(proc.pid)):
+        assert proc.poll() is None and time.monotonic() < deadline, "no decode worker started"
+        time.sleep(0.02)
+    os.kill(min(workers), signal.SIGKILL)  # spawned a moment ago: it is still importing
+    stdout, stderr = proc.communicate(timeout=120)
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1, stderr[-3000:]
+    assert errors[0].startswith("error: the loading pipeline failed: a --decode-processes worker died (1 of 2 gone")
     result = read_json(out)
     assert result["partial"] is True and result["classified"] + result["not_reached"] == 6000
