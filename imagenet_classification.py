@@ -4136,10 +4136,6 @@ def _environment(device: torch.device) -> dict:
     return env
 
 
-_UMASK = os.umask(0o022)  # read by setting it, and restored at once: at import, before any thread
-os.umask(_UMASK)
-
-
 def _write_atomically(path: Path | str, data: str | bytes) -> None:
     """Write ``data`` beside ``path`` (or its link's target), then rename it over: a reader sees the old
     file or the new one. Raises OSError, the old file left whole."""
@@ -4148,14 +4144,17 @@ def _write_atomically(path: Path | str, data: str | bytes) -> None:
     if isinstance(data, str):  # surrogateescape: a name that is not UTF-8 is written as its bytes on disk
         data = data.encode("utf-8", "surrogateescape")
     target = Path(os.path.realpath(path))
-    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~_UMASK  # as open() would
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    kept = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+    tmp = target.with_name(f".{target.name}.{os.urandom(6).hex()}.tmp")
+    # 0o666 less the umask, as open() gives a new file; a file written over keeps its mode.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
+            if kept is not None:
+                os.fchmod(f.fileno(), kept)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):  # the original error, not the clean-up's

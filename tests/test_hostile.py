@@ -124,6 +124,22 @@ def test_a_failed_write_leaves_the_old_results_whole(tmp_path, monkeypatch):
     assert json.loads(path.read_text())["classified"] == 1
 
 
+def test_a_results_file_gets_the_mode_open_would_give_and_one_written_over_keeps_its_own(tmp_path):
+    report = ic._RunReport(ic.RunResult(listed=1, classified=1), {}, {}, [])
+    previous = os.umask(0o027)
+    try:
+        ic._write_results(tmp_path / "new.json", report)
+        kept = tmp_path / "kept.json"
+        kept.write_text("{}")
+        kept.chmod(0o604)
+        ic._write_results(kept, report)
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o640  # 0o666 less the umask
+    assert kept.stat().st_mode & 0o777 == 0o604 and json.loads(kept.read_text())["classified"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json", "new.json"]  # no temporary file left
+
+
 @pytest.mark.parametrize(
     "flag, target, words",
     [
