@@ -365,7 +365,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     no_data = args.data is None and args.input_flist is None and args.data_dir is None
     last = args.sweep[-1] if args.sweep else "auto"
-    if no_data and last != "auto" and "=" not in last:  # --sweep's nargs took DATA_DIR: `--sweep auto /data/val`
+    setting = last == "auto" or ("=" in last and not os.path.isdir(last))  # a DATA_DIR may hold an = too
+    if no_data and not setting:  # --sweep's nargs took DATA_DIR: `--sweep auto /data/val`
         args.data = Path(args.sweep.pop())
         if not args.sweep:
             parser.error("--sweep needs a setting before DATA_DIR: auto, or e.g. num-threads=1,2,4")
@@ -441,10 +442,10 @@ def get_mappings() -> dict[str, int]:
 
 
 def parse_wnid(s: str) -> str:
-    """The class's WordNet ID (``n`` and 8 digits) in a path: the last folder named by one
-    (``train/n01440764/n01440764_10026.JPEG``), else the first one standing alone in a name
-    (``ILSVRC2012_val_00000001_n01751748.JPEG``). ValueError if there is none."""
-    if folders := [part for part in re.split(r"[/\\]", s)[:-1] if _WNID.fullmatch(part)]:
+    """The class's WordNet ID (``n`` and 8 digits) in a POSIX path (a backslash is part of a name, as on
+    Linux): the last folder named by one (``train/n01440764/n01440764_10026.JPEG``), else the first one
+    standing alone in a name (``ILSVRC2012_val_00000001_n01751748.JPEG``). ValueError if there is none."""
+    if folders := [part for part in s.split("/")[:-1] if _WNID.fullmatch(part)]:
         return folders[-1]
     if match := re.search(r"(?<![A-Za-z0-9])n\d{8}(?!\d)", s):
         return match.group(0)
@@ -553,7 +554,8 @@ def _label_from_path(path: str, where: str, labels: _Labels | None) -> int:
     WordNet ID in its path."""
     if labels is not None:
         if (label := labels.get(_image_name(path))) is None:
-            raise InputError(f"{where}: {labels.origin} has no label for {_image_name(path)!r}")
+            origin = getattr(labels, "origin", "the labels given")  # read_labels's, or a plain dict
+            raise InputError(f"{where}: {origin} has no label for {_image_name(path)!r}")
         return label
     try:
         wnid = parse_wnid(path)
@@ -563,8 +565,11 @@ def _label_from_path(path: str, where: str, labels: _Labels | None) -> int:
 
 
 def _image_list(pairs: Iterator[tuple[str, int]], max_samples: int | None, origin: str, empty: str) -> ImageList:
-    """The first ``max_samples`` pairs, read no further; InputError ``"{origin}: {empty}"`` if none."""
-    taken = list(itertools.islice(pairs, max_samples))
+    """The first ``max_samples`` pairs, read no further; InputError ``"{origin}: {empty}"`` if none.
+    ValueError for a ``max_samples`` that is no whole number from 1 (None: all)."""
+    if max_samples is not None and not (_within(max_samples, 1) and float(max_samples).is_integer()):
+        raise ValueError(f"max_samples={max_samples!r}: expected a whole number of images, 1 or more (None: all)")
+    taken = list(itertools.islice(pairs, None if max_samples is None else int(max_samples)))
     if not taken:
         raise InputError(f"{origin}: {empty}")
     return ImageList(tuple(path for path, _ in taken), tuple(label for _, label in taken), origin)
@@ -633,7 +638,7 @@ def _list_rows(path: Path | str, prefix: str, labels: _Labels | None) -> Iterato
         elif labels is not None:
             raise InputError(f"{where}: has a label column; labels by file name are for lists without one")
         else:  # a path listed again (passes for a steady FPS window) must keep its class: else one is a miss
-            _one_class(first, parts[0], label, where)
+            _one_class(first, os.path.normpath(parts[0]), label, where)  # ./a.JPEG is a.JPEG
         yield prefix + (parts[0] if with_column else text), label
 
 
@@ -646,11 +651,20 @@ def _image_files(folder: str) -> Iterator[str]:
     while pending:
         with os.scandir(path := pending.pop()) as it:
             entries = [e for e in it if e.name[0] != "."]
-        names = [e.name for e in entries if e.name.lower().endswith(IMAGE_EXTENSIONS) and not e.is_dir()]
-        folders.append((path, sorted(names)))
-        pending += [e.path for e in entries if e.is_dir()]
+        images = {e.name for e in entries if e.name.lower().endswith(IMAGE_EXTENSIONS) and not _is_folder(e)}
+        folders.append((path, sorted(images)))
+        pending += [e.path for e in entries if e.name not in images and e.is_dir()]  # a loop: an error, named
     for path, names in sorted(folders):
         yield from (os.path.join(path, name) for name in names)
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    """Whether the entry is a folder, or a link to one; a link in a loop is not: named like an image,
+    it is listed as ImageFolder lists it, and fails as a bad image."""
+    try:
+        return entry.is_dir()
+    except OSError:  # ELOOP: is_dir follows the link
+        return False
 
 
 def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: _Labels | None = None) -> ImageList:
@@ -678,7 +692,7 @@ def _folder_rows(root: str, labels: _Labels | None) -> Iterator[tuple[str, int]]
         return
     with os.scandir(root) as it:
         top = sorted((e for e in it if e.name[0] != "."), key=lambda e: e.name)
-    if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and not e.is_dir()), None):
+    if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and not _is_folder(e)), None):
         raise InputError(f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels")
     folders = []
     for entry in (e for e in top if e.is_dir()):
@@ -695,7 +709,7 @@ def source(
     """Yield ``(prefix + path, class index)`` for each image of this rank's shard (images
     ``rank, rank + world_size, …`` of the first ``max_samples``) of a file list, read and checked
     whole first (:py:func:`read_file_list`); InputError names a bad line's file and number."""
-    limit = None if max_samples is None or math.isinf(max_samples) else int(max_samples)
+    limit = None if max_samples == math.inf else max_samples  # the design's default: every image
     yield from read_file_list(path, prefix, limit).shard(rank, world_size)
 
 
@@ -948,6 +962,8 @@ class EvalTransform:
         elif self.resize_short**2 > MAX_IMAGE_PIXELS:
             over = f"every image would be over the limit of {MAX_IMAGE_PIXELS:,} pixels"
             reasons.append(f"its crop_pct {self.crop_pct!r} resizes each shorter side to {self.resize_short}: {over}")
+        elif self.resize_short < 1:
+            reasons.append(f"its size {self.size} / crop_pct {self.crop_pct!r} resizes each shorter side to 0 pixels")
         if self.interpolation not in _FFMPEG_SCALE_FLAGS:
             reasons.append(f"its interpolation {self.interpolation!r} is not one of {sorted(_FFMPEG_SCALE_FLAGS)}")
         if self.crop_mode not in ("center", "squash"):
@@ -978,17 +994,27 @@ class EvalTransform:
             config = model.pretrained_cfg
         else:  # timm would give its defaults, not this model's transform
             raise InputError(f"a {type(model).__name__} is not a timm model: it has no pretrained config", "--model")
-        cfg = timm.data.resolve_data_config(overrides, pretrained_cfg=config)
+        try:
+            cfg = timm.data.resolve_data_config(overrides, pretrained_cfg=config)
+        except AssertionError:  # timm's checks, without a message: e.g. a mean of 2 values, an input_size of 5
+            raise ValueError(f"transform overrides {overrides}: not values timm takes") from None
         # timm takes the config's value over a falsy one (crop_pct=0): the transform's checks refuse it.
         cfg |= {k: overrides[k] for k in ("crop_pct", "interpolation", "crop_mode") if overrides.get(k) is not None}
         height, width = cfg["input_size"][-2:]
         if height != width:
             message = f"its evaluation transform cannot be reproduced here: its input is {width} x {height}, not square"
             raise InputError(message, "--model")
+        if config.get("fixed_input_size") and tuple(cfg["input_size"]) != tuple(config.get("input_size") or ()):
+            fixed = config["input_size"][-1]  # e.g. ViT's and Swin's patch grids, built for it
+            message = f"its input size is fixed at {fixed} x {fixed}: the model refuses a {width} x {height} image"
+            raise InputError(message, "--img-size")
         short = math.floor(width / cfg["crop_pct"]) if _within(cfg["crop_pct"], 1e-6) else 0
         if short * short > MAX_IMAGE_PIXELS:  # checked here too, to name the flag that sets it
             message = f"{width} / {cfg['crop_pct']} resizes each image's shorter side to {short} pixels: "
             raise InputError(message + f"every image would be over the limit of {MAX_IMAGE_PIXELS:,}", "--crop-pct")
+        if short < 1 and _within(cfg["crop_pct"], 1e-6):
+            message = f"{width} / {cfg['crop_pct']} resizes each image's shorter side to 0 pixels"
+            raise InputError(message, "--crop-pct")
         try:
             mean, std = tuple(map(float, cfg["mean"])), tuple(map(float, cfg["std"]))
             return cls(int(width), float(cfg["crop_pct"]), str(cfg["interpolation"]), mean, std, cfg["crop_mode"])
@@ -1082,6 +1108,8 @@ class BadImagePolicy:
     max_bad_percent: float | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.skip, bool):  # skip="no" would skip
+            raise ValueError(f"skip={self.skip!r}: expected True or False")
         if not self.skip and (self.max_bad is not None or self.max_bad_percent is not None):
             raise ValueError("a limit on bad images applies only when they are skipped (skip=True)")
         if self.max_bad is not None and self.max_bad_percent is not None:
@@ -1206,7 +1234,11 @@ def _parse_jpeg_header(data: bytes) -> _JpegHeader | None:
     i, end = 2, len(data) - 4
     while i <= end:
         fill, marker, length = _SEGMENT.unpack_from(data, i)
-        if fill != 0xFF or marker == _SOS:
+        if fill != 0xFF:  # bytes between segments: FFmpeg skips them to the next marker, and so does this
+            if (i := data.find(b"\xff", i)) == -1:
+                return None
+            continue
+        if marker == _SOS:
             return None
         if marker == 0xFF:  # fill byte
             i += 1
@@ -1364,6 +1396,8 @@ def _crop_on_cpu(
         frames = _decode_frames(data)
         if frames.width <= 0:  # corrupt data: no frame, which would fail the whole batch's conversion
             raise ValueError("no frame decoded (corrupt data)")
+        if size is None or min(size) <= 0:  # a header not read here (or a DNL's height 0): what FFmpeg found
+            _check_size(path, (frames.width, frames.height), graphs.transform)
         return graphs.apply(frames)
     except _DECODER_ERRORS as e:
         raise ImageDecodeError(path, f"FFmpeg cannot decode it: {_spdl_reason(e)}") from None
@@ -1840,6 +1874,8 @@ def get_decode_func(
         max_image_bytes: A larger image file is a bad image.
     """
     device, transform = torch.device(device), transform or EvalTransform()
+    if not (isinstance(max_image_bytes, numbers.Integral) and _within(max_image_bytes, 1)):
+        raise ValueError(f"max_image_bytes={max_image_bytes!r}: expected a whole number of bytes, 1 or more")
     if decoder == "ffmpeg":
         return _ffmpeg_decode_func(transform, device, policy, max_image_bytes)
     if decoder in ("nvjpeg", "nvdec"):
@@ -2711,6 +2747,8 @@ class _TimingWindow:
     device's queue drains; ``sync`` runs before each clock start (a barrier across ranks)."""
 
     def __init__(self, device: torch.device, warmup_batches: int, sync: Callable[[], None] | None = None) -> None:
+        if not (isinstance(warmup_batches, numbers.Integral) and _within(warmup_batches, 0)):
+            raise ValueError(f"warmup_batches={warmup_batches!r}: expected a whole number of batches, 0 or more")
         self.device, self.warmup_batches, self.sync = device, warmup_batches, sync or (lambda: None)
         self.cuda = device.type == "cuda"
         self.batches = self.frames = self.frames_all = 0
@@ -2821,7 +2859,7 @@ def _logits(model: ModelBundle, images: Tensor) -> Tensor:
     try:
         with _out_of_memory_stops(images.device, images.shape[0]):
             return model.logits(images)
-    except RuntimeError as e:
+    except (RuntimeError, AssertionError) as e:  # AssertionError: timm's checks of the input (torch._assert)
         if _DATALOADER_DIED in str(e):  # from torch's SIGCHLD handler: _stopped_runs reports it
             raise
         first = str(e).splitlines()[0] if str(e) else ""
@@ -2860,8 +2898,11 @@ def benchmark(
     Raises:
         RunStopped: the run ended early (``kind`` says why), with the partial result in ``error.result``;
             RunInterrupted likewise for SIGINT / SIGTERM.
-        ValueError: a policy's ``max_bad_percent`` without ``listed``.
+        ValueError: a policy's ``max_bad_percent`` without ``listed``; ``warmup_batches`` or ``listed``
+            no whole number from 0 (a warm-up of 2.5 batches would never end, and time the warm-up).
     """
+    if listed is not None and not (isinstance(listed, numbers.Integral) and _within(listed, 0)):
+        raise ValueError(f"listed={listed!r}: expected a whole number of images, 0 or more")
     policy = policy or BadImagePolicy()
     if policy.max_bad_percent is not None and listed is None:  # else no limit at all, silently
         raise ValueError("BadImagePolicy(max_bad_percent=...) is a share of the images listed: pass listed= too")
@@ -4404,13 +4445,17 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     if source == "local-dir" and os.path.isdir(folder):  # its config, and any file timm may take for weights
         weights = (".safetensors", ".pth", ".pth.tar", ".bin")  # timm's checkpoint suffixes (_hub._EXT_PRIORITY)
         read += [e.path for e in os.scandir(folder) if e.name == "config.json" or e.name.endswith(weights)]
+    read += [getattr(m, "__file__", None) for m in list(sys.modules.values())]  # the code this process runs
     inputs = {os.path.realpath(p) for p in read if p and str(p) != "-"}
+    caches = _weight_caches()
     seen: set[str] = set()
     links: list[str] | None = None
     for flag, path in outputs:
         if path is None:
             continue
         target = _check_output_path(flag, path)
+        if cache := next((c for c in caches if os.path.commonpath([c, target]) == c), None):
+            raise InputError(f"{flag} {path}: that is inside {cache}, where the model's weights are cached")
         listed = False
         if target not in inputs | seen and os.path.exists(target):  # a file not there yet is no listed image
             if links is None:  # a link's target may have any name: an lstat per listed image, once
@@ -4427,6 +4472,14 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         raise InputError(f"--predictions-file {args.predictions_file}: the name must end in .csv or .jsonl")
     if args.plot is not None and not str(args.plot).lower().endswith(".png"):
         raise InputError(f"--plot {args.plot}: the name must end in .png")
+
+
+def _weight_caches() -> list[str]:
+    """The folders (real paths) timm loads pretrained weights and configs from: the Hugging Face hub's
+    cache and torch's hub folder. Files the run reads: no output goes there."""
+    from huggingface_hub import constants
+
+    return [os.path.realpath(folder) for folder in (constants.HF_HUB_CACHE, torch.hub.get_dir())]
 
 
 def _check_output_path(flag: str, path: Path) -> str:
