@@ -3662,7 +3662,7 @@ class _Sweep:
     @property
     def candidates(self) -> list[_SweepPoint]:
         """The points whose bound is within ``SWEEP_TOLERANCE`` of the best, smallest first: to run end to
-        end. None when no setting decoded an image (every bound 0)."""
+        end. Empty when no setting decoded an image (every bound 0)."""
         best = max((p.bound_fps for p in self.points), default=0.0)
         if not best:
             return []

@@ -491,7 +491,7 @@ def _main(argv: list, capfd) -> tuple[int, str, str]:
 
 
 def _errors(err: str) -> list[str]:
-    return [line for line in err.splitlines() if re.match(r"(\S+\.py: )?error:", line)]  # argparse's too
+    return [line for line in err.splitlines() if re.match(r"(\S+: )?error:", line)]  # argparse's too
 
 
 def test_a_plot_that_fails_late_costs_neither_the_summary_nor_the_other_files(dataset, tmp_path, capfd, monkeypatch):
