@@ -4445,7 +4445,6 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     if source == "local-dir" and os.path.isdir(folder):  # its config, and any file timm may take for weights
         weights = (".safetensors", ".pth", ".pth.tar", ".bin")  # timm's checkpoint suffixes (_hub._EXT_PRIORITY)
         read += [e.path for e in os.scandir(folder) if e.name == "config.json" or e.name.endswith(weights)]
-    read += [getattr(m, "__file__", None) for m in list(sys.modules.values())]  # the code this process runs
     inputs = {os.path.realpath(p) for p in read if p and str(p) != "-"}
     caches = _weight_caches()
     seen: set[str] = set()
@@ -4464,6 +4463,8 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
             name = os.path.basename(target)
             named = (p for p in images.paths if os.path.basename(p) == name)
             listed = any(os.path.realpath(p) == target for p in itertools.chain(named, links))
+            code = (getattr(m, "__file__", None) for m in list(sys.modules.values()))  # what this process runs
+            listed = listed or any(os.path.realpath(p) == target for p in code if p)
         if target in inputs | seen or listed:
             why = "that file is one of the run's inputs or outputs; writing would replace it"
             raise InputError(f"{flag} {path}: {why}")
