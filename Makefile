@@ -44,7 +44,7 @@ $(DEMO)/efficientnet_lite0.pth: scripts/convert_efficientnet_lite0.py | $(VENV)/
 	$(PY) scripts/convert_efficientnet_lite0.py $@
 
 # Two pytest workers: most tests wait on a subprocess importing torch, so two share 2 cores well
-# (6.6 minutes against 10.7 on this project's 2-core machine). TEST_WORKERS=0 runs in one process.
+# (about 7 minutes against 10.7 on this project's 2-core machine). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 
 test: ffmpeg $(VENV)/.installed

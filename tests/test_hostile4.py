@@ -166,7 +166,7 @@ def test_a_data_dir_with_an_equals_sign_after_sweep_settings_is_the_data_dir(tmp
     assert args.data_dir == tmp_path / "a=b" and args.sweep == ["num-threads=1,2"]
     args = ic._parse_args(["--data-dir", str(tmp_path), "--sweep", "auto", "batch-size=4"])  # settings stay settings
     assert args.sweep == ["auto", "batch-size=4"] and args.data_dir == tmp_path
-    with pytest.raises(SystemExit):  # no folder of that name: a setting, misspelt (the sweep names it)
+    with pytest.raises(SystemExit):  # no folder of that name: a (misspelt) setting, so no DATA_DIR was given
         ic._parse_args(["--sweep", "auto", "batch-sise=4"])
     assert "one of the arguments DATA_DIR --input-flist --data-dir is required" in capsys.readouterr().err
 
