@@ -2938,34 +2938,34 @@ def _stopped_runs(result: RunResult) -> Iterator[None]:
     result; the loader's failure and time-out become RunStopped (``loader``, ``stalled``)."""
     try:
         yield
-    except RunStopped as e:
-        result.partial, e.result = True, result
-        raise
-    except KeyboardInterrupt as e:
-        result.partial = True
-        raise RunInterrupted(getattr(e, "signum", signal.SIGINT), result) from None
-    except PipelineFailure as e:
-        result.partial = True
-        error = _loader_failed(e)
-        error.result = result
-        raise error from None
-    except RuntimeError as e:
-        if _DATALOADER_DIED not in str(e):
+    except BaseException as e:
+        error = _as_stop(e)
+        if error is None:  # a bug: its own traceback
             raise
-        result.partial = True  # torch's SIGCHLD handler raises it wherever the loop is when a worker dies
-        error = _worker_died(e)
-        error.result = result
+        result.partial, error.result = True, result
+        if error is e:
+            raise
         raise error from None
-    except TimeoutError:
-        result.partial = True
-        stuck_on = _oldest_in_progress()
-        if stuck_on is None:
-            where = "the decode stage is idle, waiting for the list source"
-        else:
-            where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.0f} s"
-        error = RunStopped(f"no batch within the loader's time-out: {where}", "stalled", where=where)
-        error.result = result
-        raise error from None
+
+
+def _as_stop(error: BaseException) -> RunStopped | RunInterrupted | None:
+    """What an error that ended the timed loop means for the run; None: none of the run's stops."""
+    if isinstance(error, RunStopped | RunInterrupted):
+        return error
+    if isinstance(error, KeyboardInterrupt):
+        return RunInterrupted(getattr(error, "signum", signal.SIGINT))
+    if isinstance(error, PipelineFailure):
+        return _loader_failed(error)
+    if isinstance(error, RuntimeError) and _DATALOADER_DIED in str(error):
+        return _worker_died(error)  # torch's SIGCHLD handler raises it wherever the loop is when a worker dies
+    if not isinstance(error, TimeoutError):
+        return None
+    stuck_on = _oldest_in_progress()
+    if stuck_on is None:
+        where = "the decode stage is idle, waiting for the list source"
+    else:
+        where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.0f} s"
+    return RunStopped(f"no batch within the loader's time-out: {where}", "stalled", where=where)
 
 
 class _Loop:
