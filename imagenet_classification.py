@@ -259,7 +259,7 @@ def _max_bad(text: str) -> tuple[float, bool]:
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every default in ``--help``, except the off state of switches and an absent value."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
+    def _get_help_string(self, action: argparse.Action) -> str:  # the hook argparse's own formatter overrides
         if action.default in (None, "") or isinstance(action.default, bool) or "default:" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action) or ""
@@ -900,7 +900,7 @@ def _pretrained_config(model_name: str) -> dict:
     """timm's pretrained config of ``name``, ``name.tag``, ``hf-hub:…`` or ``local-dir:…``, read
     without building the model. Raises InputError: not a timm model, or its config is unreadable."""
     import timm
-    from timm.models import _hub, get_pretrained_cfg
+    from timm.models import _hub, get_pretrained_cfg  # _hub: timm's public API builds the model to read it
 
     source, _, model_id = model_name.partition(":") if ":" in model_name else ("", "", model_name)
     try:
@@ -1333,7 +1333,7 @@ def _decode_frames(data: bytes) -> spdl.io.ImageFrames:
     demuxer = _libspdl.make_demuxer(memoryview(data), demux_config=demux_config)
     try:
         packets = demuxer.demux_image(bsf=None)
-    finally:
+    finally:  # as SPDL's own Demuxer.__exit__ does: it frees the data's view, and has no public name
         demuxer._drop()
     return _libspdl.decode_packets(packets, decode_config=decode_config, filter_desc=None, num_frames=1)
 
@@ -2481,6 +2481,7 @@ def _choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.
         return _DTYPES[requested], "asked for"
     if device.type == "cuda":
         return _auto_dtype(torch.cuda.get_device_capability(device), False)
+    # Private, as torch's own tests use it: no public call says whether this CPU has native bfloat16.
     return _auto_dtype(None, torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
