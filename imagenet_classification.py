@@ -364,9 +364,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         add_flags(parser)
     args = parser.parse_args(argv)
     no_data = args.data is None and args.input_flist is None and args.data_dir is None
-    last = args.sweep[-1] if args.sweep else "auto"
-    setting = last == "auto" or ("=" in last and not os.path.isdir(last))  # a DATA_DIR may hold an = too
-    if no_data and not setting:  # --sweep's nargs took DATA_DIR: `--sweep auto /data/val`
+    if no_data and args.sweep and not _is_sweep_setting(args.sweep[-1]):  # nargs took DATA_DIR: `--sweep auto val`
         args.data = Path(args.sweep.pop())
         if not args.sweep:
             parser.error("--sweep needs a setting before DATA_DIR: auto, or e.g. num-threads=1,2,4")
@@ -462,6 +460,18 @@ class ImageList:
     labels: tuple[int, ...]
     origin: str = "<list>"
 
+    def __post_init__(self) -> None:
+        """ValueError unless each path has one label, a class index: another would be a miss, or fail mid-run."""
+        if len(self.paths) != len(self.labels):
+            raise ValueError(f"{self.origin}: {len(self.paths)} paths, {len(self.labels)} labels: expected one a path")
+        try:  # each distinct label once: a list of a million images has a thousand
+            bad = next((label for label in set(self.labels) if not _is_class_index(label)), None)
+        except TypeError:  # unhashable
+            bad = next(label for label in self.labels if not _is_class_index(label))
+        if bad is not None:
+            path = self.paths[self.labels.index(bad)]
+            raise ValueError(f"{self.origin}: {path}: label {bad!r} is no class index (0-{NUM_CLASSES - 1})")
+
     def __len__(self) -> int:
         return len(self.paths)
 
@@ -477,6 +487,10 @@ class ImageList:
         if not (world_size >= 1 and 0 <= rank < world_size):
             raise ValueError(f"rank={rank!r} of world_size={world_size!r}: expected a rank from 0 to world_size - 1")
         return replace(self, paths=self.paths[rank::world_size], labels=self.labels[rank::world_size])
+
+
+def _is_class_index(label: object) -> bool:
+    return isinstance(label, numbers.Integral) and not isinstance(label, bool) and 0 <= label < NUM_CLASSES
 
 
 class _Labels(dict):
@@ -1270,6 +1284,9 @@ def _jpeg_scan(data: bytes, i: int = 2) -> int:
 
 _JPEG_START = b"\xff\xd8\xff"  # start-of-image marker, then the next marker
 _PNG_START = b"\x89PNG\r\n\x1a\n"
+# swscale's resize of a side under 8 pixels is far from PIL's (a mean difference of 3 to 12 levels on a
+# photo's 2 x 2 to 4 x 4, against under 2 from 8 x 8 on): such an image goes to PIL, the reference.
+_FFMPEG_MIN_SIDE = 8
 
 
 class _FilterGraphCache:
@@ -1352,8 +1369,9 @@ def _decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) 
             raise ImageDecodeError(path, "not an image: its data is no format PIL or FFmpeg is used for") from None
         with opened as image:
             _check_size(path, image.size, transform)
-            if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):  # 16- and 32-bit grey (16-bit PNG: I)
-                # Scaled to 8 bits: PIL's conversion would clip them (white).
+            # 16-bit grey (a PNG's, older PIL: I) scaled to 8 bits: PIL's conversion would clip it (white).
+            # 32-bit grey (TIFF's I) has no known range: converted as timm's reference converts it.
+            if image.mode.startswith("I;16") or (image.mode == "I" and image.format == "PNG"):
                 pixels = np.clip(np.asarray(image, dtype=np.int64), 0, 65535) >> 8
                 rgb = Image.fromarray(pixels.astype(np.uint8)).convert("RGB")
             else:
@@ -1384,12 +1402,15 @@ def _crop_on_cpu(
 ) -> spdl.io.VideoFrames | Any:
     """One image decoded, resized and cropped: an RGB frame from FFmpeg for JPEG and still PNG, a
     numpy array from PIL, the reference, for the rest: arithmetic-coded JPEG (FFmpeg lacks it),
-    animated PNG (FFmpeg picks another frame), other containers (a JPEG-compressed TIFF is black)."""
+    animated PNG (FFmpeg picks another frame), a side under 8 pixels, other containers (a
+    JPEG-compressed TIFF is black)."""
     if data.startswith(_JPEG_START) and (header is None or header.frame_type not in _ARITHMETIC_SOF):
         size = (header.width, header.height) if header else None
     elif data.startswith(_PNG_START) and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) == -1:
         size = (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) if len(data) >= 24 else None
     else:
+        return _decode_pil(path, graphs.transform, data)
+    if size is not None and 0 < min(size) < _FFMPEG_MIN_SIDE:
         return _decode_pil(path, graphs.transform, data)
     _check_size(path, size, graphs.transform)
     try:  # as _pil_errors does for PIL, without a context manager's objects for every image
@@ -1442,7 +1463,15 @@ def _record_batch(batch: tuple, result: RunResult, failures: list[ImageDecodeErr
 
 
 def _label_tensor(labels: list[int], device: torch.device) -> Tensor:
-    return torch.tensor(labels, dtype=torch.int64).view(-1, 1).to(device, non_blocking=True)
+    """A batch's labels, int64 N x 1 on ``device``. ValueError for one that is no whole number (1.7 would
+    be cut to 1, a WordNet ID fail in torch)."""
+    try:
+        tensor = torch.tensor(labels) if labels else torch.zeros(0, dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError):
+        tensor = None
+    if tensor is None or tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise ValueError(f"labels {labels!r}: expected whole numbers, class indices")
+    return tensor.to(torch.int64).view(-1, 1).to(device, non_blocking=True)
 
 
 def _empty_batch(transform: EvalTransform, device: torch.device, failures: Sequence[ImageDecodeError]) -> _Batch:
@@ -2745,14 +2774,18 @@ class RunResult:
 
 class _TimingWindow:
     """The FPS window, from the end of the warm-up (or the start) to the last batch, read after the
-    device's queue drains; ``sync`` runs before each clock start (a barrier across ranks)."""
+    device's queue drains. The warm-up is the first ``warmup_batches`` batches that held images (one
+    whose images all failed ran no model); with ``sync``, run before each clock start (a barrier across
+    ranks), every batch counts, so that each rank's call comes at the same batch."""
 
     def __init__(self, device: torch.device, warmup_batches: int, sync: Callable[[], None] | None = None) -> None:
         if not (isinstance(warmup_batches, numbers.Integral) and _within(warmup_batches, 0)):
             raise ValueError(f"warmup_batches={warmup_batches!r}: expected a whole number of batches, 0 or more")
-        self.device, self.warmup_batches, self.sync = device, warmup_batches, sync or (lambda: None)
+        self.device, self.warmup_batches = device, warmup_batches
+        self.lockstep, self.sync = sync is not None, sync or (lambda: None)
         self.cuda = device.type == "cuda"
-        self.batches = self.frames = self.frames_all = 0
+        self.batches = self.frames = self.frames_all = self.warmed = 0
+        self.timed_from = 0 if warmup_batches == 0 else None  # the batches before the window, once it opened
         self.marks: list[tuple[Any, int]] = []  # (CUDA event or time.monotonic(), images) per batch
         self.sync()
         self.t_start = self.t_warm = self.clock()
@@ -2777,11 +2810,19 @@ class _TimingWindow:
         self.batches += 1
         self.frames_all += frames
         self.marks.append((self._mark(), frames))
-        if self.batches == self.warmup_batches:
+        if self.timed_from is not None:
+            self.frames += frames
+            return
+        self.warmed += 1 if frames or self.lockstep else 0
+        if self.warmed == self.warmup_batches:
             self.sync()
             self.t_warm = self.clock()
-        elif self.batches > self.warmup_batches:
-            self.frames += frames
+            self.timed_from = self.batches
+
+    @property
+    def timed(self) -> bool:
+        """Whether a batch came after the warm-up."""
+        return self.timed_from is not None and self.batches > self.timed_from
 
     def _since_start(self, mark: Any) -> float:
         if self.cuda:
@@ -2795,7 +2836,7 @@ class _TimingWindow:
         # No batch: no time timed (not the whole time-out of a stall before the first).
         last = self.t_start + self._since_start(self.marks[-1][0]) if self.marks else self.t_start
         self.t_last = min(last, self.t_end)
-        if self.batches > self.warmup_batches:
+        if self.timed:
             return self.frames, self.t_last - self.t_warm, False
         return self.frames_all, self.t_last - self.t_start, True
 
@@ -2810,14 +2851,13 @@ class _TimingWindow:
         images = [0] * max(_bin_count(self.t_end - self.t_start, interval), last)
         for t, frames in zip(times, counts, strict=True):
             images[int(t // interval)] += frames
-        timed = self.batches > self.warmup_batches
         return {
             "interval_s": interval,
             "images": images,
             "images_per_s": [n / interval for n in images],
             "batch_end_s": [round(t, 6) for t in times],
             "batch_images": counts,
-            "warmup_end_s": (self.t_warm - self.t_start) if timed else 0.0,
+            "warmup_end_s": (self.t_warm - self.t_start) if self.timed else 0.0,
             "window_end_s": self.t_last - self.t_start,  # the last batch's end
             "end_s": self.t_end - self.t_start,
             "started_at": self.started_at,  # time.monotonic() at the start, to align other traces
@@ -2882,8 +2922,9 @@ def benchmark(
 ) -> RunResult:
     """Run the model over every batch and measure throughput and accuracy.
 
-    The first ``warmup_batches`` batches count towards accuracy but not towards FPS; a run with no
-    more batches than that times all of them (``warmup_included``, and a WarmupIncluded warning).
+    The first ``warmup_batches`` batches that hold images (one whose images all failed runs no model)
+    count towards accuracy but not towards FPS; a run with no more batches than that times all of them
+    (``warmup_included``, and a WarmupIncluded warning).
 
     Args:
         loader: Yields ``(images, labels)`` batches, e.g. a pipeline's iterator.
@@ -2891,7 +2932,8 @@ def benchmark(
         listed: How many images the loader was given, for the accounting.
         warmup_batches: Batches left out of the FPS window.
         policy: The bad-image policy, applied as each batch comes (a ``max_bad_percent`` needs ``listed``).
-        sync_clocks: Called just before each clock start, e.g. a barrier across a torchrun job's ranks.
+        sync_clocks: Called just before each clock start, e.g. a barrier across a torchrun job's ranks;
+            then every batch counts towards the warm-up, so that each rank's call comes at the same batch.
         progress: Called after each batch with the images classified and the top-1 count (a device tensor).
         predictions: Keep each image's top-5 classes and probabilities (``result.predictions``).
         loader_lead: Batches the loader can hold ahead of the model, for ``result.fps_max_overstatement``.
@@ -2921,16 +2963,18 @@ def benchmark(
     finally:
         loop.close(failures)
     if loop.result.warmup_included and warmup_batches:  # the command line's summary says it itself
-        message = (
-            f"only {loop.result.batches} batch(es), not more than warmup_batches={warmup_batches}: the FPS window "
-            "includes the warm-up (compilation, caches, thread start-up); pass more images or a smaller warmup_batches"
-        )
-        warnings.warn(message, WarmupIncluded, stacklevel=2)
+        _warn_warmup_included(loop.result.batches, warmup_batches)
     return loop.result
 
 
 class WarmupIncluded(UserWarning):
     """:py:func:`benchmark`'s run had no more batches than its warm-up: FPS includes the warm-up."""
+
+
+def _warn_warmup_included(batches: int, warmup_batches: int) -> None:
+    message = f"only {batches} batch(es), not more than warmup_batches={warmup_batches}: the FPS window includes "
+    message += "the warm-up (compilation, caches, thread start-up); pass more images or a smaller warmup_batches"
+    warnings.warn(message, WarmupIncluded, stacklevel=3)
 
 
 @contextlib.contextmanager
@@ -3012,7 +3056,7 @@ class _Loop:
         result, window = self.result, self.window
         result.frames_timed, result.elapsed_s, result.warmup_included = window.close()
         result.batches = window.batches
-        result.batches_timed = window.batches if result.warmup_included else window.batches - window.warmup_batches
+        result.batches_timed = window.batches - window.timed_from if window.timed else window.batches
         result.top1_correct, result.top5_correct = int(self.top1), int(self.top5)
         result.not_finite = int(self.not_finite)
         result.record_failures(failures)
@@ -3206,18 +3250,22 @@ class _Breakdown:
 
 def measure_loader(
     batches: Iterable[tuple[Tensor, Tensor]],
-    device: torch.device,
+    device: torch.device | str,
     warmup_batches: int,
     failures: list[ImageDecodeError] | None = None,
 ) -> float:
-    """Images/s of a loader iterated alone, in :py:func:`benchmark`'s window; the bad images its
-    batches left out added to ``failures``."""
-    window = _TimingWindow(device, warmup_batches)
+    """Images/s of a loader iterated alone, in :py:func:`benchmark`'s window (a WarmupIncluded warning
+    if it holds the warm-up); the bad images its batches left out added to the list ``failures``."""
+    if failures is not None and not isinstance(failures, list):  # += on a tuple would keep none of them
+        raise TypeError(f"failures={failures!r}: expected a list to add the bad images to, or None")
+    window = _TimingWindow(torch.device(device), warmup_batches)
     for batch in batches:
         window.add(batch[0].shape[0])
         if failures is not None:
             failures += getattr(batch, "failures", ())
-    frames, seconds, _ = window.close()
+    frames, seconds, warmup_included = window.close()
+    if warmup_included and warmup_batches:
+        _warn_warmup_included(window.batches, warmup_batches)
     return frames / seconds if seconds > 0 else 0.0
 
 
@@ -3601,6 +3649,11 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
     return grid
 
 
+def _is_sweep_setting(word: str) -> bool:
+    """Whether a word after ``--sweep`` is one of its settings, not DATA_DIR (whose name may hold an =)."""
+    return word == "auto" or ("=" in word and not os.path.isdir(word))
+
+
 def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
     """The settings ``--sweep`` asks for, thread counts and batch sizes capped at the ``listed``
     images (a thread or a batch's row without an image costs memory; a queue allocates nothing),
@@ -3849,7 +3902,7 @@ def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
             value_follows = dropped and not settings and not attached
             if not dropped:
                 out.append(word)
-        elif settings and (word == "auto" or "=" in word):
+        elif settings and _is_sweep_setting(word):
             continue
         elif value_follows:
             value_follows = False
@@ -4728,19 +4781,13 @@ def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> boo
     warmup = _warmup_for_all_ranks(shard, len(config.images), config.batch_size, config.warmup_batches)
     options = {"listed": len(images), "warmup_batches": warmup, "policy": policy, "progress": progress}
     options |= {"predictions": config.predictions_file is not None, "loader_lead": config.loader_lead}
+    options["sync_clocks"] = _barrier if shard.world_size > 1 else None  # the FPS window opens on every rank at once
     loader = None
-
-    def at_clock_start() -> None:  # the FPS window opens on every rank at once, and in SPDL's statistics
-        if shard.world_size > 1:
-            _barrier()
-        if loader is not None and loader.stats is not None:
-            loader.stats.start_window()
-
     try:
         with _open_loader(config, images, policy) as loader:
             try:
                 with _tracing(config.trace if shard.rank == 0 else None, config.device) as report.trace:
-                    report.result = benchmark(loader.batches, model, sync_clocks=at_clock_start, **options)
+                    report.result = benchmark(loader.batches, model, **options)
             except (RunStopped, RunInterrupted) as e:  # benchmark's partial result comes with it
                 report.result, report.error = e.result or report.result, e
                 loader.stop_at_once = isinstance(e, RunInterrupted)
@@ -4751,12 +4798,14 @@ def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> boo
         report.error = report.error or e
     if loader is None or loader.stats is None:
         return loader is not None and loader.stopped_cleanly
+    if t := report.result.timeline:  # SPDL's statistics in the FPS window
+        loader.stats.window = t["started_at"] + t["warmup_end_s"]
     report.pipeline_stats = loader.stats.summary()
     if shard.world_size == 1:  # under torchrun the bound on FPS is every rank's capacity: not known here
         _add_window_lead(report.result, loader.stats, config.decode_concurrency)
         if config.device.type == "cpu":
             _add_drain(report.result, loader.stats.loader_end())
-    if t := report.result.timeline:
+    if t:
         start, end = t["started_at"], t["started_at"] + t["end_s"]
         t["sink_occupancy"] = loader.stats.waiting_per_interval(start, end, t["interval_s"], len(t["images"]))
     return loader.stopped_cleanly

@@ -561,6 +561,35 @@ def test_fps_window_leaves_out_a_slow_warmup():
     assert result.fps == 12 / result.elapsed_s
 
 
+def test_a_batch_whose_images_all_failed_is_no_warmup_batch():
+    # An empty batch runs no model: counted as the warm-up, the window held the model's first call (its
+    # compilation) and the FPS was some 100 times too low. Under a barrier (torchrun) every batch counts,
+    # so that each rank's barrier comes at the same batch.
+    batches = [(0.0, []), (0.0, []), (1.0, [AT_RANK_1] * 5)] + [(0.05, [AT_RANK_1, AT_RANK_5, AT_RANK_6])] * 4
+    result = benchmark(_slow_loader(*batches), _bundle(), listed=17, warmup_batches=1)
+    assert (result.frames_timed, result.batches_timed, result.warmup_included) == (12, 4, False)
+    assert result.elapsed_s < 1.0 and result.timeline["warmup_end_s"] >= 1.0, result.timeline
+    locked = benchmark(_slow_loader(*batches), _bundle(), listed=17, warmup_batches=1, sync_clocks=lambda: None)
+    assert (locked.frames_timed, locked.batches_timed) == (17, 6) and locked.elapsed_s >= 1.0
+
+
+def test_bad_images_first_in_the_list_leave_the_warmup_to_the_first_that_reach_the_model(
+    ranked_set, ranked_checkpoint, tmp_path, capfd
+):
+    lines = ranked_set.read_text().splitlines()  # good, bad x 3, good x 16
+    flist = tmp_path / "bad_first.flist"
+    flist.write_text("\n".join([*lines[1:4], lines[0], *lines[4:]]) + "\n")
+    out = tmp_path / "r.json"
+    proc = run_main(capfd, "--input-flist", flist, "--prefix", f"{ranked_set.parent}/", *RUN, "--checkpoint",
+                    ranked_checkpoint, "--batch-size", "1", "--warmup-batches", "2", "--skip-bad", "--results-file",
+                    out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = read_json(out)
+    assert (result["classified"], result["failed"]) == (17, BAD)
+    assert (result["frames_timed"], result["batches_timed"], result["batches"]) == (15, 15, 20)
+    assert result["timeline"]["batch_images"][:5] == [0, 0, 0, 1, 1]
+
+
 def test_fps_of_a_window_the_loader_had_buffered_stays_within_its_stated_bound():
     # A loader at 10 batches/s that had 3 batches ready when the window opened (decoded during
     # a slow warm-up): a window of 6 batches takes 0.3 s, not 0.6 s, so FPS is twice the

@@ -30,7 +30,7 @@ def test_sweep_specs():
             _parse_sweep(twice, defaults, 2)
 
 
-def test_the_recommended_command_keeps_the_data_and_drops_the_sweeps_own_flags(capsys):
+def test_the_recommended_command_keeps_the_data_and_drops_the_sweeps_own_flags(capsys, tmp_path):
     point = _SweepPoint(num_threads=1, batch_size=2, queue_size=16, loader_fps=1.0, model_fps=1.0)
     settings = ["--num-threads", "1", "--batch-size", "2", "--queue-size", "16"]
     for typed, kept in (
@@ -41,6 +41,12 @@ def test_the_recommended_command_keeps_the_data_and_drops_the_sweeps_own_flags(c
         ("--sweep auto /d --num-threads 4 --mean -0.5 0.2 0.3", "/d --mean -0.5 0.2 0.3"),
     ):
         assert _with_settings(["python", "x.py", *typed.split()], point) == ["python", "x.py", *kept.split(), *settings]
+    # A DATA_DIR whose name holds an = is the folder there, as the parser takes it: not a setting dropped.
+    folder = tmp_path / "d=ata"
+    folder.mkdir()
+    typed = ["python", "x.py", "--sweep", "num-threads=1", str(folder)]
+    assert _with_settings(typed, point) == ["python", "x.py", str(folder), *settings]
+    assert _parse_args(typed[2:]).data_dir == folder
     # A flag's prefix is refused, not taken: --swee would slip past the filter into the command.
     with pytest.raises(SystemExit) as stop:
         _parse_args(["/d", "--swee", "auto"])
