@@ -226,6 +226,18 @@ def _within(value: object, low: float, high: float = math.inf) -> bool:
     return real and math.isfinite(value) and low <= value <= high
 
 
+def _whole(value: object, low: int, high: float = math.inf) -> bool:
+    """A whole number (not a bool) from ``low`` to ``high``: the check of each count a caller gives."""
+    return isinstance(value, numbers.Integral) and _within(value, low, high)
+
+
+def _check_type(name: str, value: object, kind: Any, expected: str) -> None:
+    """TypeError naming the argument: a notebook's dict or string refused where it is given, not
+    met later as an AttributeError mid-run."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name}={value!r}: expected {expected}")
+
+
 # Counts are held by C ints on their way (itertools.islice, SPDL's and torch's sizes): 2**31 - 1 at most.
 _COUNT_MAX = 2**31 - 1
 _count = _number(int, 1, f"a whole number from 1 to {_COUNT_MAX}", _COUNT_MAX)
@@ -443,6 +455,9 @@ def parse_wnid(s: str) -> str:
     """The class's WordNet ID (``n`` and 8 digits) in a POSIX path (a backslash is part of a name, as on
     Linux): the last folder named by one (``train/n01440764/n01440764_10026.JPEG``), else the first one
     standing alone in a name (``ILSVRC2012_val_00000001_n01751748.JPEG``). ValueError if there is none."""
+    s = os.fspath(s) if isinstance(s, os.PathLike) else s
+    if not isinstance(s, str):
+        raise TypeError(f"expected a path, got {s!r}")
     if folders := [part for part in s.split("/")[:-1] if _WNID.fullmatch(part)]:
         return folders[-1]
     if match := re.search(r"(?<![A-Za-z0-9])n\d{8}(?!\d)", s):
@@ -484,7 +499,7 @@ class ImageList:
     def shard(self, rank: int, world_size: int) -> ImageList:
         """Images ``rank, rank + world_size, …``: each to one rank, shards within one of each other.
         ValueError: no such rank (a slice would take rank -1 as the last image, rank 5 of 2 as rank 1)."""
-        if not (world_size >= 1 and 0 <= rank < world_size):
+        if not (_whole(world_size, 1) and _whole(rank, 0) and rank < world_size):
             raise ValueError(f"rank={rank!r} of world_size={world_size!r}: expected a rank from 0 to world_size - 1")
         return replace(self, paths=self.paths[rank::world_size], labels=self.labels[rank::world_size])
 
@@ -514,10 +529,12 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
     name = "<stdin>" if str(path) == "-" else str(path)
     if name == "<stdin>" and sys.stdin is None:  # started with it closed (<&-): Python's sys.stdin is None
         raise InputError(f"{name}: not open ({flag} -)")
+    if name == "<stdin>" and sys.stdin.isatty():  # it would wait for typing
+        raise InputError(f"{name}: is a terminal; pipe the list in ({flag} - < FILE, or find ... | ...)")
     f = sys.stdin.buffer if name == "<stdin>" else None  # a closed stdin is no trouble for a file
     try:
         if f is None:
-            f = open(path, "rb")  # noqa: SIM115 - closed below
+            f = _open_fifo(path) if stat.S_ISFIFO(os.stat(path).st_mode) else open(path, "rb")  # noqa: SIM115
         for lineno in itertools.count(1):
             raw = f.readline(_MAX_LINE_BYTES)
             if not raw:
@@ -545,6 +562,26 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
     finally:
         if f is not None and name != "<stdin>":
             f.close()
+
+
+_FIFO_WAIT_S = 30.0  # how long a FIFO may wait for the program that writes to it to open it
+
+
+def _open_fifo(path: Path | str) -> BinaryIO:
+    """A FIFO opened for reading, once a program opens it to write; InputError if none does within
+    ``_FIFO_WAIT_S`` (an open waits for one forever)."""
+    opened: list[BinaryIO] = []
+    waiting = threading.Thread(target=lambda: opened.append(open(path, "rb")), daemon=True)  # noqa: SIM115
+    waiting.start()
+    waiting.join(_FIFO_WAIT_S)
+    if opened:
+        return opened[0]
+    with contextlib.suppress(OSError):  # a writer for a moment: the waiting open returns
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    waiting.join(1.0)
+    for f in opened:
+        f.close()
+    raise InputError(f"{path}: a FIFO that no program opened to write to within {_FIFO_WAIT_S:g} s")
 
 
 def _parse_label(text: str, where: str) -> int | None:
@@ -630,6 +667,7 @@ def read_file_list(
     ``path label`` (a WordNet ID or a class index 0-999 in sorted-WordNet-ID order, as Caffe's
     ``val.txt`` has; the path, all before the last field, may hold spaces); or ``path`` with
     ``labels`` (:py:func:`read_labels`) by file name. InputError names a bad line's number."""
+    _check_type("prefix", prefix, str, "a str put before each path, e.g. '/data/imagenet/'")
     name = "<stdin>" if str(path) == "-" else str(path)
     return _image_list(_list_rows(path, prefix, labels), max_samples, name, "the file list has no image paths")
 
@@ -969,7 +1007,7 @@ class EvalTransform:
         """ValueError naming each field out of range, however the transform was made: else every
         image would fail (``size=0``) or another transform be decoded (``crop_pct=87.5``)."""
         reasons = []
-        if not (isinstance(self.size, numbers.Integral) and _within(self.size, 1, _IMG_SIZE_MAX)):
+        if not (_whole(self.size, 1, _IMG_SIZE_MAX)):
             reasons.append(f"its size {self.size!r} is not a whole number of pixels from 1 to {_IMG_SIZE_MAX}")
         elif not _within(self.crop_pct, 1e-6, _CROP_PCT_MAX):
             reasons.append(f"its crop_pct {self.crop_pct!r} is not a number above 0, at most {_CROP_PCT_MAX}")
@@ -1129,7 +1167,7 @@ class BadImagePolicy:
         if self.max_bad is not None and self.max_bad_percent is not None:
             raise ValueError("give max_bad or max_bad_percent, not both")
         # Checked here: at the first bad image a run would stop with a TypeError, at once, or never.
-        if self.max_bad is not None and not (isinstance(self.max_bad, numbers.Integral) and _within(self.max_bad, 0)):
+        if self.max_bad is not None and not _whole(self.max_bad, 0):
             raise ValueError(f"max_bad={self.max_bad!r}: expected a whole number of images, 0 or more")
         if self.max_bad_percent is not None and not _within(self.max_bad_percent, 0, 100):
             raise ValueError(f"max_bad_percent={self.max_bad_percent!r}: expected a number from 0 to 100")
@@ -1902,8 +1940,10 @@ def get_decode_func(
             policy, one raises ImageDecodeError. Give :py:func:`benchmark` the same one.
         max_image_bytes: A larger image file is a bad image.
     """
-    device, transform = torch.device(device), transform or EvalTransform()
-    if not (isinstance(max_image_bytes, numbers.Integral) and _within(max_image_bytes, 1)):
+    device, transform = _resolve_device(str(device)), transform or EvalTransform()
+    _check_type("transform", transform, EvalTransform, "an EvalTransform (e.g. EvalTransform.from_model(name))")
+    _check_type("policy", policy, BadImagePolicy | None, "a BadImagePolicy, or None")
+    if not _whole(max_image_bytes, 1):
         raise ValueError(f"max_image_bytes={max_image_bytes!r}: expected a whole number of bytes, 1 or more")
     if decoder == "ffmpeg":
         return _ffmpeg_decode_func(transform, device, policy, max_image_bytes)
@@ -2182,8 +2222,10 @@ def get_pipeline(
         stats: Collects the stage statistics; its ``interval`` then sets SPDL's.
         decode_processes: Decode in this many worker processes; ``decode_func`` must be picklable.
     """
-    if batch_size < 1:  # SPDL refuses the other sizes at 0 itself; this one would yield no batch at all
-        raise ValueError(f"batch_size={batch_size!r}: expected at least 1")
+    sizes = {"batch_size": batch_size, "concurrency": concurrency, "buffer_size": buffer_size}
+    for name, value in {**sizes, "num_threads": num_threads, "decode_processes": decode_processes}.items():
+        if not _whole(value, 0 if name == "decode_processes" else 1):  # 2.5 failed in SPDL, with its traceback
+            raise ValueError(f"{name}={value!r}: expected a whole number, {name != 'decode_processes':d} or more")
     hooks: dict[str, Any] = {}
     if stats is not None:
         hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
@@ -2424,6 +2466,7 @@ class Classification(torch.nn.Module):
 
     def forward(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         n = logits.shape[0]
+        _check_type("labels", labels, Tensor, "a tensor of class indices")  # a loader's list of them
         if tuple(labels.shape) not in ((n,), (n, 1)):  # a row of N against N x 5: N hits per image
             raise ValueError(f"labels of shape {tuple(labels.shape)} for {n} images: expected {n} x 1 (or {n})")
         top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
@@ -2655,11 +2698,13 @@ def get_model(
             transform this loader does not reproduce.
         ValueError: an unknown dtype, compile mode or transform override.
     """
-    device = torch.device(device)
+    _check_type("model_name", model_name, str, "a timm model's name")
+    _check_type("checkpoint", checkpoint, str | os.PathLike | None, "a checkpoint file's path, or None")
+    device = _resolve_device(str(device))
     mode = COMPILE_MODE if compile is True else compile
     if compile and mode not in COMPILE_MODES:
         raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
-    if batch_size is not None and not (isinstance(batch_size, numbers.Integral) and _within(batch_size, 1)):
+    if batch_size is not None and not _whole(batch_size, 1):
         raise ValueError(f"batch_size={batch_size!r}: expected at least 1, or None (no padding)")
     if use_bf16 is not None:
         switch = torch.bfloat16 if use_bf16 else torch.float32
@@ -2668,6 +2713,8 @@ def get_model(
         dtype = switch
     if not isinstance(dtype, torch.dtype):
         dtype = _choose_dtype(device, dtype)[0]
+    if not dtype.is_floating_point:  # torch.int64: torch's own error, far from the argument
+        raise ValueError(f"dtype={dtype}: expected a floating-point dtype, e.g. torch.bfloat16")
     model = _create_timm_model(model_name, pretrained and checkpoint is None)
     if checkpoint is not None:
         _load_checkpoint(model, Path(checkpoint))
@@ -2779,7 +2826,7 @@ class _TimingWindow:
     ranks), every batch counts, so that each rank's call comes at the same batch."""
 
     def __init__(self, device: torch.device, warmup_batches: int, sync: Callable[[], None] | None = None) -> None:
-        if not (isinstance(warmup_batches, numbers.Integral) and _within(warmup_batches, 0)):
+        if not _whole(warmup_batches, 0):
             raise ValueError(f"warmup_batches={warmup_batches!r}: expected a whole number of batches, 0 or more")
         self.device, self.warmup_batches = device, warmup_batches
         self.lockstep, self.sync = sync is not None, sync or (lambda: None)
@@ -2941,11 +2988,14 @@ def benchmark(
     Raises:
         RunStopped: the run ended early (``kind`` says why), with the partial result in ``error.result``;
             RunInterrupted likewise for SIGINT / SIGTERM.
-        ValueError: a policy's ``max_bad_percent`` without ``listed``; ``warmup_batches`` or ``listed``
-            no whole number from 0 (a warm-up of 2.5 batches would never end, and time the warm-up).
+        ValueError: a policy's ``max_bad_percent`` without ``listed``; ``warmup_batches``, ``listed`` or
+            ``loader_lead`` no whole number from 0 (a warm-up of 2.5 batches would never end, and time it).
+        TypeError: a ``policy`` that is no BadImagePolicy.
     """
-    if listed is not None and not (isinstance(listed, numbers.Integral) and _within(listed, 0)):
-        raise ValueError(f"listed={listed!r}: expected a whole number of images, 0 or more")
+    for name, count in {"listed": listed, "loader_lead": loader_lead}.items():
+        if count is not None and not _whole(count, 0):
+            raise ValueError(f"{name}={count!r}: expected a whole number, 0 or more (or None)")
+    _check_type("policy", policy, BadImagePolicy | None, "a BadImagePolicy, or None")
     policy = policy or BadImagePolicy()
     if policy.max_bad_percent is not None and listed is None:  # else no limit at all, silently
         raise ValueError("BadImagePolicy(max_bad_percent=...) is a share of the images listed: pass listed= too")

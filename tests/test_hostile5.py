@@ -7,7 +7,11 @@ pinned in tests/test_numbers.py, beside the other tests of the FPS window.
 from __future__ import annotations
 
 import io
+import os
+import pty
 import re
+import sys
+import threading
 import warnings
 
 import numpy as np
@@ -107,3 +111,73 @@ def _photo_bytes() -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(data.astronaut()).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+# --- A notebook's arguments of the wrong kind ---------------------------------------------------
+
+
+def test_a_notebooks_arguments_of_the_wrong_kind_are_named_where_they_are_given(tmp_path):
+    # Each failed later, or deep in a library, naming no argument; or was taken (2.0 threads, rank=True).
+    from tests.test_numbers import _batch, _bundle
+
+    flist = tmp_path / "l.flist"
+    flist.write_text("n01440764/a.JPEG\n")
+    images, _ = _batch([1, 2])
+    decode = ic.get_decode_func("cpu")
+    cases = [
+        (TypeError, "prefix=PosixPath(", lambda: ic.read_file_list(flist, prefix=tmp_path)),
+        (TypeError, "expected a path, got 5", lambda: ic.parse_wnid(5)),
+        (ValueError, "batch_size=2.5: expected a whole number", lambda: ic.get_pipeline([], 2.5, decode, 1, 1, 1)),
+        (ValueError, "batch_size='4'", lambda: ic.get_pipeline([], "4", decode, 1, 1, 1)),
+        (ValueError, "concurrency=1.5", lambda: ic.get_pipeline([], 4, decode, 1.5, 1, 1)),
+        (ValueError, "num_threads=2.0", lambda: ic.get_pipeline([], 4, decode, 1, 1, 2.0)),
+        (ValueError, "decode_processes=-1", lambda: ic.get_pipeline([], 4, decode, 1, 1, 1, decode_processes=-1)),
+        (
+            TypeError,
+            "transform={'size': 64}: expected an EvalTransform",
+            lambda: ic.get_decode_func("cpu", {"size": 64}),
+        ),
+        (TypeError, "policy='skip'", lambda: ic.get_decode_func("cpu", policy="skip")),
+        (TypeError, "policy=False", lambda: ic.get_decode_func("cpu", policy=False)),  # acted as skip
+        (TypeError, "policy='skip'", lambda: ic.benchmark([], _bundle(), policy="skip")),
+        (ValueError, "loader_lead=-1", lambda: ic.benchmark([], _bundle(), loader_lead=-1)),
+        (TypeError, "labels=[1, 2]: expected a tensor", lambda: ic.benchmark([(images, [1, 2])], _bundle())),
+        (TypeError, "model_name=5", lambda: ic.get_model(5)),
+        (TypeError, "checkpoint=3", lambda: ic.get_model("test_efficientnet", pretrained=False, checkpoint=3)),
+        (ValueError, "dtype=torch.int64: expected a floating-point", lambda: ic.get_model(dtype=torch.int64)),
+        (ValueError, "rank=True of world_size=2", lambda: list(ic.source(flist, rank=True, world_size=2))),
+        (ValueError, "world_size=2.5", lambda: list(ic.source(flist, world_size=2.5))),
+    ]
+    if not torch.cuda.is_available():  # SPDL's multi-line "Failed to import libspdl_cuda", or torch's
+        cases.append((ic.InputError, "cuda: CUDA is not available", lambda: ic.get_decode_func("cuda")))
+    for error, words, call in cases:
+        with pytest.raises(error, match=re.escape(words)):
+            call()
+    assert ic.parse_wnid(tmp_path / "n01440764" / "a.JPEG") == "n01440764"  # a Path is a path
+
+
+# --- A list from a FIFO or a terminal ------------------------------------------------------------
+
+
+def test_a_fifo_no_program_writes_to_is_an_error_in_time_and_one_written_to_is_read(tmp_path, monkeypatch):
+    # open() waited forever for a writer (--timeout did not apply).
+    monkeypatch.setattr(ic, "_FIFO_WAIT_S", 0.3)
+    fifo = tmp_path / "list"
+    os.mkfifo(fifo)
+    with pytest.raises(
+        ic.InputError, match=re.escape(f"{fifo}: a FIFO that no program opened to write to within 0.3 s")
+    ):
+        ic.read_file_list(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("n01440764/a.JPEG\nn01443537/b.JPEG\n"))
+    writer.start()
+    assert ic.read_file_list(fifo).labels == (0, 1)
+    writer.join()
+
+
+def test_a_list_from_standard_input_that_is_a_terminal_is_refused_not_waited_for(monkeypatch):
+    main, terminal = pty.openpty()
+    with open(terminal) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        with pytest.raises(ic.InputError, match="<stdin>: is a terminal; pipe the list in"):
+            ic.read_file_list("-")
+    os.close(main)
