@@ -368,7 +368,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("_resize_region", _ok(b="ideal_start + src_len <= length"),
      "start is within REGION_TOLERANCE of ideal_start and start, src_len, length are integers: a region past "
      "the frame's end still fails, only fewer regions pass. " + _REGION),
-    ("_TimingWindow", "elif self.batches >= self.warmup_batches:", "the equal case is taken by the `if` above"),
+    ("_TimingWindow", "if self.warmed >= self.warmup_batches:",
+     "warmed grows by at most 1 a batch, and not once the warm-up has ended (timed_from is set)"),
     ("_Loop", "finite = logits.isfinite().all(dim=1)", "logits are N x C: their last dimension is dimension 1"),
     ("measure_loader", "window.add(batch[1].shape[0])", "a batch's labels (N x 1) have a row per image"),
     ("measure_loader", "window.add(batch[-1].shape[0])", "a batch's labels (N x 1) have a row per image"),

@@ -53,7 +53,8 @@ SUMMARY = (_N + "test_summary_of_a_run_without_failures_says_none", _N + "test_f
            _N + "test_a_run_at_the_max_bad_limit_reports_exact_figures")  # fmt: skip
 TIMING = (_N + "test_fps_window_leaves_out_a_slow_warmup", _N + "test_timeline_by_hand",
           _N + "test_fps_of_a_window_the_loader_had_buffered_stays_within_its_stated_bound",
-          _N + "test_benchmark_defaults_to_the_clis_warmup_and_to_stopping_at_a_bad_image")  # fmt: skip
+          _N + "test_benchmark_defaults_to_the_clis_warmup_and_to_stopping_at_a_bad_image",
+          _N + "test_a_batch_whose_images_all_failed_is_no_warmup_batch")  # fmt: skip
 BREAKDOWN = (_N + "test_breakdown_bound_and_efficiency_by_hand",
              _S + "test_breakdown_loader_rate_leaves_out_its_slow_warmup")  # fmt: skip
 TORCHRUN = (_N + "test_torchrun_per_rank_figures",)
@@ -176,10 +177,10 @@ MUTANTS: list[SemanticMutant] = [
       '    failures += getattr(batch, "failures", ())\n    result.decoder_fallbacks',
       '    failures += getattr(batch, "failures", ())[:1]\n    result.decoder_fallbacks', TIMING),
     M("the warm-up's last batch counted in the FPS window",
-      "elif self.batches > self.warmup_batches:\n            self.frames += frames",
-      "if self.batches >= self.warmup_batches:\n            self.frames += frames", TIMING),
-    M("batches_timed counts the warm-up", "if result.warmup_included else window.batches - window.warmup_batches",
-      "if result.warmup_included else window.batches", TIMING),
+      "self.timed_from = self.batches\n",
+      "self.timed_from = self.batches\n            self.frames += frames\n", TIMING),
+    M("batches_timed counts the warm-up", "window.batches - window.timed_from if window.timed",
+      "window.batches if window.timed", TIMING),
     M("the timeline counts batches, not images", "images[int(t // interval)] += frames",
       "images[int(t // interval)] += 1", TIMING),
     M("the FPS window ends when the loader does (SPDL's end of stream, a stall's time-out), not at its last batch",
