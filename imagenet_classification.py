@@ -1007,7 +1007,7 @@ class EvalTransform:
         """ValueError naming each field out of range, however the transform was made: else every
         image would fail (``size=0``) or another transform be decoded (``crop_pct=87.5``)."""
         reasons = []
-        if not (_whole(self.size, 1, _IMG_SIZE_MAX)):
+        if not _whole(self.size, 1, _IMG_SIZE_MAX):
             reasons.append(f"its size {self.size!r} is not a whole number of pixels from 1 to {_IMG_SIZE_MAX}")
         elif not _within(self.crop_pct, 1e-6, _CROP_PCT_MAX):
             reasons.append(f"its crop_pct {self.crop_pct!r} is not a number above 0, at most {_CROP_PCT_MAX}")
@@ -3013,7 +3013,7 @@ def benchmark(
     finally:
         loop.close(failures)
     if loop.result.warmup_included and warmup_batches:  # the command line's summary says it itself
-        _warn_warmup_included(loop.result.batches, warmup_batches)
+        _warn_warmup_included(loop.window.warmed, warmup_batches)
     return loop.result
 
 
@@ -3022,8 +3022,9 @@ class WarmupIncluded(UserWarning):
 
 
 def _warn_warmup_included(batches: int, warmup_batches: int) -> None:
-    message = f"only {batches} batch(es), not more than warmup_batches={warmup_batches}: the FPS window includes "
-    message += "the warm-up (compilation, caches, thread start-up); pass more images or a smaller warmup_batches"
+    message = f"only {batches} batch(es) held images, not more than warmup_batches={warmup_batches}: the FPS "
+    message += "window includes the warm-up (compilation, caches, thread start-up); pass more images or a smaller "
+    message += "warmup_batches"
     warnings.warn(message, WarmupIncluded, stacklevel=3)
 
 
@@ -3315,7 +3316,7 @@ def measure_loader(
             failures += getattr(batch, "failures", ())
     frames, seconds, warmup_included = window.close()
     if warmup_included and warmup_batches:
-        _warn_warmup_included(window.batches, warmup_batches)
+        _warn_warmup_included(window.warmed, warmup_batches)
     return frames / seconds if seconds > 0 else 0.0
 
 
@@ -3353,7 +3354,7 @@ def _measure_reads(batches: Iterable[tuple[int, int]], warmup_batches: int) -> t
         window.add(images)
         sizes.append(size)
     frames, seconds, warmup_included = window.close()
-    size = sum(sizes if warmup_included else sizes[warmup_batches:])
+    size = sum(sizes if warmup_included else sizes[window.timed_from :])  # the window's batches, as frames
     return (frames / seconds, size / 1e6 / seconds) if seconds > 0 else (0.0, 0.0)
 
 
@@ -3440,11 +3441,15 @@ def _rank_share(result: RunResult, rank: int, device: torch.device) -> dict:
 
 
 def _job_total(shares: list[dict], listed: int | None, mine: RunResult, world_size: int) -> RunResult:
-    """The job's result from the ranks' shares: each count summed exactly, the FPS window the longest rank's."""
-    job = RunResult(listed, elapsed_s=max(s["elapsed_s"] for s in shares), timeline=mine.timeline)  # rank 0's
+    """The job's result from the ranks' shares: each count summed exactly; FPS the timed images over the
+    longest rank's window, of the ranks past the warm-up if any is (a stopped job's may not all be)."""
+    timed = [s for s in shares if not s["warmup_included"]] or shares  # windows of one kind, never mixed
+    job = RunResult(listed, elapsed_s=max(s["elapsed_s"] for s in timed), timeline=mine.timeline)  # rank 0's
     for k in _COUNTS:
         setattr(job, k, sum(s[k] for s in shares))
-    job.warmup_included = any(s["warmup_included"] for s in shares)
+    job.frames_timed = sum(s["frames_timed"] for s in timed)
+    job.batches_timed = sum(s["batches_timed"] for s in timed)
+    job.warmup_included = timed[0]["warmup_included"]
     job.failures = [f for s in shares for f in s["failures"]]
     for s in shares:
         for backend, count in s["decoder_backends"].items():
@@ -4059,7 +4064,7 @@ def _print_drain(result: RunResult, file: TextIO | None) -> None:
 def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
     """Print the design's FPS and accuracy lines, then the accounting of every listed image."""
     if result.warmup_included:
-        print(f"WARNING: only {result.batches} batch(es), not more than the warm-up: FPS includes it", file=file)
+        print("WARNING: the batches that ran the model were not more than the warm-up: FPS includes it", file=file)
     over = result.fps_max_overstatement
     if over is not None and over > FPS_WINDOW_SLACK:
         lead = min(result.loader_lead, result.batches_timed)
@@ -4882,7 +4887,8 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
         reads = _read_batches(images, config.batch_size, at_once, *limits)
         fps, mb_s = _measure_reads(reads, config.warmup_batches)
         read = fps, mb_s, cache.resident_after if cold else cache.resident, cold
-        model_fps = _measure_model(model, batch_size, result.batches, config.warmup_batches)
+        ran = sum(1 for images in result.timeline["batch_images"] if images)  # as many batches as ran the model
+        model_fps = _measure_model(model, batch_size, ran, config.warmup_batches)
         report.breakdown = _Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device, read)
     except RunInterrupted as e:
         report.breakdown_cut, report.error = e.reason, e

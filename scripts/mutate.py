@@ -117,6 +117,7 @@ GROUPS: dict[str, Group] = {
             "test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_file",
             "test_benchmark_defaults_to_the_clis_warmup_and_to_stopping_at_a_bad_image",
             "test_fps_window_leaves_out_a_slow_warmup",
+            "test_a_batch_whose_images_all_failed_is_no_warmup_batch",
             "test_timeline_by_hand",
             "test_timeline_covers_the_idle_tail_after_the_last_batch",
             "test_fps_window_ends_with_the_last_batch_not_the_loaders_end_or_a_stop",

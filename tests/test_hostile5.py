@@ -12,6 +12,7 @@ import pty
 import re
 import sys
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -181,3 +182,53 @@ def test_a_list_from_standard_input_that_is_a_terminal_is_refused_not_waited_for
         with pytest.raises(ic.InputError, match="<stdin>: is a terminal; pipe the list in"):
             ic.read_file_list("-")
     os.close(main)
+
+
+# --- Windows that must hold the same batches (the numbers sweep) -----------------------------------
+
+
+def test_reading_alones_bytes_are_those_of_the_batches_its_window_times():
+    # A batch that read no file is no warm-up batch: the bytes were summed from a warm-up batch on
+    # (1.5 MB an image here, for files of 1 MB).
+    def batches():
+        for batch in [(0, 0)] + [(4, 4_000_000)] * 4:
+            time.sleep(0.01)
+            yield batch
+
+    fps, mb_s = ic._measure_reads(batches(), warmup_batches=2)
+    assert mb_s / fps == pytest.approx(1.0)
+
+
+def test_a_stopped_jobs_fps_never_mixes_one_ranks_warmup_with_anothers_window():
+    # Rank 1 stopped inside its warm-up (its 2 images timed from the start), rank 0 timed 7 after its
+    # own: 9 images over rank 0's window was 29 % high, and the summary said the warm-up was included.
+    cpu = torch.device("cpu")
+    past = ic.RunResult(9, classified=9, frames_timed=7, elapsed_s=0.025, batches=6, batches_timed=5)
+    within = ic.RunResult(8, classified=2, failed=1, frames_timed=2, elapsed_s=0.015, batches=1, batches_timed=1,
+                          warmup_included=True, partial=True)  # fmt: skip
+    shares = [ic._rank_share(past, 0, cpu), ic._rank_share(within, 1, cpu)]
+    job = ic._job_total(shares, 17, past, 2)
+    assert (job.frames_timed, job.elapsed_s, job.batches_timed, job.warmup_included) == (7, 0.025, 5, False)
+    assert (job.classified, job.failed, job.not_reached, job.batches) == (11, 1, 5, 7)  # every count summed
+    both_within = ic._job_total([shares[1], shares[1]], 16, within, 2)
+    assert (both_within.frames_timed, both_within.elapsed_s, both_within.warmup_included) == (4, 0.015, True)
+
+
+def test_the_model_alone_runs_as_many_batches_as_ran_the_model(tmp_path, capfd, monkeypatch):
+    # 4 files that fail, then 16 images in batches of 4: 4 batches ran the model, all within a warm-up of
+    # 4. Given 5, the model alone timed a batch past its warm-up against an end-to-end rate that held it.
+    from tests.conftest import TINY, make_jpeg_set, run_main
+
+    flist = make_jpeg_set(tmp_path / "data", 16)
+    empty = [f"val/n01440764/empty{i}.JPEG" for i in range(4)]
+    for name in empty:
+        (flist.parent / name).write_bytes(b"")
+    flist.write_text("".join(f"{name}\n" for name in empty) + flist.read_text())
+    calls = []
+    measure = ic._measure_model
+    monkeypatch.setattr(ic, "_measure_model", lambda *args: calls.append(args[2]) or measure(*args))
+    proc = run_main(capfd, "--input-flist", flist, "--prefix", f"{flist.parent}/", *TINY, "--no-compile",
+                    "--skip-bad", "-b", "4", "-j", "1", "--warmup-batches", "4", "--breakdown")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert calls == [4], calls
+    assert "WARNING: the batches that ran the model were not more than the warm-up: FPS includes it" in proc.stdout

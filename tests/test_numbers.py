@@ -571,6 +571,12 @@ def test_a_batch_whose_images_all_failed_is_no_warmup_batch():
     assert result.elapsed_s < 1.0 and result.timeline["warmup_end_s"] >= 1.0, result.timeline
     locked = benchmark(_slow_loader(*batches), _bundle(), listed=17, warmup_batches=1, sync_clocks=lambda: None)
     assert (locked.frames_timed, locked.batches_timed) == (17, 6) and locked.elapsed_s >= 1.0
+    # No warm-up: every batch, empty ones too, is in the window from the start.
+    cold = benchmark(_slow_loader(*batches), _bundle(), listed=17, warmup_batches=0)
+    assert (cold.frames_timed, cold.batches_timed, cold.warmup_included) == (17, 7, False)
+    assert cold.timeline["warmup_end_s"] == 0.0 and cold.elapsed_s >= 1.0
+    with pytest.raises(ValueError, match="warmup_batches=-1"):
+        benchmark(_slow_loader(*batches), _bundle(), listed=17, warmup_batches=-1)
 
 
 def test_bad_images_first_in_the_list_leave_the_warmup_to_the_first_that_reach_the_model(
