@@ -516,6 +516,9 @@ class _Labels(dict):
         self.origin = origin
 
 
+_LABELS_EXPECTED = "labels by image name (read_labels, or a dict of class indices), or None"
+
+
 def _image_name(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
@@ -668,6 +671,7 @@ def read_file_list(
     ``val.txt`` has; the path, all before the last field, may hold spaces); or ``path`` with
     ``labels`` (:py:func:`read_labels`) by file name. InputError names a bad line's number."""
     _check_type("prefix", prefix, str, "a str put before each path, e.g. '/data/imagenet/'")
+    _check_type("labels", labels, dict | None, _LABELS_EXPECTED)
     name = "<stdin>" if str(path) == "-" else str(path)
     return _image_list(_list_rows(path, prefix, labels), max_samples, name, "the file list has no image paths")
 
@@ -726,6 +730,7 @@ def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: _La
     WordNet ID, an image without a label, or no images; TypeError for a ``root`` that is no path."""
     if not isinstance(root, (str, os.PathLike)):  # str(1) would list a folder named 1
         raise TypeError(f"expected a folder's path, got {root!r}")
+    _check_type("labels", labels, dict | None, _LABELS_EXPECTED)
     root = str(root)
     if not os.path.isdir(root):
         raise InputError(f"{root}: no such folder")
@@ -1020,10 +1025,7 @@ class EvalTransform:
             reasons.append(f"its interpolation {self.interpolation!r} is not one of {sorted(_FFMPEG_SCALE_FLAGS)}")
         if self.crop_mode not in ("center", "squash"):
             reasons.append(f"its crop mode {self.crop_mode!r} is neither center nor squash")
-        for name, (low, high) in {"mean": _MEAN_RANGE, "std": _STD_RANGE}.items():
-            values = getattr(self, name)
-            if not (isinstance(values, Sequence) and len(values) == 3 and all(_within(v, low, high) for v in values)):
-                reasons.append(f"its {name} {values!r} is not 3 numbers from {low:g} to {high:g}, on the 0-1 scale")
+        reasons += _channel_reasons(self.mean, self.std)
         if reasons:
             raise ValueError("; ".join(reasons))
 
@@ -1108,6 +1110,15 @@ class EvalTransform:
         # in_range=full (JPEG and PNG are): else swscale sets up again on the first frame (2x the cost).
         scale = f"scale={out_w}:{out_h}:flags={flags}:in_range=full"
         return f"{region}{scale},format=gbrp,{crop},format=rgb24"
+
+
+def _channel_reasons(mean: object, std: object) -> list[str]:
+    """Why ``mean`` or ``std`` is no 3 numbers on the 0-1 scale (123.7, the 0-255 one's, classifies noise)."""
+    reasons = []
+    for name, values, (low, high) in (("mean", mean, _MEAN_RANGE), ("std", std, _STD_RANGE)):
+        if not (isinstance(values, Sequence) and len(values) == 3 and all(_within(v, low, high) for v in values)):
+            reasons.append(f"its {name} {values!r} is not 3 numbers from {low:g} to {high:g}, on the 0-1 scale")
+    return reasons
 
 
 def _crop_start(length: int, crop: int) -> int:
@@ -2222,6 +2233,8 @@ def get_pipeline(
         stats: Collects the stage statistics; its ``interval`` then sets SPDL's.
         decode_processes: Decode in this many worker processes; ``decode_func`` must be picklable.
     """
+    if not callable(decode_func):
+        raise TypeError(f"decode_func={decode_func!r}: expected a function of a batch's items (get_decode_func)")
     sizes = {"batch_size": batch_size, "concurrency": concurrency, "buffer_size": buffer_size}
     for name, value in {**sizes, "num_threads": num_threads, "decode_processes": decode_processes}.items():
         if not _whole(value, 0 if name == "decode_processes" else 1):  # 2.5 failed in SPDL, with its traceback
@@ -2451,6 +2464,8 @@ class Preprocessing(torch.nn.Module):
     """uint8 ``N x 3 x H x W`` (0-255) -> normalised float32 of the same shape."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        if reasons := _channel_reasons(mean, std):  # else noise, or a broadcasting error mid-run
+            raise ValueError("; ".join(reasons))
         super().__init__()
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
@@ -2996,6 +3011,7 @@ def benchmark(
         if count is not None and not _whole(count, 0):
             raise ValueError(f"{name}={count!r}: expected a whole number, 0 or more (or None)")
     _check_type("policy", policy, BadImagePolicy | None, "a BadImagePolicy, or None")
+    _check_type("model", model, ModelBundle, "a ModelBundle (get_model makes one)")
     policy = policy or BadImagePolicy()
     if policy.max_bad_percent is not None and listed is None:  # else no limit at all, silently
         raise ValueError("BadImagePolicy(max_bad_percent=...) is a share of the images listed: pass listed= too")

@@ -148,6 +148,17 @@ def test_a_notebooks_arguments_of_the_wrong_kind_are_named_where_they_are_given(
         (ValueError, "dtype=torch.int64: expected a floating-point", lambda: ic.get_model(dtype=torch.int64)),
         (ValueError, "rank=True of world_size=2", lambda: list(ic.source(flist, rank=True, world_size=2))),
         (ValueError, "world_size=2.5", lambda: list(ic.source(flist, world_size=2.5))),
+        (TypeError, "labels=[0]: expected labels by image name", lambda: ic.read_file_list(flist, labels=[0])),
+        (TypeError, "labels=[0]: expected labels by image name", lambda: ic.scan_folder(tmp_path, labels=[0])),
+        (TypeError, "model='resnet18': expected a ModelBundle", lambda: ic.benchmark([], "resnet18")),
+        (TypeError, "decode_func=None: expected a function", lambda: ic.get_pipeline([], 4, None, 1, 1, 1)),
+        # The 0-255 scale's mean classified noise; two values failed mid-run as the model's failure.
+        (
+            ValueError,
+            "its mean (123.7, 116.3, 103.5) is not 3 numbers from 0 to 1",
+            lambda: ic.Preprocessing((123.7, 116.3, 103.5), (0.229, 0.224, 0.225)),
+        ),
+        (ValueError, "its std (0.2, 0.2) is not 3 numbers", lambda: ic.Preprocessing((0.5, 0.5, 0.5), (0.2, 0.2))),
     ]
     if not torch.cuda.is_available():  # SPDL's multi-line "Failed to import libspdl_cuda", or torch's
         cases.append((ic.InputError, "cuda: CUDA is not available", lambda: ic.get_decode_func("cuda")))
