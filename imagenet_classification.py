@@ -2238,7 +2238,7 @@ def get_pipeline(
     sizes = {"batch_size": batch_size, "concurrency": concurrency, "buffer_size": buffer_size}
     for name, value in {**sizes, "num_threads": num_threads, "decode_processes": decode_processes}.items():
         if not _whole(value, 0 if name == "decode_processes" else 1):  # 2.5 failed in SPDL, with its traceback
-            raise ValueError(f"{name}={value!r}: expected a whole number, {name != 'decode_processes':d} or more")
+            raise ValueError(f"{name}={value!r}: expected at least {name != 'decode_processes':d}, a whole number")
     hooks: dict[str, Any] = {}
     if stats is not None:
         hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
@@ -3007,9 +3007,9 @@ def benchmark(
             ``loader_lead`` no whole number from 0 (a warm-up of 2.5 batches would never end, and time it).
         TypeError: a ``policy`` that is no BadImagePolicy.
     """
-    for name, count in {"listed": listed, "loader_lead": loader_lead}.items():
+    for name, count, what in (("listed", listed, "images"), ("loader_lead", loader_lead, "batches")):
         if count is not None and not _whole(count, 0):
-            raise ValueError(f"{name}={count!r}: expected a whole number, 0 or more (or None)")
+            raise ValueError(f"{name}={count!r}: expected a whole number of {what}, 0 or more (or None)")
     _check_type("policy", policy, BadImagePolicy | None, "a BadImagePolicy, or None")
     _check_type("model", model, ModelBundle, "a ModelBundle (get_model makes one)")
     policy = policy or BadImagePolicy()

@@ -128,7 +128,11 @@ def test_a_notebooks_arguments_of_the_wrong_kind_are_named_where_they_are_given(
     cases = [
         (TypeError, "prefix=PosixPath(", lambda: ic.read_file_list(flist, prefix=tmp_path)),
         (TypeError, "expected a path, got 5", lambda: ic.parse_wnid(5)),
-        (ValueError, "batch_size=2.5: expected a whole number", lambda: ic.get_pipeline([], 2.5, decode, 1, 1, 1)),
+        (
+            ValueError,
+            "batch_size=2.5: expected at least 1, a whole number",
+            lambda: ic.get_pipeline([], 2.5, decode, 1, 1, 1),
+        ),
         (ValueError, "batch_size='4'", lambda: ic.get_pipeline([], "4", decode, 1, 1, 1)),
         (ValueError, "concurrency=1.5", lambda: ic.get_pipeline([], 4, decode, 1.5, 1, 1)),
         (ValueError, "num_threads=2.0", lambda: ic.get_pipeline([], 4, decode, 1, 1, 2.0)),
