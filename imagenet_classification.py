@@ -4653,11 +4653,20 @@ def _refuse_under_torchrun(args: argparse.Namespace, shard: _Shard) -> None:
     """What runs in a single process only (rank 0 alone would do it while the others wait)."""
     if shard.world_size == 1:
         return
-    if str(args.input_flist) == "-":
-        raise InputError("--input-flist -: under torchrun every rank would read stdin; give the list as a file")
+    for flag, path in (("--input-flist", args.input_flist), ("--labels", args.labels)):
+        if path is not None and (str(path) == "-" or stat.S_ISFIFO(_stat_mode(path))):  # read once, by one rank
+            raise InputError(f"{flag} {path}: under torchrun every rank would read this stream; give a file")
     for flag, given in (("--breakdown", args.breakdown), ("--parity", args.parity), ("--sweep", args.sweep)):
         if given:
             raise InputError(f"{flag} runs in a single process, not under torchrun")
+
+
+def _stat_mode(path: Path) -> int:
+    """The file's mode, or 0 where it cannot be read (the list's own check says why)."""
+    try:
+        return os.stat(path).st_mode
+    except (OSError, ValueError):
+        return 0
 
 
 def _preflight(

@@ -690,6 +690,7 @@ TORCHRUN = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "1
         (["--sweep", "auto"], TORCHRUN, ("--sweep", "torchrun")),
         (["--parity", "2"], TORCHRUN, ("--parity", "torchrun")),
         (["--input-flist", "-"], TORCHRUN, ("--input-flist -", "torchrun")),
+        (["--labels", "-"], TORCHRUN, ("--labels -", "torchrun")),
     ],
 )
 def test_flags_that_cannot_work_together_stop_before_the_model(dataset, tmp_path, capfd, monkeypatch, args, env, flags):

@@ -247,3 +247,17 @@ def test_the_model_alone_runs_as_many_batches_as_ran_the_model(tmp_path, capfd, 
     assert proc.returncode == 0, proc.stderr
     assert calls == [4], calls
     assert "WARNING: the batches that ran the model were not more than the warm-up: FPS includes it" in proc.stdout
+
+
+def test_under_torchrun_a_list_from_a_fifo_is_refused_as_stdin_is(tmp_path, capfd, monkeypatch):
+    # Each rank would read the one stream: one rank got the list, the others an empty one or a part.
+    from tests.conftest import TINY, run_main
+
+    fifo = tmp_path / "list"
+    os.mkfifo(fifo)
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    proc = run_main(capfd, "--input-flist", fifo, *TINY, "--no-compile")
+    assert proc.returncode == 2, proc.stderr
+    assert f"error: --input-flist {fifo}: under torchrun every rank would read this stream; give a file" in proc.stderr
