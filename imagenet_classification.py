@@ -4477,7 +4477,7 @@ class _RunConfig:
     command: tuple[str, ...]
     start_time: str
 
-    @property
+    @functools.cached_property  # made once: each ImageList checks its labels
     def my_images(self) -> ImageList:
         return self.images.shard(self.shard.rank, self.shard.world_size)
 
