@@ -133,6 +133,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 COMPILE_MODE = "default"  # what compile=True and the CLI use: seconds to compile; max-autotune took minutes
 NUM_CLASSES = 1000
 TRACE_BATCHES = 60  # --trace keeps traces small: only this many batches are run.
+QUEUE_SIZE = 16  # decoded batches the SPDL loader holds ready for the model (--queue-size)
 MAX_IMAGE_MB = 64  # the default cap on one image file's size (--max-image-mb)
 MAX_IMAGE_PIXELS = 178_956_970  # larger images are refused before decoding, as PIL refuses them
 EXIT_FAILED, EXIT_USAGE, EXIT_STALLED = 1, 2, 3
@@ -223,7 +224,8 @@ def _within(value: object, low: float, high: float = math.inf) -> bool:
     """A finite real number (not a bool) from ``low`` to ``high``: the range check of the command
     line's numbers and of :py:class:`EvalTransform`'s fields, however the value arrived."""
     real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    return real and math.isfinite(value) and low <= value <= high
+    # A whole number needs no isfinite: 10**400 is too large for a float, and no NaN.
+    return real and (isinstance(value, numbers.Integral) or math.isfinite(value)) and low <= value <= high
 
 
 def _whole(value: object, low: int, high: float = math.inf) -> bool:
@@ -294,7 +296,8 @@ def _loader_flags(parser: argparse.ArgumentParser) -> None:
     loader = parser.add_argument_group("loader")
     loader.add_argument("-b", "--batch-size", type=_count, default=32, help="images per batch")
     loader.add_argument("-j", "--num-threads", "--workers", type=_count, default=16, help="decode threads (or workers)")
-    loader.add_argument("--queue-size", type=_count, default=16, help="decoded batches held ready for the model")
+    queue = f"decoded batches held ready for the model (SPDL; default: {QUEUE_SIZE})"
+    loader.add_argument("--queue-size", type=_count, help=queue)
     processes = "decode in N processes of --num-threads threads each (FFmpeg; 0: in this one)"
     loader.add_argument("--decode-processes", type=_count0, default=0, metavar="N", help=processes)
     loader.add_argument("--loader", choices=("spdl", "torch"), default="spdl", help="torch: a DataLoader with PIL")
@@ -329,8 +332,8 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     dtypes = ("auto", "bfloat16", "float16", "float32")
     precision = "the model's precision; auto: bfloat16 where the hardware has it"
     model.add_argument("--dtype", "--amp-dtype", choices=dtypes, default="auto", help=precision)
-    model.add_argument("--amp", action="store_const", const="auto", dest="dtype", help="timm's flag: --dtype auto")
-    model.add_argument("--no-bf16", action="store_const", const="float32", dest="dtype", help="--dtype float32")
+    model.add_argument("--amp", action="store_true", help="timm's flag: reduced precision (--dtype auto unless given)")
+    model.add_argument("--no-bf16", action="store_true", help="--dtype float32")
     transform = parser.add_argument_group("evaluation transform (default: the model's pretrained config)")
     transform.add_argument("--img-size", type=_img_size, metavar="N", help="side of the square crop fed to the model")
     crop_pct = _number(float, 1e-6, f"a number above 0, at most {_CROP_PCT_MAX:g}", _CROP_PCT_MAX)  # above 1: padded
@@ -395,7 +398,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         (args.max_bad is not None and not args.skip_bad, "--max-bad only applies with --skip-bad"),
         (torch_loader and args.use_nvjpeg, "--loader torch decodes with PIL on the CPU; it takes no --use-nvjpeg"),
         (torch_loader and args.use_nvdec, "--loader torch decodes with PIL on the CPU; it takes no --use-nvdec"),
-        (torch_loader and args.check_decoder is not None, "--check-decoder checks a GPU decoder; not --loader torch"),
+        (torch_loader and args.check_decoder, "--check-decoder checks a GPU decoder; not --loader torch"),
+        (torch_loader and args.queue_size, "--queue-size sizes SPDL's queue; --loader torch's workers prefetch 2 each"),
+        (args.amp and args.no_bf16, "--amp asks for reduced precision; --no-bf16 for float32"),
+        (args.amp and args.dtype == "float32", "--amp asks for reduced precision; --dtype float32 says not to"),
+        (args.no_bf16 and args.dtype not in ("auto", "float32"), f"--no-bf16 is --dtype float32; not {args.dtype}"),
         (torch_loader and args.stats_interval is not None, "--stats-interval logs SPDL's stages; --loader torch: none"),
         (args.data_dir is not None and args.prefix, "--prefix applies to --input-flist, not to --data-dir"),
         (str(args.input_flist) == str(args.labels) == "-", "--input-flist - and --labels - cannot both read stdin"),
@@ -408,6 +415,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(why)
     if args.torchcompile or args.compile is None and args.compile_mode:
         args.compile = True  # asked for by timm's name, or by naming a mode
+    if args.no_bf16:  # a flag of its own, as --amp: with --dtype's dest, the last of them would have won
+        args.dtype = "float32"
+    if args.queue_size is None:
+        args.queue_size = 0 if torch_loader else QUEUE_SIZE  # 0: no queue, in the results and the sweep's table
     return args
 
 
@@ -480,9 +491,9 @@ class ImageList:
         if len(self.paths) != len(self.labels):
             raise ValueError(f"{self.origin}: {len(self.paths)} paths, {len(self.labels)} labels: expected one a path")
         try:  # each distinct label once: a list of a million images has a thousand
-            bad = next((label for label in set(self.labels) if not _is_class_index(label)), None)
+            bad = next((label for label in set(self.labels) if not _whole(label, 0, NUM_CLASSES - 1)), None)
         except TypeError:  # unhashable
-            bad = next(label for label in self.labels if not _is_class_index(label))
+            bad = next(label for label in self.labels if not _whole(label, 0, NUM_CLASSES - 1))
         if bad is not None:
             path = self.paths[self.labels.index(bad)]
             raise ValueError(f"{self.origin}: {path}: label {bad!r} is no class index (0-{NUM_CLASSES - 1})")
@@ -502,10 +513,6 @@ class ImageList:
         if not (_whole(world_size, 1) and _whole(rank, 0) and rank < world_size):
             raise ValueError(f"rank={rank!r} of world_size={world_size!r}: expected a rank from 0 to world_size - 1")
         return replace(self, paths=self.paths[rank::world_size], labels=self.labels[rank::world_size])
-
-
-def _is_class_index(label: object) -> bool:
-    return isinstance(label, numbers.Integral) and not isinstance(label, bool) and 0 <= label < NUM_CLASSES
 
 
 class _Labels(dict):
@@ -2237,8 +2244,9 @@ def get_pipeline(
         raise TypeError(f"decode_func={decode_func!r}: expected a function of a batch's items (get_decode_func)")
     sizes = {"batch_size": batch_size, "concurrency": concurrency, "buffer_size": buffer_size}
     for name, value in {**sizes, "num_threads": num_threads, "decode_processes": decode_processes}.items():
-        if not _whole(value, 0 if name == "decode_processes" else 1):  # 2.5 failed in SPDL, with its traceback
-            raise ValueError(f"{name}={value!r}: expected at least {name != 'decode_processes':d}, a whole number")
+        if not _whole(value, 0 if name == "decode_processes" else 1, _COUNT_MAX):  # 2.5 failed in SPDL, traceback
+            least = f"at least {name != 'decode_processes':d}"
+            raise ValueError(f"{name}={value!r}: expected {least}, a whole number (at most {_COUNT_MAX}: a C int)")
     hooks: dict[str, Any] = {}
     if stats is not None:
         hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
@@ -2719,8 +2727,8 @@ def get_model(
     mode = COMPILE_MODE if compile is True else compile
     if compile and mode not in COMPILE_MODES:
         raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
-    if batch_size is not None and not _whole(batch_size, 1):
-        raise ValueError(f"batch_size={batch_size!r}: expected at least 1, or None (no padding)")
+    if batch_size is not None and not _whole(batch_size, 1, _COUNT_MAX):
+        raise ValueError(f"batch_size={batch_size!r}: expected at least 1 (at most {_COUNT_MAX}), or None (no padding)")
     if use_bf16 is not None:
         switch = torch.bfloat16 if use_bf16 else torch.float32
         if dtype != "auto" and _DTYPES.get(dtype, dtype) != switch:  # neither silently wins
@@ -3734,7 +3742,7 @@ def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
         grid = _parse_sweep(args.sweep, defaults, _usable_cpus())
     except ValueError as e:
         raise InputError(f"--sweep: {e}") from None
-    if args.loader == "torch" and len(grid["queue-size"]) > 1:
+    if args.loader == "torch" and grid["queue-size"] != [0]:
         raise InputError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
     capped = dict(grid)
     for name in ("num-threads", "batch-size"):
@@ -3769,7 +3777,8 @@ class _SweepPoint:
         return self.num_threads * max(1, self.decode_processes)
 
     def flags(self) -> str:
-        flags = f"--num-threads {self.num_threads} --batch-size {self.batch_size} --queue-size {self.queue_size}"
+        flags = f"--num-threads {self.num_threads} --batch-size {self.batch_size}"
+        flags += f" --queue-size {self.queue_size}" if self.queue_size else ""  # 0: --loader torch, which has none
         return flags + (f" --decode-processes {self.decode_processes}" if self.decode_processes else "")
 
 
@@ -4079,7 +4088,7 @@ def _print_drain(result: RunResult, file: TextIO | None) -> None:
 
 def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
     """Print the design's FPS and accuracy lines, then the accounting of every listed image."""
-    if result.warmup_included:
+    if result.warmup_included and result.frames_timed:  # none: no FPS to include it in (the lines below say why)
         print("WARNING: the batches that ran the model were not more than the warm-up: FPS includes it", file=file)
     over = result.fps_max_overstatement
     if over is not None and over > FPS_WINDOW_SLACK:
@@ -4254,8 +4263,10 @@ def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
         interval = timeline["interval_s"]
         twin = ax.twinx()
         starts = [i * interval for i in range(len(occupancy))]
+        starts.append(max(timeline["end_s"], starts[-1]))  # the last bin drawn to the run's end, not left a point
         label = f"a batch waiting (share of each {interval:g} s)"
-        handles += twin.step(starts, occupancy, where="post", alpha=0.6, color="tab:orange", label=label)
+        steps = twin.step(starts, [*occupancy, occupancy[-1]], where="post", alpha=0.6, color="tab:orange", label=label)
+        handles += steps
         twin.set(ylim=(0, 1.05), ylabel="share of the time a batch was waiting")
     ax.legend(handles=handles, loc="lower right", fontsize=8)
     _save(fig, plt, ax, path)
@@ -5044,7 +5055,8 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     rows = _in_list_order(result.predictions or [], listed)
     result.failures = _in_list_order(result.failures, listed)  # not as SPDL hands on batches: as they complete
     timeline, trace = result.timeline, report.trace
-    plot = config.plot if timeline else None
+    ran = bool(timeline and timeline["batch_end_s"])  # a timeline with no batch: a run stopped before its first
+    plot = config.plot if ran else None
     outputs = [  # a stopped run's too
         ("the results", config.results_file, lambda path: _write_results(path, report)),
         ("the per-image rows", config.predictions_file, lambda path: _write_predictions(path, rows)),
@@ -5056,7 +5068,7 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
             _print_out(_print_report, report)
     finally:  # nor can the summary cost the files
         not_written = _write_outputs(outputs) if shard.rank == 0 else []
-    if config.plot is not None and not timeline and shard.rank == 0:
+    if config.plot is not None and not ran and shard.rank == 0:
         _say(f"note: {config.plot} not drawn: the run stopped before its first batch")
     return status or (EXIT_FAILED if not_written else 0)
 
@@ -5125,8 +5137,12 @@ def _signals_held() -> Iterator[list[int]]:
 
 
 def _held_status(held: list[int]) -> int:
-    """The exit status of a signal held back while the report was written (0: none was)."""
-    return _explain(RunInterrupted(held[0]), None)[1] if held else 0
+    """The exit status of a signal held back while the report was written (0: none was), said."""
+    if not held:
+        return 0
+    reason, status = _explain(RunInterrupted(held[0]), None)
+    _say(f"error: {reason} while the report was written; the run had ended, and the report and files are whole")
+    return status
 
 
 def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:

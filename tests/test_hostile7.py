@@ -1,0 +1,128 @@
+"""Hostile input, round seven: flags whose meaning hung on their order or that were taken and
+ignored, a signal while the files are written, a run with no batch. Each test fails on the code before it."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+import imagenet_classification as ic
+from tests.conftest import TINY, read_json, run_main
+
+FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1"]
+
+
+def _refused(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as stop:
+        ic._parse_args(argv)
+    assert stop.value.code == 2
+    return capsys.readouterr().err
+
+
+# --- Flags whose result hung on their order ---------------------------------------------------------
+
+
+def test_amp_and_no_bf16_mean_the_same_in_any_order_or_are_refused(capsys):
+    # --amp and --no-bf16 wrote --dtype's value: the last flag typed won, float16 silently bfloat16.
+    for argv in (["--amp-dtype", "float16", "--amp"], ["--amp", "--amp-dtype", "float16"]):
+        assert ic._parse_args(["/d", *argv]).dtype == "float16"
+    assert ic._parse_args(["/d", "--amp"]).dtype == "auto"
+    assert ic._parse_args(["/d", "--no-bf16"]).dtype == "float32"
+    assert ic._parse_args(["/d", "--no-bf16", "--dtype", "float32"]).dtype == "float32"
+    for argv, words in (
+        (["--no-bf16", "--dtype", "bfloat16"], "--no-bf16 is --dtype float32; not bfloat16"),
+        (["--dtype", "float16", "--no-bf16"], "--no-bf16 is --dtype float32; not float16"),
+        (["--amp", "--no-bf16"], "--amp asks for reduced precision; --no-bf16 for float32"),
+        (["--no-bf16", "--amp"], "--amp asks for reduced precision; --no-bf16 for float32"),
+        (["--dtype", "float32", "--amp"], "--amp asks for reduced precision; --dtype float32 says not to"),
+    ):
+        assert words in _refused(capsys, ["/d", *argv]), argv
+
+
+# --- Flags taken and ignored --------------------------------------------------------------------------
+
+
+def test_the_torch_loader_refuses_a_queue_size_and_takes_check_decoder_0(capsys):
+    assert "--queue-size sizes SPDL's queue" in _refused(capsys, ["/d", "--loader", "torch", "--queue-size", "4"])
+    assert ic._parse_args(["/d", "--loader", "torch"]).queue_size == 0  # the results say it has none
+    assert ic._parse_args(["/d"]).queue_size == ic.QUEUE_SIZE == 16
+    assert ic._parse_args(["/d", "--loader", "torch", "--check-decoder", "0"]).check_decoder == 0  # off: was refused
+    refused = _refused(capsys, ["/d", "--loader", "torch", "--check-decoder", "2"])
+    assert "--check-decoder checks a GPU decoder" in refused
+    # A single queue size was taken by the sweep of a loader with no queue.
+    with pytest.raises(ic.InputError, match="--loader torch has no queue"):
+        ic._sweep_grid(ic._parse_args(["/d", "--loader", "torch", "--sweep", "queue-size=8"]), 10)
+
+
+def test_the_sweeps_recommended_command_for_the_torch_loader_runs(tmp_path):
+    # It printed --queue-size, which that loader ignored (and now refuses).
+    typed = ["python", "x.py", str(tmp_path), "--loader", "torch", "--sweep", "auto"]
+    grid = ic._sweep_grid(ic._parse_args(typed[2:]), 10)
+    point = ic._SweepPoint(1, 4, grid["queue-size"][0], loader_fps=1.0, model_fps=1.0)
+    again = ic._with_settings(typed, point)
+    assert "--queue-size" not in again
+    assert ic._parse_args(again[2:]).num_threads == 1
+    assert "--queue-size 16" in ic._SweepPoint(1, 4, 16, 1.0, 1.0).flags()
+
+
+# --- Whole numbers too large for a float ------------------------------------------------------------
+
+
+def test_a_label_or_count_too_large_for_a_float_is_refused_not_an_overflow():
+    assert ic._whole(10**400, 1) and not ic._whole(10**400, 0, 999)  # was OverflowError from math.isfinite
+    with pytest.raises(ValueError, match="a.JPEG: label 1000.* is no class index"):
+        ic.ImageList(("a.JPEG",), (10**400,))
+    for size in (10**400, 2**31):  # a C int holds it in SPDL: an OverflowError there, or a coroutine never run
+        with pytest.raises(ValueError, match=f"batch_size={size}: expected at least 1"):
+            ic.get_pipeline([("a", 0)], size, lambda items: items, 1, 1, 1)
+
+
+# --- A signal while the files are written ------------------------------------------------------------
+
+
+def test_a_signal_while_the_files_are_written_is_said_and_the_files_are_whole(capfd, jpeg_set, tmp_path, monkeypatch):
+    write = ic._write_results
+
+    def write_then_signalled(path, report):  # SIGTERM arrives as the results are written
+        os.kill(os.getpid(), signal.SIGTERM)
+        return write(path, report)
+
+    monkeypatch.setattr(ic, "_write_results", write_then_signalled)
+    out = tmp_path / "r.json"
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--results-file", out)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    # It exited 143 with no word of why.
+    assert "error: interrupted by SIGTERM while the report was written; the run had ended" in proc.stderr
+    result = read_json(out)
+    assert (result["partial"], result["classified"], result["listed"]) == (False, 30, 30)
+
+
+# --- A run stopped before its first batch ------------------------------------------------------------
+
+
+def test_a_run_stopped_before_its_first_batch_draws_no_plot_and_warns_of_no_warmup(capfd, tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "bad.JPEG").write_bytes(b"not a jpeg")
+    flist = tmp_path / "l.flist"
+    flist.write_text("bad.JPEG 0\n")
+    plot = tmp_path / "t.png"
+    proc = run_main(capfd, "--input-flist", flist, "--prefix", f"{tmp_path}/", *FAST, "--plot", plot)
+    assert proc.returncode == ic.EXIT_FAILED, proc.stderr
+    assert not plot.exists()  # an empty plot was drawn
+    assert f"note: {plot} not drawn: the run stopped before its first batch" in proc.stderr
+    assert "warm-up" not in proc.stdout  # there was no FPS to include it in
+
+
+def test_the_plots_last_occupancy_bin_reaches_the_runs_end(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    saved = []
+    monkeypatch.setattr(ic, "_save", lambda fig, plt, ax, path: saved.append(fig))
+    timeline = {
+        "interval_s": 1.0, "images": [4, 4, 2], "batch_end_s": [0.5, 1.5, 2.5], "batch_images": [4, 4, 2],
+        "warmup_end_s": 0.5, "window_end_s": 2.5, "end_s": 2.6, "sink_occupancy": [0.2, 0.5, 1.0],
+    }  # fmt: skip
+    assert ic._plot_timeline(timeline, tmp_path / "t.png")
+    step = saved[0].axes[1].lines[0]  # the twin axis: the sink's occupancy
+    assert (list(step.get_xdata())[-1], list(step.get_ydata())[-1]) == (2.6, 1.0)  # it stopped at 2.0
