@@ -133,6 +133,8 @@ GROUPS: dict[str, Group] = {
             "tests/test_newcomer.py::test_benchmark_says_when_its_warmup_is_in_the_fps",
             "tests/test_newcomer.py::test_predictions_in_list_order_with_class_names",
             "tests/test_page_cache.py::test_the_disk_in_the_verdict_by_hand",
+            "tests/test_hostile4.py::test_a_warmup_that_is_no_whole_number_of_batches_is_refused",
+            "tests/test_hostile5.py::test_measure_loader_takes_a_device_name_warns_of_an_included_warmup_and_keeps_failures_in_a_list",
             *_RUN_AT_LIMIT,
         ],
         [

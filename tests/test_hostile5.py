@@ -77,6 +77,11 @@ def test_measure_loader_takes_a_device_name_warns_of_an_included_warmup_and_keep
         warnings.simplefilter("always")
         assert ic.measure_loader(iter(batches), "cpu", warmup_batches=50) > 0  # "cpu": an AttributeError
     assert [w.category for w in caught] == [ic.WarmupIncluded], caught  # its rate included the warm-up, unsaid
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for warmup in (0, 1):  # none asked for, or one of three batches: the window leaves it out, nothing to say
+            assert ic.measure_loader(iter(batches), "cpu", warmup_batches=warmup) > 0
+    assert caught == []
     with pytest.raises(TypeError, match="failures=\\(\\): expected a list"):  # += on a tuple kept none
         ic.measure_loader(iter(batches), "cpu", 0, failures=())
 
