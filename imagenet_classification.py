@@ -2728,7 +2728,7 @@ def get_model(
     if compile and mode not in COMPILE_MODES:
         raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
     if batch_size is not None and not _whole(batch_size, 1, _COUNT_MAX):
-        raise ValueError(f"batch_size={batch_size!r}: expected at least 1 (at most {_COUNT_MAX}), or None (no padding)")
+        raise ValueError(f"batch_size={batch_size!r}: expected at least 1, or None (no padding); at most {_COUNT_MAX}")
     if use_bf16 is not None:
         switch = torch.bfloat16 if use_bf16 else torch.float32
         if dtype != "auto" and _DTYPES.get(dtype, dtype) != switch:  # neither silently wins
