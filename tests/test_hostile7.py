@@ -77,6 +77,8 @@ def test_a_label_or_count_too_large_for_a_float_is_refused_not_an_overflow():
     for size in (10**400, 2**31):  # a C int holds it in SPDL: an OverflowError there, or a coroutine never run
         with pytest.raises(ValueError, match=f"batch_size={size}: expected at least 1"):
             ic.get_pipeline([("a", 0)], size, lambda items: items, 1, 1, 1)
+        with pytest.raises(ValueError, match=f"batch_size={size}: .* at most {2**31 - 1}"):  # padding to it
+            ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False, batch_size=size)
 
 
 # --- A signal while the files are written ------------------------------------------------------------
