@@ -4712,7 +4712,8 @@ def _preflight(
     overrides = {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation}
     overrides |= {"mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}
     transform = EvalTransform.from_model(args.model, {k: v for k, v in overrides.items() if v is not None})
-    threads, processes = _capped_workers(args, shard.size_of(len(images)))
+    # Capped at rank 0's shard, the largest: every rank the same settings (_agree_on_job compares them).
+    threads, processes = _capped_workers(args, shard.size_of(len(images), rank=0))
     torch_loader = args.loader == "torch"
     check_decoder = CHECK_DECODER_IMAGES if args.check_decoder is None else args.check_decoder
     if device.type == "cpu" and decoder == "ffmpeg":
@@ -4742,7 +4743,7 @@ def _preflight(
 
 
 def _capped_workers(args: argparse.Namespace, images: int) -> tuple[int, int]:
-    """``--num-threads`` and ``--decode-processes`` capped at the ``images`` this process has: an idle
+    """``--num-threads`` and ``--decode-processes`` capped at the ``images`` of the largest shard: an idle
     worker costs memory (a decode process, an interpreter with torch and SPDL: some 350 MB)."""
     threads = min(args.num_threads, max(1, images))
     processes = min(args.decode_processes, max(1, math.ceil(images / args.batch_size)))
@@ -4952,7 +4953,7 @@ def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
 
 def _build_model(config: _RunConfig) -> ModelBundle:
     """The model bundle with the config's transform (compiled, it pads short batches; not the sweep's)."""
-    pad_to = None if config.sweep else min(config.batch_size, len(config.my_images))
+    pad_to = None if config.sweep else max(1, min(config.batch_size, len(config.my_images)))  # 0: a rank with none
     settings = {"pretrained": config.pretrained, "checkpoint": config.checkpoint, "transform": config.transform}
     settings |= {"compile": config.compile or False, "dtype": config.dtype, "batch_size": pad_to}
     model = get_model(config.model, config.device, **settings)

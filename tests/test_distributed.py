@@ -104,3 +104,22 @@ def test_max_bad_is_the_jobs_limit_not_each_ranks(tmp_path):
     assert proc.stderr.count(f"error: {message}") == 1, proc.stderr
     result = read_json(out)
     assert (result["failed"], result["partial"], result["stop_reason"]) == (3, False, message)
+
+
+def test_a_list_shorter_than_the_ranks_or_their_threads_runs(tmp_path):
+    # 3 images: shards of 2 and 1, --num-threads 2 capped at each rank's own (2 and 1) was refused as
+    # "the ranks were given different settings"; 1 image: rank 1 has none, and padding to 0 images
+    # ended it with a traceback.
+    flist = make_jpeg_set(tmp_path, 3)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    for count in (3, 1):
+        out = tmp_path / f"r{count}.json"
+        cmd = [*launcher, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), "--prefix",
+               f"{tmp_path}/", *TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "0",
+               "--max-samples", str(count), "--results-file", str(out)]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        result = read_json(out)
+        assert (result["listed"], result["classified"], result["not_reached"]) == (count, count, 0)
+        assert sorted(r["classified"] for r in result["ranks"]) == sorted([(count + 1) // 2, count // 2])
+        assert result["config"]["num_threads"] == min(2, (count + 1) // 2)
