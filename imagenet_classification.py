@@ -3333,7 +3333,7 @@ def measure_loader(
     if it holds the warm-up); the bad images its batches left out added to the list ``failures``."""
     if failures is not None and not isinstance(failures, list):  # += on a tuple would keep none of them
         raise TypeError(f"failures={failures!r}: expected a list to add the bad images to, or None")
-    window = _TimingWindow(torch.device(device), warmup_batches)
+    window = _TimingWindow(_resolve_device(str(device)), warmup_batches)  # InputError: "meta", no CUDA
     for batch in batches:
         window.add(batch[0].shape[0])
         if failures is not None:
@@ -4535,7 +4535,8 @@ class _RunConfig:
             **{name: getattr(t, name) for name in ("crop_pct", "crop_mode", "interpolation")},
             "mean": list(t.mean),
             "std": list(t.std),
-            "max_bad": None if max_bad is None else f"{max_bad[0]:g}{'%' if max_bad[1] else ''}",
+            # As given: :g kept 6 digits (1281167 written as 1.28117e+06, a limit rebuilt from it another).
+            "max_bad": None if max_bad is None else f"{str(max_bad[0]).removesuffix('.0')}{'%' if max_bad[1] else ''}",
             "images_from": self.images.origin,
             "command": shlex.join(self.command),
         }
