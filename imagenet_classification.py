@@ -2210,10 +2210,19 @@ class _PipelineStats:
 
 
 def _batched(items: Iterable[tuple[str, int]], batch_size: int) -> Iterator[list[tuple[str, int]]]:
-    """Lists of ``batch_size`` items in order, the last one shorter if need be."""
+    """Lists of ``batch_size`` items in order, the last one shorter if need be (see :py:func:`_check_pairs`)."""
     items = iter(items)
     while batch := list(itertools.islice(items, batch_size)):
-        yield batch
+        yield _check_pairs(batch)
+
+
+def _check_pairs(items: list) -> list:
+    """``items``, or TypeError for one that is no ``(path, label)`` pair: bare paths would fail in
+    each decode thread, naming nothing."""
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise TypeError(f"{item!r}: expected a (path, label) pair, as source() and ImageList yield")
+    return items
 
 
 def get_pipeline(
@@ -2251,7 +2260,9 @@ def get_pipeline(
     if stats is not None:
         hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
         report_stats_interval = stats.interval
-    builder = PipelineBuilder().add_source(_batched(src, batch_size))
+    items = iter(src)
+    first = _check_pairs(list(itertools.islice(items, 1)))  # here, where it is given; the others as they come
+    builder = PipelineBuilder().add_source(_batched(itertools.chain(first, items), batch_size))
     if decode_processes:
         _start_resource_tracker()
         # spawn, not fork: the main process has threads (torch's, SPDL's) by the time the pool starts.
@@ -3176,7 +3187,8 @@ def _loader_failed(error: BaseException) -> RunStopped:
         lost = next((e for c in causes for e in _chain(c) if isinstance(e, died)), None)
         if lost is not None:
             return _decode_worker_died(f"{type(lost).__name__}: {lost}")
-        return RunStopped(f"the loading pipeline failed: {error} (the log above says why)", "loader")
+        why = f"{type(causes[0]).__name__}: {causes[0]}" if causes else str(error)
+        return RunStopped(f"the loading pipeline failed: {why} (the log above says where)", "loader")
     path = cause._while_decoding
     if isinstance(cause, MemoryError):
         return RunStopped(f"out of memory while decoding {path}; fewer --num-threads need less", "loader")

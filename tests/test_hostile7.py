@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import imagenet_classification as ic
-from tests.conftest import TINY, read_json, run_main
+from tests.conftest import TINY, read_json, run_main, write_jpeg
 
 FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1"]
 
@@ -150,3 +150,19 @@ def test_the_results_file_keeps_max_bad_as_given(jpeg_set):
     for given in ("1281167", "33.33333333%", "10%", "0.5%", "0"):  # 1281167 was written as 1.28117e+06
         config = ic._preflight(ic._parse_args([*data, given]), ic._Shard())
         assert config.to_dict()["max_bad"] == given
+
+
+# --- get_pipeline's items ------------------------------------------------------------------------------
+
+
+def test_get_pipeline_refuses_items_that_are_no_path_and_label_naming_them(tmp_path):
+    # Bare paths failed in each decode thread: SPDL's traceback, and "the log above says why".
+    path = str(write_jpeg(tmp_path / "a.JPEG", (64, 48), (200, 30, 30)))
+    decode = ic.get_decode_func("cpu", ic.EvalTransform(size=32))
+    with pytest.raises(TypeError, match="a.JPEG': expected a \\(path, label\\) pair"):
+        ic.get_pipeline([path, path], 2, decode, 1, 1, 1)
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    later = iter([(path, 0), (path, 1), path])  # the first pair checked where it is given, the others as they come
+    with pytest.raises(ic.RunStopped, match="TypeError: .*a.JPEG': expected a \\(path, label\\) pair") as stop:
+        ic.benchmark(ic.get_pipeline(later, 2, decode, 1, 1, 1), model, listed=3, warmup_batches=0)
+    assert stop.value.result.classified == 2
