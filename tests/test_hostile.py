@@ -361,7 +361,7 @@ def test_damaged_jpegs_and_bombs_are_counted_failures(demo_photos, tmp_path):
     reasons = {Path(f.path).stem: f.reason for f in batch.failures}
     assert images.shape[0] == 0 and set(reasons) == set(files), reasons
     assert "over the limit of 178,956,970" in reasons["bomb"] and "would be resized to" in reasons["strip"]
-    for path, _ in items[2:]:  # the DataLoader baseline's decoder refuses them too
+    for path, _ in items[2:]:  # the DataLoader baseline's decoder refuses these too (PIL decodes the damaged two)
         with pytest.raises(ic.ImageDecodeError):
             ic._decode_pil(path, ic.EvalTransform())
 
