@@ -377,6 +377,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     for add_flags in (_data_flags, _loader_flags, _model_flags, _run_flags):
         add_flags(parser)
+    if stray := _stray_sweep_setting(sys.argv[1:] if argv is None else argv):  # else "DATA_DIR: not allowed"
+        parser.error(f"{stray}: a --sweep setting after another flag; give --sweep's settings together after it")
     args = parser.parse_args(argv)
     no_data = args.data is None and args.input_flist is None and args.data_dir is None
     if no_data and args.sweep and not _is_sweep_setting(args.sweep[-1]):  # nargs took DATA_DIR: `--sweep auto val`
@@ -3738,6 +3740,18 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
             raise ValueError(f"{spec!r}: the values must be at least {least} and at most {_COUNT_MAX}")
         grid[name] = numbers
     return grid
+
+
+def _stray_sweep_setting(argv: Sequence[str]) -> str | None:
+    """A ``NAME=V,...`` setting of ``_SWEPT`` not among the words right after ``--sweep``: argparse
+    would take it for DATA_DIR."""
+    after_sweep = False
+    for word in argv:
+        if word.startswith("-"):
+            after_sweep = word == "--sweep"
+        elif not after_sweep and word.partition("=")[0] in _SWEPT and not os.path.isdir(word):
+            return word
+    return None
 
 
 def _is_sweep_setting(word: str) -> bool:

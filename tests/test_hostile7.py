@@ -166,3 +166,14 @@ def test_get_pipeline_refuses_items_that_are_no_path_and_label_naming_them(tmp_p
     with pytest.raises(ic.RunStopped, match="TypeError: .*a.JPEG': expected a \\(path, label\\) pair") as stop:
         ic.benchmark(ic.get_pipeline(later, 2, decode, 1, 1, 1), model, listed=3, warmup_batches=0)
     assert stop.value.result.classified == 2
+
+
+def test_a_sweep_setting_after_another_flag_is_named(capsys, tmp_path):
+    # argparse took it for DATA_DIR: "argument DATA_DIR: not allowed with argument --input-flist".
+    for argv in (["--sweep", "num-threads=1", "--skip-bad", "batch-size=4", "--input-flist", "l"],
+                 ["--sweep=auto", "batch-size=4", "/d"]):  # fmt: skip
+        assert "batch-size=4: a --sweep setting after another flag" in _refused(capsys, argv)
+    assert ic._parse_args(["--sweep", "auto", "batch-size=4", "--skip-bad", "/d"]).sweep == ["auto", "batch-size=4"]
+    folder = tmp_path / "batch-size=4"  # a folder of that name is DATA_DIR, as the parser takes it
+    folder.mkdir()
+    assert ic._parse_args(["--sweep", "auto", "--skip-bad", str(folder)]).data_dir == folder
