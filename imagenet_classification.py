@@ -2721,8 +2721,7 @@ def get_model(
         model_name: Any name ``timm.create_model`` accepts.
         pretrained: Load timm's pretrained weights (from the model hub or its cache).
         checkpoint: A local checkpoint to load instead; no hub access.
-        compile: ``torch.compile`` the model and the normalisation: True for :py:data:`COMPILE_MODE`,
-            or one of :py:data:`COMPILE_MODES`.
+        compile: ``torch.compile`` the model and normalisation: True (:py:data:`COMPILE_MODE`) or a mode.
         dtype: A torch dtype, its name, or ``auto`` (what suits the hardware).
         use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
         batch_size: With ``compile``, pad smaller batches to this size.
@@ -3022,11 +3021,10 @@ def benchmark(
         loader_lead: Batches the loader can hold ahead of the model, for ``result.fps_max_overstatement``.
 
     Raises:
-        RunStopped: the run ended early (``kind`` says why), with the partial result in ``error.result``;
-            RunInterrupted likewise for SIGINT / SIGTERM.
+        RunStopped: the run ended early (``kind`` says why; RunInterrupted: a signal), the partial result: ``.result``.
         ValueError: a policy's ``max_bad_percent`` without ``listed``; ``warmup_batches``, ``listed`` or
             ``loader_lead`` no whole number from 0 (a warm-up of 2.5 batches would never end, and time it).
-        TypeError: a ``policy`` that is no BadImagePolicy.
+        TypeError: a ``policy`` that is no BadImagePolicy, a ``model`` that is no ModelBundle.
     """
     for name, count, what in (("listed", listed, "images"), ("loader_lead", loader_lead, "batches")):
         if count is not None and not _whole(count, 0):
