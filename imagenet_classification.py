@@ -1571,7 +1571,11 @@ def _decode_items(
     decoded, labels, paths = [], [], []
     marks, key = _DECODING, threading.get_ident()
     try:
-        for path, label in items:
+        for item in items:
+            try:
+                path, label = item
+            except (TypeError, ValueError):  # bare paths: a ValueError naming no image, in each decode thread
+                raise TypeError(f"{item!r}: expected a (path, label) pair, as source() yields") from None
             marks[key] = (path, time.monotonic())
             try:
                 decoded.append(decode_one(path))
@@ -2212,19 +2216,10 @@ class _PipelineStats:
 
 
 def _batched(items: Iterable[tuple[str, int]], batch_size: int) -> Iterator[list[tuple[str, int]]]:
-    """Lists of ``batch_size`` items in order, the last one shorter if need be (see :py:func:`_check_pairs`)."""
+    """Lists of ``batch_size`` items in order, the last one shorter if need be."""
     items = iter(items)
     while batch := list(itertools.islice(items, batch_size)):
-        yield _check_pairs(batch)
-
-
-def _check_pairs(items: list) -> list:
-    """``items``, or TypeError for one that is no ``(path, label)`` pair: bare paths would fail in
-    each decode thread, naming nothing."""
-    for item in items:
-        if not isinstance(item, tuple | list) or len(item) != 2:
-            raise TypeError(f"{item!r}: expected a (path, label) pair, as source() and ImageList yield")
-    return items
+        yield batch
 
 
 def get_pipeline(
@@ -2262,9 +2257,7 @@ def get_pipeline(
     if stats is not None:
         hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
         report_stats_interval = stats.interval
-    items = iter(src)
-    first = _check_pairs(list(itertools.islice(items, 1)))  # here, where it is given; the others as they come
-    builder = PipelineBuilder().add_source(_batched(itertools.chain(first, items), batch_size))
+    builder = PipelineBuilder().add_source(_batched(src, batch_size))
     if decode_processes:
         _start_resource_tracker()
         # spawn, not fork: the main process has threads (torch's, SPDL's) by the time the pool starts.

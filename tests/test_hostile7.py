@@ -155,16 +155,16 @@ def test_the_results_file_keeps_max_bad_as_given(jpeg_set):
 # --- get_pipeline's items ------------------------------------------------------------------------------
 
 
-def test_get_pipeline_refuses_items_that_are_no_path_and_label_naming_them(tmp_path):
-    # Bare paths failed in each decode thread: SPDL's traceback, and "the log above says why".
+def test_a_decode_item_that_is_no_path_and_label_is_named(tmp_path):
+    # Bare paths failed in each decode thread with "too many values to unpack", and the run's
+    # error said only "the log above says why".
     path = str(write_jpeg(tmp_path / "a.JPEG", (64, 48), (200, 30, 30)))
     decode = ic.get_decode_func("cpu", ic.EvalTransform(size=32))
     with pytest.raises(TypeError, match="a.JPEG': expected a \\(path, label\\) pair"):
-        ic.get_pipeline([path, path], 2, decode, 1, 1, 1)
+        decode([path])
     model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
-    later = iter([(path, 0), (path, 1), path])  # the first pair checked where it is given, the others as they come
     with pytest.raises(ic.RunStopped, match="TypeError: .*a.JPEG': expected a \\(path, label\\) pair") as stop:
-        ic.benchmark(ic.get_pipeline(later, 2, decode, 1, 1, 1), model, listed=3, warmup_batches=0)
+        ic.benchmark(ic.get_pipeline([(path, 0), (path, 1), path], 2, decode, 1, 1, 1), model, listed=3)
     assert stop.value.result.classified == 2
 
 
