@@ -193,3 +193,15 @@ def test_reading_alone_hands_on_batches_as_they_complete_not_after_a_slow_one(tm
     sizes = [size for _, size in ic._read_batches(items, 1, 2, 64 << 20, 60.0)]
     assert sorted(sizes) == sorted([small.stat().st_size] * 31 + [big.stat().st_size])
     assert sizes.index(big.stat().st_size) > 1, sizes  # the others came while it was read
+
+
+# --- The sizes that ran ----------------------------------------------------------------------------------
+
+
+def test_the_results_give_the_batch_size_that_ran_not_the_flag(jpeg_set):
+    # --batch-size 100 on 13 images ran one batch of 13: the JSON and the plot's title said 100, the CSV 13.
+    data = ["--input-flist", str(jpeg_set), "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile"]
+    config = ic._preflight(ic._parse_args([*data, "--batch-size", "100", "--max-samples", "13"]), ic._Shard())
+    assert (config.batch_size, config.to_dict()["batch_size"]) == (13, 13)
+    config = ic._preflight(ic._parse_args([*data, "--batch-size", "8", "--max-samples", "13"]), ic._Shard())
+    assert config.batch_size == 8
