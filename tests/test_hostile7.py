@@ -205,3 +205,16 @@ def test_the_results_give_the_batch_size_that_ran_not_the_flag(jpeg_set):
     assert (config.batch_size, config.to_dict()["batch_size"]) == (13, 13)
     config = ic._preflight(ic._parse_args([*data, "--batch-size", "8", "--max-samples", "13"]), ic._Shard())
     assert config.batch_size == 8
+
+
+def test_a_breakdown_whose_passes_include_their_warmup_says_so(capfd, jpeg_set, tmp_path):
+    # Only FPS's warning was printed; the three rates below it were timed from their start, unsaid.
+    data = ["--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile", "--batch-size", "4"]
+    for warmup, included in (("20", True), ("0", False)):
+        out = tmp_path / f"r{warmup}.json"
+        proc = run_main(
+            capfd, *data, "--max-samples", "8", "--warmup-batches", warmup, "--breakdown", "--results-file", out
+        )
+        assert proc.returncode == 0, proc.stderr
+        said = "WARNING: as FPS, each rate below includes its warm-up" in proc.stdout
+        assert (said, read_json(out)["breakdown"]["warmup_included"]) == (included, included), proc.stdout
