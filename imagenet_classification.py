@@ -3302,7 +3302,6 @@ class _Breakdown:
     read_mb_s: float | None = None
     read_resident: float | None = None
     read_cold: bool = False
-    warmup_included: bool = False  # as the run's FPS: each pass ran no more batches than the warm-up
 
     @classmethod
     def from_rates(
@@ -4184,8 +4183,6 @@ def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
     """Print loader-only, model-only and end-to-end rates side by side, with the verdict."""
     b = breakdown
     rates = f"loader alone {b.loader_fps:.1f} | model alone {b.model_fps:.1f} | end-to-end {b.e2e_fps:.1f}"
-    if b.warmup_included:
-        print("WARNING: as FPS, each rate below includes its warm-up and start-up: list more images", file=file)
     print(f"Breakdown (images/s): {rates}", file=file)
     if b.read_fps is not None:
         share = "unknown" if b.read_resident is None else f"{b.read_resident:.1%}"
@@ -4237,6 +4234,8 @@ def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
     if report.parity is not None:
         print(report.parity.summary(), file=file)
     if report.breakdown is not None:
+        if report.result.warmup_included:  # each pass ran the run's batches: as many as the warm-up, or fewer
+            print("WARNING: as FPS, each rate below includes its warm-up and start-up: list more images", file=file)
         _print_breakdown(report.breakdown, file)
     if report.breakdown_cut is not None:
         cut = _printable(report.breakdown_cut)
@@ -4960,8 +4959,7 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
         read = fps, mb_s, cache.resident_after if cold else cache.resident, cold
         ran = sum(1 for images in result.timeline["batch_images"] if images)  # as many batches as ran the model
         model_fps = _measure_model(model, batch_size, ran, config.warmup_batches)
-        breakdown = _Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device, read)
-        report.breakdown = replace(breakdown, warmup_included=result.warmup_included)  # the same batches as the run
+        report.breakdown = _Breakdown.from_rates(loader_fps, model_fps, result.fps, config.device, read)
     except RunInterrupted as e:
         report.breakdown_cut, report.error = e.reason, e
     except (RunStopped, RuntimeError, MemoryError) as e:  # said in the report, not the run's failure
