@@ -3907,8 +3907,10 @@ def _sweep_timed(
                 if model is None:
                     return measure_loader(loader.batches, config.device, _SWEEP_WARMUP, failures)
                 run = benchmark(loader.batches, model, listed=len(images), warmup_batches=_SWEEP_WARMUP, policy=policy)
-                known = {f.path for f in failures}  # it reads further down the list than the loader passes
-                failures += [ImageDecodeError(f["path"], f["reason"]) for f in run.failures if f["path"] not in known]
+                # It reads further down the same list than the passes before: its failures hold theirs, a
+                # line each (a path listed twice fails twice, as in a run).
+                if len(run.failures) > len(failures):
+                    failures[:] = [ImageDecodeError(f["path"], f["reason"]) for f in run.failures]
                 if config.device.type == "cpu" and loader.stats is not None:  # else a larger lead, a faster setting
                     _add_drain(run, loader.stats.loader_end())
                     if run.fps_while_loading is None and run.drained_batches:  # the model's rate, mostly

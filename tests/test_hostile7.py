@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
 
 import imagenet_classification as ic
-from tests.conftest import TINY, read_json, run_main, write_jpeg
+from tests.conftest import TINY, make_jpeg_set, read_json, run_main, write_jpeg
 
 FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1"]
 
@@ -219,3 +220,24 @@ def test_a_breakdown_whose_passes_include_their_warmup_says_so(capfd, jpeg_set, 
         said = "WARNING: as FPS, each rate below includes its warm-up" in proc.stdout
         result = read_json(out)
         assert (said, result["warmup_included"], "breakdown" in result) == (included, included, True), proc.stdout
+
+
+# --- The sweep's failures ---------------------------------------------------------------------------------
+
+
+def test_the_sweep_counts_a_failed_line_each_time_as_a_run_does(capfd, tmp_path):
+    # The end-to-end pass reads further than the loader-alone passes: a path they had failed on was
+    # left out when listed again, one they had not was counted each time (3 of the 4 lines).
+    flist = make_jpeg_set(tmp_path, 20)
+    good = flist.read_text().split()
+    for name in ("x_n01440764.JPEG", "y_n01440764.JPEG"):
+        (tmp_path / name).write_bytes(b"")
+    x, y = "x_n01440764.JPEG", "y_n01440764.JPEG"
+    lines = [x, *good[:11], x, y, y, *good[11:20]]
+    flist.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "s.json"
+    sweep = ["--sweep", "num-threads=1", "batch-size=1", "queue-size=1"]
+    proc = run_main(capfd, "--input-flist", flist, "--prefix", f"{tmp_path}/", *FAST, *sweep, "--results-file", out)
+    assert proc.returncode == 0, proc.stderr
+    failures = [Path(f["path"]).name for f in read_json(out)["sweep"]["failures"]]
+    assert failures == [x, x, y, y], failures
