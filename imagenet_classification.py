@@ -4277,10 +4277,11 @@ def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     rates = _sliding_rate(ends, images, window)
     ax.plot(ends, rates, marker="." if len(ends) < 60 else None, label=f"images/s over the last {window} batches")
-    if ends:
-        ax.axvspan(0, ends[0], color="tab:red", alpha=0.15, label="first batch: start-up (and compilation)")
-    if warm > 0:
-        ax.axvspan(ends[0] if ends else 0, warm, color="grey", alpha=0.2, label="warm-up: not in FPS")
+    first = next((end for end, n in zip(ends, images, strict=True) if n), 0.0)  # the first that ran the model
+    if first:
+        ax.axvspan(0, first, color="tab:red", alpha=0.15, label="first batch: start-up (and compilation)")
+    if warm > first:
+        ax.axvspan(first, warm, color="grey", alpha=0.2, label="warm-up: not in FPS")
     timed = sum(n for e, n in zip(ends, images, strict=True) if e > warm)
     if timed and end > warm:
         fps = timed / (end - warm)

@@ -241,3 +241,16 @@ def test_the_sweep_counts_a_failed_line_each_time_as_a_run_does(capfd, tmp_path)
     assert proc.returncode == 0, proc.stderr
     failures = [Path(f["path"]).name for f in read_json(out)["sweep"]["failures"]]
     assert failures == [x, x, y, y], failures
+
+
+def test_the_plots_first_batch_is_the_first_that_ran_the_model(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    saved = []
+    monkeypatch.setattr(ic, "_save", lambda fig, plt, ax, path: saved.append(fig))
+    timeline = {
+        "interval_s": 1.0, "images": [8], "batch_end_s": [0.01, 0.25, 0.5], "batch_images": [0, 4, 4],
+        "warmup_end_s": 0.25, "window_end_s": 0.5, "end_s": 0.6,
+    }  # fmt: skip
+    assert ic._plot_timeline(timeline, tmp_path / "t.png")
+    (band,) = saved[0].axes[0].patches  # the first batch's, to 0.25: it was the empty one's, to 0.01
+    assert (band.get_x(), band.get_x() + band.get_width()) == (0, 0.25)
