@@ -3233,7 +3233,9 @@ def _add_drain(result: RunResult, loader_end: float | None) -> None:
     kept = sum(1 for t0 in began if t0 < done)
     result.drained_batches = result.batches_timed - kept
     timed = sum(images[first : first + kept])
-    if kept >= result.drained_batches and timed:  # so kept >= 1; each batch ends after the window opens
+    if not result.drained_batches:  # the window itself: FPS, not a rate of the timeline's rounded times
+        result.fps_while_loading = result.fps
+    elif kept >= result.drained_batches and timed:  # so kept >= 1; each batch ends after the window opens
         result.fps_while_loading = timed / (ends[first + kept - 1] - t["warmup_end_s"])
 
 

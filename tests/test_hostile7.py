@@ -254,3 +254,12 @@ def test_the_plots_first_batch_is_the_first_that_ran_the_model(tmp_path, monkeyp
     assert ic._plot_timeline(timeline, tmp_path / "t.png")
     (band,) = saved[0].axes[0].patches  # the first batch's, to 0.25: it was the empty one's, to 0.01
     assert (band.get_x(), band.get_x() + band.get_width()) == (0, 0.25)
+
+
+def test_with_no_batch_drained_the_rate_while_loading_is_fps_itself():
+    # Taken from the timeline's times (rounded to the microsecond), it differed from FPS in the 6th digit.
+    result = ic.RunResult(listed=8, classified=8, frames_timed=4, elapsed_s=0.33333334 - 0.12345671, batches_timed=1)
+    result.timeline = {"started_at": 100.0, "batch_end_s": [0.123457, 0.333333], "batch_images": [4, 4],
+                       "warmup_end_s": 0.12345671}  # fmt: skip
+    ic._add_drain(result, loader_end=101.0)
+    assert (result.drained_batches, result.fps_while_loading) == (0, result.fps)
