@@ -4746,7 +4746,10 @@ def _preflight(
     overrides |= {"mean": args.mean and tuple(args.mean), "std": args.std and tuple(args.std)}
     transform = EvalTransform.from_model(args.model, {k: v for k, v in overrides.items() if v is not None})
     # Capped at rank 0's shard, the largest: every rank the same settings (_agree_on_job compares them).
-    batch_size, threads, processes = _capped_sizes(args, shard.size_of(len(images), rank=0))
+    threads, processes = _capped_workers(args, shard.size_of(len(images), rank=0))
+    batch_size = min(args.batch_size, len(images))  # the results say the size that ran (a rank's shard: the CSV's)
+    if batch_size < args.batch_size:
+        _LG.info("--batch-size %d capped at %d, the images listed.", args.batch_size, batch_size)
     torch_loader = args.loader == "torch"
     check_decoder = CHECK_DECODER_IMAGES if args.check_decoder is None else args.check_decoder
     if device.type == "cpu" and decoder == "ffmpeg":
@@ -4776,20 +4779,16 @@ def _preflight(
     return _RunConfig(**given, **derived)  # the other settings as the flags give them
 
 
-def _capped_sizes(args: argparse.Namespace, images: int) -> tuple[int, int, int]:
-    """``--batch-size``, ``--num-threads`` and ``--decode-processes`` capped at the ``images`` of the
-    largest shard: the results say the sizes that ran, and an idle worker costs memory (a decode
-    process, an interpreter with torch and SPDL: some 350 MB)."""
-    batch_size = min(args.batch_size, max(1, images))
-    if batch_size < args.batch_size:
-        _LG.info("--batch-size %d capped at %d, the images this process has.", args.batch_size, batch_size)
+def _capped_workers(args: argparse.Namespace, images: int) -> tuple[int, int]:
+    """``--num-threads`` and ``--decode-processes`` capped at the ``images`` of the largest shard: an idle
+    worker costs memory (a decode process, an interpreter with torch and SPDL: some 350 MB)."""
     threads = min(args.num_threads, max(1, images))
     processes = min(args.decode_processes, max(1, math.ceil(images / args.batch_size)))
     if threads < args.num_threads:
         _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
     if processes < args.decode_processes:
         _LG.info("--decode-processes %d capped at %d, the batches this process has.", args.decode_processes, processes)
-    return batch_size, threads, processes
+    return threads, processes
 
 
 def _shard_from_env() -> _Shard:
