@@ -3372,11 +3372,14 @@ def _read_batches(
     pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="read_alone")
     done: queue.SimpleQueue = queue.SimpleQueue()
     try:
-        futures = [pool.submit(read_batch, batch) for batch in _batched(images, batch_size)]
-        for future in futures:
-            future.add_done_callback(done.put)
         # Not in list order: waiting on a slow batch, the others' reads would be done before the
-        # window opened, and timed in it at no cost (a rate 100 times too high).
+        # window opened, and timed in it at no cost (a rate 100 times too high). Each batch's
+        # callback is added as it is submitted: added after the last, the batches done by then
+        # would be handed on in list order.
+        futures = []
+        for batch in _batched(images, batch_size):
+            futures.append(pool.submit(read_batch, batch))
+            futures[-1].add_done_callback(done.put)
         for _ in futures:
             yield done.get(timeout=timeout).result()
     except queue.Empty:
@@ -3734,7 +3737,8 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
             except ValueError:
                 raise ValueError(f"{spec!r}: the values must be whole numbers") from None
         if name in named:
-            raise ValueError(f"{spec!r}: {name} is set twice (auto sets num-threads); give its values once")
+            why = " (auto sets num-threads)" if "auto" in specs else ""
+            raise ValueError(f"{spec!r}: {name} is set twice{why}; give its values once")
         named.add(name)
         least = 0 if name == "decode-processes" else 1
         if numbers[0] < least or numbers[-1] > _COUNT_MAX:
@@ -3750,7 +3754,7 @@ def _stray_sweep_setting(argv: Sequence[str]) -> str | None:
     for word in argv:
         if word.startswith("-"):
             after_sweep = word == "--sweep"
-        elif not after_sweep and word.partition("=")[0] in _SWEPT and not os.path.isdir(word):
+        elif not after_sweep and _is_sweep_setting(word) and word.partition("=")[0] in _SWEPT:
             return word
     return None
 

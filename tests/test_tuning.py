@@ -28,6 +28,10 @@ def test_sweep_specs():
     for twice in (["num-threads=1", "num-threads=2"], ["auto", "num-threads=2"], ["batch-size=1", "batch-size=1"]):
         with pytest.raises(ValueError, match="is set twice"):  # not one of them silently dropped
             _parse_sweep(twice, defaults, 2)
+    with pytest.raises(ValueError, match=r"num-threads is set twice; give"):  # auto named only where given
+        _parse_sweep(["num-threads=1", "num-threads=2"], defaults, 2)
+    with pytest.raises(ValueError, match=r"set twice \(auto sets num-threads\)"):
+        _parse_sweep(["auto", "num-threads=2"], defaults, 2)
 
 
 def test_the_recommended_command_keeps_the_data_and_drops_the_sweeps_own_flags(capsys, tmp_path):
