@@ -372,6 +372,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="README.md describes every flag, the output, the results file and the exit statuses.",
+        usage="%(prog)s (--input-flist LIST | --data-dir DIR | DATA_DIR) [OPTIONS]",  # one line above an error
         formatter_class=_HelpFormatter,
         allow_abbrev=False,  # a prefix such as --swee would slip past the sweep's command filter
     )
@@ -4619,15 +4620,15 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         weights = (".safetensors", ".pth", ".pth.tar", ".bin")  # timm's checkpoint suffixes (_hub._EXT_PRIORITY)
         read += [e.path for e in os.scandir(folder) if e.name == "config.json" or e.name.endswith(weights)]
     inputs = {os.path.realpath(p) for p in read if p and str(p) != "-"}
-    caches = _weight_caches()
+    protected = _protected_folders()
     seen: set[str] = set()
     links: list[str] | None = None
     for flag, path in outputs:
         if path is None:
             continue
         target = _check_output_path(flag, path)
-        if cache := next((c for c in caches if os.path.commonpath([c, target]) == c), None):
-            raise InputError(f"{flag} {path}: that is inside {cache}, where the model's weights are cached")
+        if where := next((f"{c}, {what}" for c, what in protected if os.path.commonpath([c, target]) == c), None):
+            raise InputError(f"{flag} {path}: that is inside {where}")
         listed = False
         if target not in inputs | seen and os.path.exists(target):  # a file not there yet is no listed image
             if links is None:  # a link's target may have any name: an lstat per listed image, once
@@ -4648,12 +4649,20 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         raise InputError(f"--plot {args.plot}: the name must end in .png")
 
 
-def _weight_caches() -> list[str]:
-    """The folders (real paths) timm loads pretrained weights and configs from: the Hugging Face hub's
-    cache and torch's hub folder. Files the run reads: no output goes there."""
+def _protected_folders() -> list[tuple[str, str]]:
+    """The folders (real paths) whose files the run may read after its outputs are checked, each with
+    what it holds: the Hugging Face hub's cache and torch's hub folder, where timm loads pretrained
+    weights and configs from, and Python's installed code (modules imported later, such as timm's, are
+    not in ``sys.modules`` yet). No output goes there."""
+    import site
+    import sysconfig
+
     from huggingface_hub import constants
 
-    return [os.path.realpath(folder) for folder in (constants.HF_HUB_CACHE, torch.hub.get_dir())]
+    weights, code = "where the model's weights are cached", "where Python's code is installed"
+    folders = [(constants.HF_HUB_CACHE, weights), (torch.hub.get_dir(), weights), (site.getusersitepackages(), code)]
+    folders += [(folder, code) for key, folder in sysconfig.get_paths().items() if key != "data"]  # data: the venv
+    return [(os.path.realpath(folder), what) for folder, what in folders]
 
 
 def _check_output_path(flag: str, path: Path) -> str:

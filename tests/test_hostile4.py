@@ -6,6 +6,7 @@ import io
 import os
 import struct
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 from PIL import Image
 
 import imagenet_classification as ic
-from tests.conftest import CLASSES, TINY, label_colour, make_jpeg_set, read_json, run_main, write_jpeg
+from tests.conftest import CLASSES, TINY, label_colour, make_jpeg_set, read_json, run_cli, run_main, write_jpeg
 
 
 @pytest.fixture
@@ -86,6 +87,20 @@ def test_an_output_among_the_cached_weights_or_the_code_is_refused(dataset, tmp_
         sys.modules.pop("module_of_the_run", None)
     assert proc.returncode == 2 and "is one of the run's inputs or outputs" in proc.stderr, proc.stderr
     assert code.read_text() == "VALUE = 1\n"
+
+
+def test_an_output_over_installed_code_the_run_imports_later_is_refused(dataset):
+    # timm is imported after the outputs are checked: --results-file .../timm/__init__.py was taken,
+    # and the next run's "import timm" met the results' JSON (NameError: name 'false' is not defined).
+    installed = Path(sysconfig.get_paths()["purelib"]) / "zz_imagenet_classification_test.py"
+    installed.write_text("VALUE = 1\n")  # not imported by the run, nor by anything
+    try:
+        proc = run_cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *TINY, "--results-file", installed)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert f"--results-file {installed}: that is inside " in proc.stderr
+        assert "where Python's code is installed" in proc.stderr and installed.read_text() == "VALUE = 1\n"
+    finally:
+        installed.unlink()
 
 
 # --- Notebook calls with values that cannot work ------------------------------------------------------
