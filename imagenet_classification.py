@@ -233,6 +233,11 @@ def _whole(value: object, low: int, high: float = math.inf) -> bool:
     return isinstance(value, numbers.Integral) and _within(value, low, high)
 
 
+def _images(n: int, noun: str = "image") -> str:
+    """``1 image``, ``2 images``: a count in a message."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _check_type(name: str, value: object, kind: Any, expected: str) -> None:
     """TypeError naming the argument: a notebook's dict or string refused where it is given, not
     met later as an AttributeError mid-run."""
@@ -296,7 +301,7 @@ def _loader_flags(parser: argparse.ArgumentParser) -> None:
     loader = parser.add_argument_group("loader")
     loader.add_argument("-b", "--batch-size", type=_count, default=32, help="images per batch")
     loader.add_argument("-j", "--num-threads", "--workers", type=_count, default=16, help="decode threads (or workers)")
-    queue = f"decoded batches held ready for the model (SPDL; default: {QUEUE_SIZE})"
+    queue = f"decoded batches held ready for the model, SPDL's loader only (default: {QUEUE_SIZE})"
     loader.add_argument("--queue-size", type=_count, help=queue)
     processes = "decode in N processes of --num-threads threads each (FFmpeg; 0: in this one)"
     loader.add_argument("--decode-processes", type=_count0, default=0, metavar="N", help=processes)
@@ -355,11 +360,11 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--skip-bad", action="store_true", help="skip and count undecodable images instead of stopping")
     run.add_argument("--max-bad", type=_max_bad, help="with --skip-bad: stop once more than N or P%% failed")
     run.add_argument("--timeout", type=_timeout, default=120.0, help="seconds without a batch before giving up")
-    run.add_argument("--breakdown", action="store_true", help="also time the loader alone and the model alone")
+    run.add_argument("--breakdown", action="store_true", help="also time reading, the loader and the model alone")
     run.add_argument("--cold-cache", action="store_true", help="evict the files from the page cache before each read")
     run.add_argument("--parity", type=_count0, default=0, metavar="N", help="compare with timm's transform on N images")
     run.add_argument("--stats-interval", type=_seconds, help="also log SPDL's own stage statistics every S seconds")
-    run.add_argument("--results-file", type=_file_name, help="write the result as JSON here")
+    run.add_argument("--results-file", type=_file_name, help="write the result here: JSON, or a CSV row for .csv")
     run.add_argument("--predictions-file", type=_file_name, help="write one row per image here (.csv or .jsonl)")
     run.add_argument("--trace", type=_file_name, help=f"write PATH.json and PATH.pftrace ({TRACE_BATCHES} batches)")
     run.add_argument("--plot", type=_file_name, help="draw the run's timeline (or the sweep) into this PNG")
@@ -1212,7 +1217,7 @@ class BadImagePolicy:
         limit = self.limit(listed)
         if limit is not None and len(failures) > limit:
             raise RunStopped(
-                f"{len(failures)} images failed to decode, more than --max-bad allows ({limit})", "too_many_bad"
+                f"{_images(len(failures))} failed to decode, more than --max-bad allows ({limit})", "too_many_bad"
             )
 
 
@@ -1343,9 +1348,10 @@ def _jpeg_scan(data: bytes, i: int = 2) -> int:
 
 _JPEG_START = b"\xff\xd8\xff"  # start-of-image marker, then the next marker
 _PNG_START = b"\x89PNG\r\n\x1a\n"
-# swscale's resize of a side under 8 pixels is far from PIL's (a mean difference of 3 to 12 levels on a
-# photo's 2 x 2 to 4 x 4, against under 2 from 8 x 8 on): such an image goes to PIL, the reference.
-_FFMPEG_MIN_SIDE = 8
+# An image with a short side goes to PIL, the reference: swscale's resize of a side under 8 pixels is
+# 3 to 12 levels from PIL's on average (a photo's 2 x 2 to 4 x 4), and FFmpeg's chroma at an odd edge,
+# enlarged, is 1.2 to 2.1 levels from libjpeg's up to 77 pixels (4:2:0; 0.6 at even sides, 1.1 at 95).
+_FFMPEG_MIN_SIDE = 96
 
 
 class _FilterGraphCache:
@@ -1456,14 +1462,21 @@ def _check_size(path: str, size: tuple[int, int] | None, transform: EvalTransfor
         raise ImageDecodeError(path, f"a {width} x {height} image would be resized to {new_w} x {new_h}")
 
 
+def _ffmpeg_decodes(header: _JpegHeader) -> bool:
+    """Whether FFmpeg decodes a JPEG as PIL does: not arithmetic-coded (FFmpeg lacks it), not of 4
+    components (Adobe's YCCK, what Photoshop saves for CMYK, comes out in wrong colours: a mean
+    difference of 42 to 90 levels, top-1 on the demo's photos 27 % against 97 %)."""
+    return header.frame_type not in _ARITHMETIC_SOF and header.components != 4
+
+
 def _crop_on_cpu(
     path: str, data: bytes, header: _JpegHeader | None, graphs: _FilterGraphCache
 ) -> spdl.io.VideoFrames | Any:
     """One image decoded, resized and cropped: an RGB frame from FFmpeg for JPEG and still PNG, a
-    numpy array from PIL, the reference, for the rest: arithmetic-coded JPEG (FFmpeg lacks it),
-    animated PNG (FFmpeg picks another frame), a side under 8 pixels, other containers (a
+    numpy array from PIL, the reference, for the rest: arithmetic-coded and CMYK JPEG, animated PNG
+    (FFmpeg picks another frame), a side under ``_FFMPEG_MIN_SIDE`` pixels, other containers (a
     JPEG-compressed TIFF is black)."""
-    if data.startswith(_JPEG_START) and (header is None or header.frame_type not in _ARITHMETIC_SOF):
+    if data.startswith(_JPEG_START) and (header is None or _ffmpeg_decodes(header)):
         size = (header.width, header.height) if header else None
     elif data.startswith(_PNG_START) and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) == -1:
         size = (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) if len(data) >= 24 else None
@@ -2957,7 +2970,7 @@ def _is_out_of_memory(error: BaseException) -> bool:
 
 def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
     advice = f"try --batch-size {max(1, batch_size // 2)}"
-    return RunStopped(f"out of memory on {device} with a batch of {batch_size} images; {advice}", "out_of_memory")
+    return RunStopped(f"out of memory on {device} with a batch of {_images(batch_size)}; {advice}", "out_of_memory")
 
 
 @contextlib.contextmanager
@@ -2980,7 +2993,7 @@ def _logits(model: ModelBundle, images: Tensor) -> Tensor:
         if _DATALOADER_DIED in str(e):  # from torch's SIGCHLD handler: _stopped_runs reports it
             raise
         first = str(e).splitlines()[0] if str(e) else ""
-        message = f"the model failed on a batch of {images.shape[0]} images: {first}"
+        message = f"the model failed on a batch of {_images(images.shape[0])}: {first}"
         raise RunStopped(message, "model", "--debug shows where; --no-compile if torch.compile failed") from e
 
 
@@ -3623,19 +3636,25 @@ class _Parity:
     top5_agree: float
     top1_loader: float
     top1_reference: float
+    loader_only: int = 0  # images only one side decoded: not compared
+    reference_only: int = 0
 
     def summary(self) -> str:
         """Counts, not rounded shares: 4998 of 5000 agreeing is not "100.0 %"."""
         n = self.images
         if not n:
-            return "Parity with timm's reference transform: no image that both decoded, nothing compared"
+            only = f" ({self.loader_only} only the loader did, {self.reference_only} only timm's transform)"
+            return f"Parity with timm's reference transform: no image that both decoded, nothing compared{only}"
         shares = (self.top1_agree, self.top5_agree, self.top1_loader, self.top1_reference)
         agree1, agree5, here, there = (round(share * n) for share in shares)
-        return (
-            f"Parity with timm's reference transform on {n} images: pixels differ by {self.mad_mean:.2f} "
+        line = (
+            f"Parity with timm's reference transform on {_images(n)}: pixels differ by {self.mad_mean:.2f} "
             f"on average (worst {self.mad_max:.2f}, 0-255); top-1 agrees on {agree1} of {n}, top-5 on "
             f"{agree5}; top-1 correct: {here} here vs {there} there"
         )
+        for count, who in ((self.loader_only, "the loader"), (self.reference_only, "timm's transform")):
+            line += f"; {_images(count)} only {who} decoded, not compared" if count else ""
+        return line
 
 
 def _top5(model: ModelBundle, images: list[Tensor], batch_size: int) -> Tensor:
@@ -3687,7 +3706,8 @@ def _measure_parity(
     agree5 = sum(set(x.tolist()) == set(y.tolist()) for x, y in zip(a, b, strict=True))
     hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (a, b))
     shares = [count / n if n else 0.0 for count in (sum(mads), agree1, agree5, hits_ours, hits_ref)]
-    return _Parity(n, shares[0], max(mads, default=0.0), worst, *shares[1:])
+    only = (len(ours.keys() - reference.keys()), len(reference.keys() - ours.keys()))
+    return _Parity(n, shares[0], max(mads, default=0.0), worst, *shares[1:], *only)
 
 
 def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
@@ -3989,7 +4009,9 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         print(line + "or batches buffered in the warm-up; list more images (repeating the list is fine)", file=file)
     if failed := sweep.failures:
         first = f"the first: {failed[0].path}: {failed[0].reason}"
-        line = f"{len(failed)} listed images failed to decode and were skipped in every setting that read them"
+        line = (
+            f"{_images(len(failed), 'listed image')} failed to decode and were skipped in every setting that read them"
+        )
         print(_printable(f"{line} ({first}; --results-file lists them all)"), file=file)
     best = sweep.recommended
     if best is not None:
@@ -5091,7 +5113,7 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     limit = config.policy().limit(len(config.images))
     if report.error is None and limit is not None and result.failed > limit:  # torchrun: each rank kept to it
         status = EXIT_FAILED
-        result.stop_reason = f"the job's ranks skipped {result.failed} images that failed to decode, more than "
+        result.stop_reason = f"the job's ranks skipped {_images(result.failed)} that failed to decode, more than "
         result.stop_reason += f"--max-bad allows ({limit}) in the whole job"
         if shard.rank == 0:
             _say(f"error: {result.stop_reason}")

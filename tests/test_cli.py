@@ -201,3 +201,4 @@ def test_the_readme_notebook_section_runs_as_written(demo_photos, lite0_checkpoi
     assert proc.returncode == 0, proc.stderr
     fps, top1, top5, not_reached = proc.stdout.splitlines()[-1].split()
     assert float(fps) > 0 and float(top1) >= 0.9 and float(top5) == 1.0 and not_reached == "0"
+    assert "WarmupIncluded" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr  # as written, clean
