@@ -242,7 +242,8 @@ def _check_type(name: str, value: object, kind: Any, expected: str) -> None:
     """TypeError naming the argument: a notebook's dict or string refused where it is given, not
     met later as an AttributeError mid-run."""
     if not isinstance(value, kind):
-        raise TypeError(f"{name}={value!r}: expected {expected}")
+        given = repr(value) if len(repr(value)) <= 200 else f"<{type(value).__name__}>"  # not a model's 127 lines
+        raise TypeError(f"{name}={given}: expected {expected}")
 
 
 # Counts are held by C ints on their way (itertools.islice, SPDL's and torch's sizes): 2**31 - 1 at most.
@@ -498,13 +499,15 @@ class ImageList:
         """ValueError unless each path has one label, a class index: another would be a miss, or fail mid-run."""
         if len(self.paths) != len(self.labels):
             raise ValueError(f"{self.origin}: {len(self.paths)} paths, {len(self.labels)} labels: expected one a path")
-        try:  # each distinct label once: a list of a million images has a thousand
-            bad = next((label for label in set(self.labels) if not _whole(label, 0, NUM_CLASSES - 1)), None)
-        except TypeError:  # unhashable
-            bad = next(label for label in self.labels if not _whole(label, 0, NUM_CLASSES - 1))
-        if bad is not None:
-            path = self.paths[self.labels.index(bad)]
-            raise ValueError(f"{self.origin}: {path}: label {bad!r} is no class index (0-{NUM_CLASSES - 1})")
+        try:  # each distinct label once (by type too: 5.0 == 5, True == 1): a million images have a thousand
+            distinct = {(type(label), label) for label in self.labels}
+            if all(_whole(label, 0, NUM_CLASSES - 1) for _, label in distinct):
+                return
+        except TypeError:  # unhashable: each checked below
+            pass
+        for path, label in zip(self.paths, self.labels, strict=True):  # the first bad one, named
+            if not _whole(label, 0, NUM_CLASSES - 1):
+                raise ValueError(f"{self.origin}: {path}: label {label!r} is no class index (0-{NUM_CLASSES - 1})")
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -635,7 +638,9 @@ def _label_from_path(path: str, where: str, labels: _Labels | None) -> int:
 
 def _image_list(pairs: Iterator[tuple[str, int]], max_samples: int | None, origin: str, empty: str) -> ImageList:
     """The first ``max_samples`` pairs, read no further; InputError ``"{origin}: {empty}"`` if none.
-    ValueError for a ``max_samples`` that is no whole number from 1 (None: all)."""
+    ValueError for a ``max_samples`` that is no whole number from 1 (None or inf, the design's default: all)."""
+    if max_samples == math.inf:
+        max_samples = None
     if max_samples is not None and not (_within(max_samples, 1) and float(max_samples).is_integer()):
         raise ValueError(f"max_samples={max_samples!r}: expected a whole number of images, 1 or more (None: all)")
     taken = list(itertools.islice(pairs, None if max_samples is None else int(max_samples)))
@@ -778,11 +783,10 @@ def _folder_rows(root: str, labels: _Labels | None) -> Iterator[tuple[str, int]]
 def source(
     path: Path | str, prefix: str = "", max_samples: float | None = None, *, rank: int = 0, world_size: int = 1
 ) -> Iterator[tuple[str, int]]:
-    """Yield ``(prefix + path, class index)`` for each image of this rank's shard (images
-    ``rank, rank + world_size, …`` of the first ``max_samples``) of a file list, read and checked
-    whole first (:py:func:`read_file_list`); InputError names a bad line's file and number."""
-    limit = None if max_samples == math.inf else max_samples  # the design's default: every image
-    yield from read_file_list(path, prefix, limit).shard(rank, world_size)
+    """``(prefix + path, class index)`` of each image of this rank's shard (images ``rank, rank +
+    world_size, …`` of the first ``max_samples``) of a file list, read and checked whole at the call
+    (:py:func:`read_file_list`): InputError names a bad line's file and number here, not mid-run."""
+    return iter(read_file_list(path, prefix, max_samples).shard(rank, world_size))
 
 
 @dataclass(frozen=True)
@@ -1051,6 +1055,7 @@ class EvalTransform:
         timm model, or a transform not reproduced here) or ValueError (an override timm ignores)."""
         import timm.data
 
+        _check_type("overrides", overrides, dict | None, "a dict of timm's data config keys, or None")
         overrides = dict(overrides or {})
         if unknown := sorted(overrides.keys() - _TRANSFORM_OVERRIDES):  # timm would ignore them
             raise ValueError(f"unknown transform overrides {unknown}: expected some of {sorted(_TRANSFORM_OVERRIDES)}")
@@ -1132,7 +1137,8 @@ def _channel_reasons(mean: object, std: object) -> list[str]:
     reasons = []
     for name, values, (low, high) in (("mean", mean, _MEAN_RANGE), ("std", std, _STD_RANGE)):
         if not (isinstance(values, Sequence) and len(values) == 3 and all(_within(v, low, high) for v in values)):
-            reasons.append(f"its {name} {values!r} is not 3 numbers from {low:g} to {high:g}, on the 0-1 scale")
+            kind = "" if isinstance(values, Sequence) else f" (a tuple or list of them, not a {type(values).__name__})"
+            reasons.append(f"its {name} {values!r} is not 3 numbers from {low:g} to {high:g}, on the 0-1 scale{kind}")
     return reasons
 
 
@@ -1527,7 +1533,11 @@ _DecodeFunc = Callable[[Sequence[tuple[str, int]]], _Batch]  # see get_decode_fu
 
 
 def _record_batch(batch: tuple, result: RunResult, failures: list[ImageDecodeError]) -> None:
-    """What :py:func:`benchmark` takes from a batch (a user's loader may yield plain tuples)."""
+    """What :py:func:`benchmark` takes from a batch (a user's loader may yield plain tuples).
+    TypeError for a batch that is no ``(images, labels)`` pair (a dict, a DataLoader's triple)."""
+    if not (isinstance(batch, tuple | list) and len(batch) == 2):
+        what = f"{type(batch).__name__} of {len(batch)}" if isinstance(batch, tuple | list) else type(batch).__name__
+        raise TypeError(f"a batch that is a {what}: expected a pair (images, labels), as get_decode_func's are")
     failures += getattr(batch, "failures", ())
     result.decoder_fallbacks += getattr(batch, "fallbacks", 0)
     for backend, count in getattr(batch, "decoded_by", {}).items():
@@ -1535,15 +1545,12 @@ def _record_batch(batch: tuple, result: RunResult, failures: list[ImageDecodeErr
 
 
 def _label_tensor(labels: list[int], device: torch.device) -> Tensor:
-    """A batch's labels, int64 N x 1 on ``device``. ValueError for one that is no whole number (1.7 would
-    be cut to 1, a WordNet ID fail in torch)."""
-    try:
-        tensor = torch.tensor(labels) if labels else torch.zeros(0, dtype=torch.int64)
-    except (TypeError, ValueError, RuntimeError):
-        tensor = None
-    if tensor is None or tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
-        raise ValueError(f"labels {labels!r}: expected whole numbers, class indices")
-    return tensor.to(torch.int64).view(-1, 1).to(device, non_blocking=True)
+    """A batch's labels, int64 N x 1 on ``device``. ValueError for one that is no class index or -1
+    (1.7 would be cut to 1, True taken for 1, 5000 a silent miss, a WordNet ID fail in torch)."""
+    if any(not _whole(label, -1, NUM_CLASSES - 1) for label in labels):
+        raise ValueError(f"labels {labels!r}: expected whole numbers, class indices (0-{NUM_CLASSES - 1}, -1: unknown)")
+    tensor = torch.tensor(labels, dtype=torch.int64) if labels else torch.zeros(0, dtype=torch.int64)
+    return tensor.view(-1, 1).to(device, non_blocking=True)
 
 
 def _empty_batch(transform: EvalTransform, device: torch.device, failures: Sequence[ImageDecodeError]) -> _Batch:
@@ -1978,7 +1985,7 @@ def get_decode_func(
             policy, one raises ImageDecodeError. Give :py:func:`benchmark` the same one.
         max_image_bytes: A larger image file is a bad image.
     """
-    device, transform = _resolve_device(str(device)), transform or EvalTransform()
+    device, transform = _resolve_device(str(device)), EvalTransform() if transform is None else transform
     _check_type("transform", transform, EvalTransform, "an EvalTransform (e.g. EvalTransform.from_model(name))")
     _check_type("policy", policy, BadImagePolicy | None, "a BadImagePolicy, or None")
     if not _whole(max_image_bytes, 1):
@@ -2262,6 +2269,10 @@ def get_pipeline(
     """
     if not callable(decode_func):
         raise TypeError(f"decode_func={decode_func!r}: expected a function of a batch's items (get_decode_func)")
+    if isinstance(src, str | bytes | os.PathLike) or not isinstance(src, Iterable):  # a list's name: its letters
+        raise TypeError(f"src={src!r}: expected (path, label) items, e.g. read_file_list(path) or source(path)")
+    if not _within(report_stats_interval, -math.inf):  # else a TypeError in SPDL's stage, mid-run
+        raise ValueError(f"report_stats_interval={report_stats_interval!r}: expected seconds (0 or less: at the end)")
     sizes = {"batch_size": batch_size, "concurrency": concurrency, "buffer_size": buffer_size}
     for name, value in {**sizes, "num_threads": num_threads, "decode_processes": decode_processes}.items():
         if not _whole(value, 0 if name == "decode_processes" else 1, _COUNT_MAX):  # 2.5 failed in SPDL, traceback
@@ -2531,6 +2542,8 @@ class ModelBundle(torch.nn.Module):
         batch_size: int | None = None,
     ) -> None:
         super().__init__()
+        _check_type("dtype", dtype, torch.dtype, "a torch dtype, e.g. torch.float32")
+        _check_type("transform", transform, EvalTransform, "an EvalTransform")
         self.preprocessing, self.model, self.classification = preprocessing, model, classification
         self.dtype, self.transform, self.batch_size = dtype, transform, batch_size
 
@@ -2539,6 +2552,8 @@ class ModelBundle(torch.nn.Module):
         (floats on the 0-1 scale would be divided by 255 again)."""
         if images.dtype != torch.uint8:
             raise ValueError(f"images of type {images.dtype}: expected torch.uint8 (0-255), as the decoders give")
+        if images.dim() != 4 or images.shape[1] != 3:  # one image, or N x H x W x 3: its first size no count
+            raise ValueError(f"images of shape {tuple(images.shape)}: expected N x 3 x H x W")
         n = images.shape[0]
         # Padded and laid out channels-last outside inference mode, as the loader's batches are:
         # a compiled model would recompile for another layout or for an inference tensor.
@@ -2742,6 +2757,8 @@ def get_model(
     """
     _check_type("model_name", model_name, str, "a timm model's name")
     _check_type("checkpoint", checkpoint, str | os.PathLike | None, "a checkpoint file's path, or None")
+    _check_type("pretrained", pretrained, bool, "True or False")  # "no" is true
+    _check_type("transform", transform, EvalTransform | dict | None, "an EvalTransform, a dict of overrides, or None")
     device = _resolve_device(str(device))
     mode = COMPILE_MODE if compile is True else compile
     if compile and mode not in COMPILE_MODES:
@@ -2959,7 +2976,8 @@ def _bin_count(span_s: float, interval: float) -> int:
 
 
 def _model_device(model: ModelBundle) -> torch.device:
-    return next(model.preprocessing.buffers()).device
+    """Where the model runs: its first tensor's device (CPU for a model of none, as nn.Identity)."""
+    return next(itertools.chain(model.buffers(), model.parameters()), torch.empty(0)).device
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
@@ -3031,13 +3049,18 @@ def benchmark(
         RunStopped: the run ended early (``kind`` says why; RunInterrupted: a signal), the partial result: ``.result``.
         ValueError: a policy's ``max_bad_percent`` without ``listed``; ``warmup_batches``, ``listed`` or
             ``loader_lead`` no whole number from 0 (a warm-up of 2.5 batches would never end, and time it).
-        TypeError: a ``policy`` that is no BadImagePolicy, a ``model`` that is no ModelBundle.
+        TypeError: a ``policy`` that is no BadImagePolicy, a ``model`` that is no ModelBundle, a
+            ``progress`` or ``sync_clocks`` that is no function, a batch that is no ``(images, labels)``.
     """
     for name, count, what in (("listed", listed, "images"), ("loader_lead", loader_lead, "batches")):
         if count is not None and not _whole(count, 0):
             raise ValueError(f"{name}={count!r}: expected a whole number of {what}, 0 or more (or None)")
     _check_type("policy", policy, BadImagePolicy | None, "a BadImagePolicy, or None")
     _check_type("model", model, ModelBundle, "a ModelBundle (get_model makes one)")
+    _check_type("predictions", predictions, bool, "True or False")  # "no" is true
+    for name, call in (("sync_clocks", sync_clocks), ("progress", progress)):
+        if call is not None and not callable(call):  # else a TypeError naming neither, after the first batch
+            raise TypeError(f"{name}={call!r}: expected a function, or None")
     policy = policy or BadImagePolicy()
     if policy.max_bad_percent is not None and listed is None:  # else no limit at all, silently
         raise ValueError("BadImagePolicy(max_bad_percent=...) is a share of the images listed: pass listed= too")
@@ -3080,7 +3103,7 @@ def _stopped_runs(result: RunResult) -> Iterator[None]:
         error = _as_stop(e)
         if error is None:  # a bug: its own traceback
             raise
-        result.partial, error.result = True, result
+        result.partial, result.stop_reason, error.result = True, str(error), result  # the command line: one line
         if error is e:
             raise
         raise error from None
@@ -3100,7 +3123,7 @@ def _as_stop(error: BaseException) -> RunStopped | RunInterrupted | None:
         return None
     stuck_on = _oldest_in_progress()
     if stuck_on is None:
-        where = "the decode stage is idle, waiting for the list source"
+        where = "no image is in this module's decoders (the list source is slow, or a decode function's own code)"
     else:
         where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.0f} s"
     return RunStopped(f"no batch within the loader's time-out: {where}", "stalled", where=where)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import io
+import math
+import re
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import imagenet_classification as ic
+from tests.conftest import make_jpeg_set, write_jpeg
 from tests.test_hostile5 import _decoded, _photo_bytes, _timm_crop
 
 # --- JPEGs FFmpeg decodes unlike PIL -------------------------------------------------------------------
@@ -72,3 +76,78 @@ def test_parity_says_how_many_images_only_one_side_decoded(demo_photos, tmp_path
     assert (parity.images, parity.loader_only, parity.reference_only) == (2, 0, 1)
     assert parity.summary().endswith("; 1 image only timm's transform decoded, not compared")
     assert "only the loader" not in parity.summary()
+
+
+# --- Notebook calls ------------------------------------------------------------------------------------
+
+
+def test_a_label_equal_to_a_class_index_but_of_another_kind_is_refused(tmp_path):
+    # set() took 5.0 for 5 and True for 1: one checked, the other let through (True became class 1);
+    # a tensor of labels failed in ImageList's own check; 5000 in a decode item was a silent miss.
+    paths = ("a.JPEG", "b.JPEG", "c.JPEG")
+    for labels, shown in (((5, 5.0), "5.0"), ((1, True), "True"), (torch.tensor([1, 2, 3]), "tensor(1)")):
+        with pytest.raises(ValueError, match=rf"b?.JPEG: label {re.escape(shown)} is no class index"):
+            ic.ImageList(paths[: len(labels)], tuple(labels))
+    path = str(write_jpeg(tmp_path / "a.JPEG", (64, 48), (200, 30, 30)))
+    decode = ic.get_decode_func("cpu", ic.EvalTransform(size=32))
+    assert decode([(path, -1), (path, 999)])[1].view(-1).tolist() == [-1, 999]  # -1: unknown
+    for items in ([(path, 1), (path, True)], [(path, 5000)], [(path, -2)]):
+        with pytest.raises(ValueError, match=r"expected whole numbers, class indices \(0-999, -1: unknown\)"):
+            decode(items)
+
+
+def test_a_file_list_is_read_where_it_is_given(tmp_path):
+    # source() read it lazily, inside the pipeline: 70 lines of SPDL's tracebacks, then a RunStopped
+    # ("loader") that an `except InputError` missed. inf, the design's default, is every image everywhere.
+    with pytest.raises(ic.InputError, match="typo.flist: no such file"):
+        ic.source(tmp_path / "typo.flist")
+    folder = make_jpeg_set(tmp_path / "data", 4)
+    assert len(ic.read_file_list(folder, f"{folder.parent}/", math.inf)) == 4
+    assert len(ic.scan_folder(folder.parent / "val", math.inf)) == 4
+    decode = ic.get_decode_func("cpu", ic.EvalTransform(size=32))
+    for src in (str(folder), folder, None, 5):  # the list's name: each letter an item, mid-run
+        with pytest.raises(TypeError, match=r"src=.*: expected \(path, label\) items"):
+            ic.get_pipeline(src, 2, decode, 1, 1, 1)
+    with pytest.raises(ValueError, match=r"report_stats_interval='5': expected seconds"):
+        ic.get_pipeline(ic.read_file_list(folder, f"{folder.parent}/"), 2, decode, 1, 1, 1, report_stats_interval="5")
+
+
+def test_arguments_of_the_wrong_kind_are_named_where_they_are_given():
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False, dtype="float32")
+    images, labels = torch.zeros((4, 3, 32, 32), dtype=torch.uint8), torch.arange(4)
+    cases = [
+        (r"a batch that is a tuple of 3: expected a pair \(images, labels\)", [(images, labels, ["p"] * 4)], {}),
+        (r"a batch that is a dict: expected a pair", [{"image": images, "label": labels}], {}),
+        (r"predictions='no': expected True or False", [(images, labels)], {"predictions": "no"}),
+        (r"progress='x': expected a function", [(images, labels)], {"progress": "x"}),
+    ]
+    for message, batches, kwargs in cases:  # each raised after the first batch, naming nothing, or not at all
+        with pytest.raises(TypeError, match=message):
+            ic.benchmark(batches, model, listed=4, warmup_batches=0, **kwargs)
+    with pytest.raises(ValueError, match=r"images of shape \(3, 32, 32\): expected N x 3 x H x W"):  # "3 images"
+        ic.benchmark([(images[0], labels[:1])], model, listed=1, warmup_batches=0)
+    with pytest.raises(TypeError, match=r"^model=<EfficientNet>: expected a ModelBundle"):  # was 127 lines
+        ic.benchmark([], model.model, listed=0)
+    with pytest.raises(TypeError, match=r"pretrained='no': expected True or False"):  # "no" went to the hub
+        ic.get_model("test_efficientnet", pretrained="no")
+    with pytest.raises(TypeError, match=r"transform='bilinear': expected an EvalTransform, a dict"):
+        ic.get_model("test_efficientnet", pretrained=False, compile=False, transform="bilinear")
+    with pytest.raises(TypeError, match=r"overrides='img_size': expected a dict"):
+        ic.EvalTransform.from_model("test_efficientnet", "img_size")
+    with pytest.raises(TypeError, match=r"transform=\{\}: expected an EvalTransform"):  # {} was the default
+        ic.get_decode_func("cpu", {})
+    with pytest.raises(TypeError, match=r"dtype='float32': expected a torch dtype"):  # "Invalid device string"
+        ic.ModelBundle(model.preprocessing, model.model, ic.Classification(), "float32", model.transform)
+    with pytest.raises(ValueError, match=r"is not 3 numbers .* \(a tuple or list of them, not a ndarray\)"):
+        ic.EvalTransform(mean=np.array([0.485, 0.456, 0.406]))
+
+
+def test_a_hand_made_bundle_without_tensors_runs_and_a_stopped_run_says_why():
+    # A preprocessing without buffers raised a bare StopIteration; a notebook's stop_reason was None.
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False, dtype="float32")
+    bundle = ic.ModelBundle(torch.nn.Identity(), model.model, ic.Classification(), torch.float32, model.transform)
+    images, labels = torch.zeros((4, 3, 32, 32), dtype=torch.uint8), torch.arange(4)
+    assert ic.benchmark([(images, labels)], bundle, listed=4, warmup_batches=0).classified == 4
+    with pytest.raises(ic.RunStopped) as stop:
+        ic.benchmark([(images, labels)], model, listed=8, warmup_batches=0)
+    assert stop.value.result.stop_reason == str(stop.value) and "(4 of 8)" in str(stop.value)
