@@ -46,6 +46,7 @@ import pickle
 import platform
 import re
 import shlex
+import shutil
 import signal
 import stat
 import struct
@@ -1250,9 +1251,13 @@ def _pil_errors(path: str) -> Iterator[None]:
 _NOT_A_FILE = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO"}  # else a device (/dev/zero) or a socket
 
 
+_PROCESS_LIMITS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)  # open files (ulimit -n, the system's), memory
+
+
 def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
     """One image file, whole. Raises ImageDecodeError: not a regular file (refused before any read),
-    over ``max_bytes``, empty, or a JPEG cut short (FFmpeg would fill it with grey; PIL refuses it)."""
+    over ``max_bytes``, empty, or a JPEG cut short (FFmpeg would fill it with grey; PIL refuses it).
+    OSError for a limit of the process (``_PROCESS_LIMITS``): it stops the run."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a folder opens too: fstat tells
         try:
@@ -1271,6 +1276,8 @@ def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
         finally:
             os.close(fd)
     except OSError as e:
+        if e.errno in _PROCESS_LIMITS:  # not the image's fault: skipped, a good image would count as bad
+            raise
         raise ImageDecodeError(path, e.strerror or str(e)) from None
     if len(data) > max_bytes:  # it grew while being read
         raise ImageDecodeError(path, f"file over the {max_bytes / 2**20:g} MiB limit")
@@ -3219,9 +3226,14 @@ def _loader_failed(error: BaseException) -> RunStopped:
             return _decode_worker_died(f"{type(lost).__name__}: {lost}")
         why = f"{type(causes[0]).__name__}: {causes[0]}" if causes else str(error)
         return RunStopped(f"the loading pipeline failed: {why} (the log above says where)", "loader")
-    path = cause._while_decoding
-    if isinstance(cause, MemoryError):
+    path, errno_ = cause._while_decoding, getattr(cause, "errno", None)
+    if isinstance(cause, MemoryError) or errno_ == errno.ENOMEM:
         return RunStopped(f"out of memory while decoding {path}; fewer --num-threads need less", "loader")
+    if errno_ in (errno.EMFILE, errno.ENFILE):  # the process's limit (or the system's), not the image
+        limit = "the process's limit: ulimit -n" if errno_ == errno.EMFILE else "the system's limit"
+        return RunStopped(
+            f"too many open files while reading {path} ({limit}); fewer --num-threads open fewer", "loader"
+        )
     return RunStopped(f"the loading pipeline failed on {path}: {type(cause).__name__}: {cause}", "loader")
 
 
@@ -3306,8 +3318,9 @@ class _Progress:
         if not self.live:
             _LG.info(text)
             return
+        width = shutil.get_terminal_size().columns - 1  # a wrapped line leaves a row at each redraw
         with contextlib.suppress(OSError, ValueError):  # a closed terminal does not stop the run
-            print(f"\r{text}", end="", file=self.stream, flush=True)
+            print(f"\r{text[:width]}\x1b[K", end="", file=self.stream, flush=True)  # K: clear to the line's end
 
     def close(self) -> None:
         """On a terminal, the line as the run ended (not as it was up to half a second before)."""
@@ -4641,8 +4654,11 @@ def _read_images(args: argparse.Namespace) -> ImageList:
         images = read_file_list(args.input_flist, args.prefix, limit, labels=labels)
         if args.prefix.endswith(os.sep) and not os.path.isdir(args.prefix):
             raise InputError(f"--prefix {args.prefix}: no such folder")
-        if not os.path.lexists(images.paths[0]):
-            raise InputError(f"the first listed image, {images.paths[0]}, does not exist: is --prefix right?")
+        try:
+            os.lstat(images.paths[0])
+        except OSError as e:  # ENAMETOOLONG, EACCES: the reason, not "does not exist"
+            why = "does not exist: is --prefix right?" if e.errno == errno.ENOENT else f"cannot be read ({e.strerror})"
+            raise InputError(f"the first listed image, {images.paths[0]}, {why}") from None
     if args.trace is not None and limit != args.max_samples and len(images) == limit:  # 'listed' does not say why
         _LG.info("--trace: the first %d images only (%d batches), the list read no further.", limit, TRACE_BATCHES)
     return images
@@ -5269,11 +5285,21 @@ def _run_job(config: _RunConfig) -> int:
     return status or _held_status(held)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line's work; returns the exit status (argparse exits with 2 itself on a bad command line)."""
+def _start_time() -> str:
+    """Now in ISO 8601 with the local offset; in UTC where ISO 8601 cannot write that (TZ=UTC+25, whose
+    offset no datetime holds; TZ=XXX-0:0:30, an offset of seconds)."""
     import datetime
 
-    start_time = datetime.datetime.now().astimezone().isoformat(timespec="seconds")  # ISO 8601, local offset
+    now = datetime.datetime.now(datetime.timezone.utc)
+    with contextlib.suppress(ValueError):
+        if (local := now.astimezone()).utcoffset().total_seconds() % 60 == 0:
+            now = local
+    return now.isoformat(timespec="seconds")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line's work; returns the exit status (argparse exits with 2 itself on a bad command line)."""
+    start_time = _start_time()
     for stream in (sys.stdout, sys.stderr):  # escape what a strict stream (a notebook's) cannot encode,
         with contextlib.suppress(AttributeError, ValueError):  # a name that is not UTF-8, rather than stop there
             stream.reconfigure(errors="backslashreplace")

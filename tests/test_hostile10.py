@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import math
+import os
 import re
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +17,7 @@ import torch
 from PIL import Image
 
 import imagenet_classification as ic
-from tests.conftest import make_jpeg_set, write_jpeg
+from tests.conftest import ROOT, TINY, make_jpeg_set, run_main, write_jpeg
 from tests.test_hostile5 import _decoded, _photo_bytes, _timm_crop
 
 # --- JPEGs FFmpeg decodes unlike PIL -------------------------------------------------------------------
@@ -151,3 +156,82 @@ def test_a_hand_made_bundle_without_tensors_runs_and_a_stopped_run_says_why():
     with pytest.raises(ic.RunStopped) as stop:
         ic.benchmark([(images, labels)], model, listed=8, warmup_batches=0)
     assert stop.value.result.stop_reason == str(stop.value) and "(4 of 8)" in str(stop.value)
+
+
+# --- Limits of the process are no bad images ----------------------------------------------------------
+
+_OUT_OF_FILES = """
+import os, resource, sys
+import imagenet_classification as ic
+decode = ic.get_decode_func("cpu", ic.EvalTransform(size=32), policy=ic.BadImagePolicy(skip=True))
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+try:
+    batch = decode([(sys.argv[1], 0)])
+    print("skipped" if batch.failures else "decoded")
+except OSError as e:
+    print("errno", e.errno)
+"""
+
+
+def test_running_out_of_file_descriptors_stops_the_run_and_counts_no_image_bad(tmp_path):
+    # With --skip-bad and `ulimit -n 12`, 79 of 400 good images were counted failed ("Too many open
+    # files"), the accuracy over the rest, exit 0; without it, the advice was --skip-bad.
+    path = str(write_jpeg(tmp_path / "a.JPEG", (64, 48), (200, 30, 30)))
+    proc = subprocess.run([sys.executable, "-c", _OUT_OF_FILES, path], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.stdout.split() == ["errno", str(errno.EMFILE)], proc.stdout + proc.stderr
+    cause = OSError(errno.EMFILE, "Too many open files", path)
+    cause._while_decoding = path
+    stop = ic._loader_failed(ic.PipelineFailure([("decode", cause)]))  # SPDL's, as its pipeline raises it
+    assert str(stop) == f"too many open files while reading {path} (the process's limit: ulimit -n); fewer " \
+                        "--num-threads open fewer" and stop.kind == "loader"  # fmt: skip
+
+
+# --- The start time ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("tz", "offset"), [("UTC+25", "+00:00"), ("XXX-0:0:30", "+00:00"), ("XXX-5:30", "+05:30")])
+def test_a_local_offset_iso_8601_cannot_write_is_utc(monkeypatch, tz, offset):
+    # TZ=UTC+25 stopped every run with a traceback (no datetime holds the offset); TZ=XXX-0:0:30
+    # wrote start_time as ...+00:00:30, not ISO 8601.
+    monkeypatch.setenv("TZ", tz)
+    time.tzset()
+    try:
+        assert re.fullmatch(rf"\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d{re.escape(offset)}", ic._start_time())
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_a_first_listed_image_that_cannot_be_looked_up_says_why(capfd, tmp_path):
+    # A name over the file system's 255 bytes was "does not exist: is --prefix right?".
+    flist = tmp_path / "list.txt"
+    flist.write_text(f"{'x' * 300}.JPEG 1\n")
+    proc = run_main(capfd, "--input-flist", flist, "--prefix", f"{tmp_path}/", *TINY, "--no-compile")
+    assert proc.returncode == 2 and "x.JPEG, cannot be read (File name too long)" in proc.stderr, proc.stderr
+
+
+# --- The live line ----------------------------------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_live_line_fits_the_terminal_and_clears_what_a_longer_one_left(monkeypatch):
+    # 71-74 characters redrawn with \r on a 40-column terminal: each redraw wrapped to a new row, and
+    # a shorter line left the longer one's end.
+    monkeypatch.setenv("COLUMNS", "40")
+    stream = _Terminal()
+    progress = ic._Progress(1000, stream)
+    progress.last -= 1
+    progress(40, torch.tensor(30))
+    line = stream.getvalue()
+    assert line.startswith("\r40/1000 images classified") and line.endswith("\x1b[K") and len(line) == 1 + 39 + 3
