@@ -2697,8 +2697,11 @@ def _hub_unreachable(config: dict) -> str | None:
     if not config.get("hf_hub_id") or constants.HF_HUB_OFFLINE or proxied:
         return None
     url = urllib.parse.urlsplit(constants.ENDPOINT)
+    if url.hostname is None:
+        return f"HF_ENDPOINT={constants.ENDPOINT!r} is no URL"
     try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=HUB_CHECK_S).close()
+        port = url.port or (80 if url.scheme == "http" else 443)
+        socket.create_connection((url.hostname, port), timeout=HUB_CHECK_S).close()
     except OSError as e:
         return f"{url.hostname}: {e.strerror or e}"
     return None
@@ -2718,8 +2721,10 @@ def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
     constants.HF_HUB_OFFLINE = offline or unreachable is not None
     try:
         model = timm.create_model(model_name, pretrained=pretrained)
-    except OSError:  # the hub is out of reach and the weights are not in its cache
-        where = f"the model hub is out of reach ({unreachable})" if unreachable else "OSError"
+    except OSError as e:  # the hub is out of reach and the weights are not in its cache
+        said = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"  # huggingface_hub's run to many lines
+        where = f"the model hub is out of reach ({unreachable})" if unreachable else said
+        where = "HF_HUB_OFFLINE is set" if offline else where
         message = f"{model_name}: cannot get its pretrained weights ({where}, and they are not in its cache)"
         raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
     except Exception as e:  # e.g. no pretrained weights, or a corrupt cached file (SafetensorError)

@@ -88,6 +88,7 @@ def test_pretrained_weights_unreachable(dataset):
            "--no-compile"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 2 and "cannot get its pretrained weights" in proc.stderr
+    assert "(HF_HUB_OFFLINE is set, and they are not in its cache)" in proc.stderr  # was "(OSError, and …)"
     assert "--checkpoint" in proc.stderr
     assert "Traceback" not in proc.stderr
 

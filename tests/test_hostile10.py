@@ -235,3 +235,18 @@ def test_the_live_line_fits_the_terminal_and_clears_what_a_longer_one_left(monke
     progress(40, torch.tensor(30))
     line = stream.getvalue()
     assert line.startswith("\r40/1000 images classified") and line.endswith("\x1b[K") and len(line) == 1 + 39 + 3
+
+
+def test_a_hub_address_that_is_no_url_is_named(dataset_list):
+    # "out of reach (None: Connection refused)": the probe connected to no host.
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy")}
+    env |= {"HF_ENDPOINT": "notaurl", "HF_HOME": str(dataset_list.parent / "hf-empty")}
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(dataset_list),
+           "--prefix", f"{dataset_list.parent}/", "--model", "test_efficientnet", "--device", "cpu"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2 and "the model hub is out of reach (HF_ENDPOINT='notaurl' is no URL)" in proc.stderr
+
+
+@pytest.fixture
+def dataset_list(tmp_path):
+    return make_jpeg_set(tmp_path / "data", 4)
