@@ -3135,7 +3135,7 @@ def _as_stop(error: BaseException) -> RunStopped | RunInterrupted | None:
         return None
     stuck_on = _oldest_in_progress()
     if stuck_on is None:
-        where = "no image is in this module's decoders (the list source is slow, or a decode function's own code)"
+        where = "the decode stage is decoding no image (waiting for the list source, or in a decode function's code)"
     else:
         where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.0f} s"
     return RunStopped(f"no batch within the loader's time-out: {where}", "stalled", where=where)
