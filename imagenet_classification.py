@@ -46,7 +46,6 @@ import pickle
 import platform
 import re
 import shlex
-import shutil
 import signal
 import stat
 import struct
@@ -56,7 +55,7 @@ import threading
 import time
 import warnings
 import zipfile
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence, Set
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import asdict, dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
@@ -243,7 +242,9 @@ def _check_type(name: str, value: object, kind: Any, expected: str) -> None:
     """TypeError naming the argument: a notebook's dict or string refused where it is given, not
     met later as an AttributeError mid-run."""
     if not isinstance(value, kind):
-        given = repr(value) if len(repr(value)) <= 200 else f"<{type(value).__name__}>"  # not a model's 127 lines
+        given = repr(value)
+        if len(given) > 200:  # a model's repr: 127 lines
+            given = f"<{type(value).__name__}>"
         raise TypeError(f"{name}={given}: expected {expected}")
 
 
@@ -1056,7 +1057,7 @@ class EvalTransform:
         timm model, or a transform not reproduced here) or ValueError (an override timm ignores)."""
         import timm.data
 
-        _check_type("overrides", overrides, dict | None, "a dict of timm's data config keys, or None")
+        _check_type("overrides", overrides, Mapping | None, "a dict of timm's data config keys, or None")
         overrides = dict(overrides or {})
         if unknown := sorted(overrides.keys() - _TRANSFORM_OVERRIDES):  # timm would ignore them
             raise ValueError(f"unknown transform overrides {unknown}: expected some of {sorted(_TRANSFORM_OVERRIDES)}")
@@ -1251,13 +1252,9 @@ def _pil_errors(path: str) -> Iterator[None]:
 _NOT_A_FILE = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO"}  # else a device (/dev/zero) or a socket
 
 
-_PROCESS_LIMITS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)  # open files (ulimit -n, the system's), memory
-
-
 def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
     """One image file, whole. Raises ImageDecodeError: not a regular file (refused before any read),
-    over ``max_bytes``, empty, or a JPEG cut short (FFmpeg would fill it with grey; PIL refuses it).
-    OSError for a limit of the process (``_PROCESS_LIMITS``): it stops the run."""
+    over ``max_bytes``, empty, or a JPEG cut short (FFmpeg would fill it with grey; PIL refuses it)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a folder opens too: fstat tells
         try:
@@ -1276,8 +1273,6 @@ def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
         finally:
             os.close(fd)
     except OSError as e:
-        if e.errno in _PROCESS_LIMITS:  # not the image's fault: skipped, a good image would count as bad
-            raise
         raise ImageDecodeError(path, e.strerror or str(e)) from None
     if len(data) > max_bytes:  # it grew while being read
         raise ImageDecodeError(path, f"file over the {max_bytes / 2**20:g} MiB limit")
@@ -1361,10 +1356,12 @@ def _jpeg_scan(data: bytes, i: int = 2) -> int:
 
 _JPEG_START = b"\xff\xd8\xff"  # start-of-image marker, then the next marker
 _PNG_START = b"\x89PNG\r\n\x1a\n"
-# An image with a short side goes to PIL, the reference: swscale's resize of a side under 8 pixels is
-# 3 to 12 levels from PIL's on average (a photo's 2 x 2 to 4 x 4), and FFmpeg's chroma at an odd edge,
-# enlarged, is 1.2 to 2.1 levels from libjpeg's up to 77 pixels (4:2:0; 0.6 at even sides, 1.1 at 95).
-_FFMPEG_MIN_SIDE = 96
+# swscale's resize of a side under 8 pixels is 3 to 12 levels from PIL's on average (a photo's 2 x 2 to
+# 4 x 4, against under 2 from 8 x 8 on): such an image goes to PIL, the reference.
+_FFMPEG_MIN_SIDE = 8
+# FFmpeg's chroma at an odd edge of a JPEG with subsampled chroma, enlarged, is 1.2 to 2.1 levels from
+# libjpeg's up to 77 pixels (0.6 at even sides, 1.1 at 95): a side under this goes to PIL.
+_ODD_EDGE_MAX = 96
 
 
 class _FilterGraphCache:
@@ -1478,8 +1475,13 @@ def _check_size(path: str, size: tuple[int, int] | None, transform: EvalTransfor
 def _ffmpeg_decodes(header: _JpegHeader) -> bool:
     """Whether FFmpeg decodes a JPEG as PIL does: not arithmetic-coded (FFmpeg lacks it), not of 4
     components (Adobe's YCCK, what Photoshop saves for CMYK, comes out in wrong colours: a mean
-    difference of 42 to 90 levels, top-1 on the demo's photos 27 % against 97 %)."""
-    return header.frame_type not in _ARITHMETIC_SOF and header.components != 4
+    difference of 42 to 90 levels, top-1 on the demo's photos 27 % against 97 %), not small with an
+    odd side and subsampled chroma (``_ODD_EDGE_MAX``)."""
+    if header.frame_type in _ARITHMETIC_SOF or header.components == 4:
+        return False
+    subsampled = header.components == 3 and header.sampling[:1] != b"\x11"  # luma sampled more than chroma
+    odd = header.width % 2 or header.height % 2
+    return not (subsampled and odd and min(header.width, header.height) < _ODD_EDGE_MAX)
 
 
 def _crop_on_cpu(
@@ -1487,8 +1489,8 @@ def _crop_on_cpu(
 ) -> spdl.io.VideoFrames | Any:
     """One image decoded, resized and cropped: an RGB frame from FFmpeg for JPEG and still PNG, a
     numpy array from PIL, the reference, for the rest: arithmetic-coded and CMYK JPEG, animated PNG
-    (FFmpeg picks another frame), a side under ``_FFMPEG_MIN_SIDE`` pixels, other containers (a
-    JPEG-compressed TIFF is black)."""
+    (FFmpeg picks another frame), a side under ``_FFMPEG_MIN_SIDE`` pixels (or ``_ODD_EDGE_MAX``, odd,
+    for a JPEG with subsampled chroma), other containers (a JPEG-compressed TIFF is black)."""
     if data.startswith(_JPEG_START) and (header is None or _ffmpeg_decodes(header)):
         size = (header.width, header.height) if header else None
     elif data.startswith(_PNG_START) and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) == -1:
@@ -2697,11 +2699,14 @@ def _hub_unreachable(config: dict) -> str | None:
     if not config.get("hf_hub_id") or constants.HF_HUB_OFFLINE or proxied:
         return None
     url = urllib.parse.urlsplit(constants.ENDPOINT)
-    if url.hostname is None:
+    try:
+        host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)  # ValueError: a port 'abc'
+    except ValueError:
+        host = None
+    if host is None:
         return f"HF_ENDPOINT={constants.ENDPOINT!r} is no URL"
     try:
-        port = url.port or (80 if url.scheme == "http" else 443)
-        socket.create_connection((url.hostname, port), timeout=HUB_CHECK_S).close()
+        socket.create_connection((host, port), timeout=HUB_CHECK_S).close()
     except OSError as e:
         return f"{url.hostname}: {e.strerror or e}"
     return None
@@ -3231,14 +3236,9 @@ def _loader_failed(error: BaseException) -> RunStopped:
             return _decode_worker_died(f"{type(lost).__name__}: {lost}")
         why = f"{type(causes[0]).__name__}: {causes[0]}" if causes else str(error)
         return RunStopped(f"the loading pipeline failed: {why} (the log above says where)", "loader")
-    path, errno_ = cause._while_decoding, getattr(cause, "errno", None)
-    if isinstance(cause, MemoryError) or errno_ == errno.ENOMEM:
+    path = cause._while_decoding
+    if isinstance(cause, MemoryError):
         return RunStopped(f"out of memory while decoding {path}; fewer --num-threads need less", "loader")
-    if errno_ in (errno.EMFILE, errno.ENFILE):  # the process's limit (or the system's), not the image
-        limit = "the process's limit: ulimit -n" if errno_ == errno.EMFILE else "the system's limit"
-        return RunStopped(
-            f"too many open files while reading {path} ({limit}); fewer --num-threads open fewer", "loader"
-        )
     return RunStopped(f"the loading pipeline failed on {path}: {type(cause).__name__}: {cause}", "loader")
 
 
@@ -3323,9 +3323,16 @@ class _Progress:
         if not self.live:
             _LG.info(text)
             return
-        width = shutil.get_terminal_size().columns - 1  # a wrapped line leaves a row at each redraw
         with contextlib.suppress(OSError, ValueError):  # a closed terminal does not stop the run
-            print(f"\r{text[:width]}\x1b[K", end="", file=self.stream, flush=True)  # K: clear to the line's end
+            print(f"\r{text[: self._width() - 1]}\x1b[K", end="", file=self.stream, flush=True)  # K: clear the rest
+
+    def _width(self) -> int:
+        """The terminal's columns (COLUMNS first, as shutil takes them): a wrapped line leaves a row each time."""
+        with contextlib.suppress(KeyError, ValueError):
+            return max(int(os.environ["COLUMNS"]), 20)
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # the stream's own terminal, not stdout's
+            return max(os.get_terminal_size(self.stream.fileno()).columns, 20)
+        return 80
 
     def close(self) -> None:
         """On a terminal, the line as the run ended (not as it was up to half a second before)."""
@@ -3684,8 +3691,10 @@ class _Parity:
         """Counts, not rounded shares: 4998 of 5000 agreeing is not "100.0 %"."""
         n = self.images
         if not n:
-            only = f" ({self.loader_only} only the loader did, {self.reference_only} only timm's transform)"
-            return f"Parity with timm's reference transform: no image that both decoded, nothing compared{only}"
+            return (
+                "Parity with timm's reference transform: no image that both decoded, nothing compared"
+                + self.not_compared()
+            )
         shares = (self.top1_agree, self.top5_agree, self.top1_loader, self.top1_reference)
         agree1, agree5, here, there = (round(share * n) for share in shares)
         line = (
@@ -3693,6 +3702,11 @@ class _Parity:
             f"on average (worst {self.mad_max:.2f}, 0-255); top-1 agrees on {agree1} of {n}, top-5 on "
             f"{agree5}; top-1 correct: {here} here vs {there} there"
         )
+        return line + self.not_compared()
+
+    def not_compared(self) -> str:
+        """The images only one side decoded, if any: ``; 1 image only timm's transform decoded, …``."""
+        line = ""
         for count, who in ((self.loader_only, "the loader"), (self.reference_only, "timm's transform")):
             line += f"; {_images(count)} only {who} decoded, not compared" if count else ""
         return line
@@ -3799,7 +3813,7 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
             except ValueError:
                 raise ValueError(f"{spec!r}: the values must be whole numbers") from None
         if name in named:
-            why = " (auto sets num-threads)" if "auto" in specs else ""
+            why = " (auto sets num-threads)" if "auto" in specs and name == "num-threads" else ""
             raise ValueError(f"{spec!r}: {name} is set twice{why}; give its values once")
         named.add(name)
         least = 0 if name == "decode-processes" else 1
@@ -3816,7 +3830,7 @@ def _stray_sweep_setting(argv: Sequence[str]) -> str | None:
     for word in argv:
         if word.startswith("-"):
             after_sweep = word == "--sweep"
-        elif not after_sweep and _is_sweep_setting(word) and word.partition("=")[0] in _SWEPT:
+        elif not after_sweep and word.partition("=")[0] in _SWEPT and not os.path.isdir(word):
             return word
     return None
 
@@ -4680,7 +4694,7 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     if args.trace is not None:
         _check_output_path("--trace", args.trace)  # a file name, PATH.json and PATH.pftrace beside it
         outputs += [("--trace", Path(f"{args.trace}{suffix}")) for suffix in (".json", ".pftrace")]
-    read = [args.input_flist, args.labels, args.checkpoint, CLASS_TSV, __file__]
+    read = [args.input_flist, args.labels, args.checkpoint, CLASS_TSV, __file__, Path(sys.prefix, "pyvenv.cfg")]
     source, _, folder = args.model.partition(":")
     if source == "local-dir" and os.path.isdir(folder):  # its config, and any file timm may take for weights
         weights = (".safetensors", ".pth", ".pth.tar", ".bin")  # timm's checkpoint suffixes (_hub._EXT_PRIORITY)
@@ -4693,8 +4707,9 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         if path is None:
             continue
         target = _check_output_path(flag, path)
-        if where := next((f"{c}, {what}" for c, what in protected if os.path.commonpath([c, target]) == c), None):
-            raise InputError(f"{flag} {path}: that is inside {where}")
+        for folder, what in protected:  # by the name given too: .venv/bin/python leads out of the venv
+            if any(os.path.commonpath([folder, p]) == folder for p in (target, os.path.abspath(path))):
+                raise InputError(f"{flag} {path}: that is inside {folder}, {what}")
         listed = False
         if target not in inputs | seen and os.path.exists(target):  # a file not there yet is no listed image
             if links is None:  # a link's target may have any name: an lstat per listed image, once
@@ -4719,7 +4734,7 @@ def _protected_folders() -> list[tuple[str, str]]:
     """The folders (real paths) whose files the run may read after its outputs are checked, each with
     what it holds: the Hugging Face hub's cache and torch's hub folder, where timm loads pretrained
     weights and configs from, and Python's installed code (modules imported later, such as timm's, are
-    not in ``sys.modules`` yet). No output goes there."""
+    not in ``sys.modules`` yet), and the interpreter's own folders. No output goes there."""
     import site
     import sysconfig
 
@@ -4728,6 +4743,8 @@ def _protected_folders() -> list[tuple[str, str]]:
     weights, code = "where the model's weights are cached", "where Python's code is installed"
     folders = [(constants.HF_HUB_CACHE, weights), (torch.hub.get_dir(), weights), (site.getusersitepackages(), code)]
     folders += [(folder, code) for key, folder in sysconfig.get_paths().items() if key != "data"]  # data: the venv
+    interpreter = [os.path.dirname(os.path.realpath(sys.executable)), sysconfig.get_config_var("LIBDIR")]
+    folders += [(folder, "where Python itself is installed") for folder in interpreter if folder]
     return [(os.path.realpath(folder), what) for folder, what in folders]
 
 
@@ -4792,6 +4809,27 @@ def _stat_mode(path: Path) -> int:
         return 0
 
 
+_OPEN_FILES_SPARE = 32  # descriptors a run holds beside its images (8 to 20 measured: libraries, pipes)
+
+
+def _check_open_files(threads: int, processes: int) -> None:
+    """InputError when the open-file limit (``ulimit -n``) cannot hold an image per decode thread beside
+    the run's own files, after the soft limit is raised as far as the hard one allows: each image
+    would fail with "Too many open files", good images counted bad."""
+    import resource
+
+    need = _OPEN_FILES_SPARE + threads + 4 * processes  # a worker process: its own limit, and pipes here
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft < need:
+        why = f"the open-file limit (ulimit -n) is {soft}: {threads} decode threads need about {need}"
+        raise InputError(f"{why}; raise it, or give fewer", "--num-threads")
+
+
 def _preflight(
     args: argparse.Namespace, shard: _Shard, command: Sequence[str] = (), start_time: str = ""
 ) -> _RunConfig:
@@ -4826,6 +4864,7 @@ def _preflight(
     transform = EvalTransform.from_model(args.model, {k: v for k, v in overrides.items() if v is not None})
     # Capped at rank 0's shard, the largest: every rank the same settings (_agree_on_job compares them).
     threads, processes = _capped_workers(args, shard.size_of(len(images), rank=0))
+    _check_open_files(max(sweep["num-threads"]) if sweep else threads, processes)
     batch_size = min(args.batch_size, len(images))  # the results say the size that ran (a rank's shard: the CSV's)
     if batch_size < args.batch_size:
         _LG.info("--batch-size %d capped at %d, the images listed.", args.batch_size, batch_size)

@@ -91,16 +91,21 @@ def test_an_output_among_the_cached_weights_or_the_code_is_refused(dataset, tmp_
 
 def test_an_output_over_installed_code_the_run_imports_later_is_refused(dataset):
     # timm is imported after the outputs are checked: --results-file .../timm/__init__.py was taken,
-    # and the next run's "import timm" met the results' JSON (NameError: name 'false' is not defined).
-    installed = Path(sysconfig.get_paths()["purelib"]) / "zz_imagenet_classification_test.py"
-    installed.write_text("VALUE = 1\n")  # not imported by the run, nor by anything
-    try:
-        proc = run_cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *TINY, "--results-file", installed)
-        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
-        assert f"--results-file {installed}: that is inside " in proc.stderr
-        assert "where Python's code is installed" in proc.stderr and installed.read_text() == "VALUE = 1\n"
-    finally:
-        installed.unlink()
+    # and the next run's "import timm" met the results' JSON (NameError: name 'false' is not defined);
+    # .venv/bin/python (a link to the interpreter) was taken too. Each folder is refused as a whole, so
+    # that a name not there yet tells (a test naming a real module would replace it, were it taken).
+    paths = sysconfig.get_paths()
+    interpreter = os.path.dirname(os.path.realpath(sys.executable))
+    for folder, what in ((paths["purelib"], "Python's code is installed"), (paths["scripts"], "Python's code"),
+                         (interpreter, "where Python")):  # fmt: skip
+        target = Path(folder) / "zz_imagenet_classification_test.py"
+        try:
+            proc = run_cli("--input-flist", dataset, "--prefix", f"{dataset.parent}/", *TINY, "--results-file", target)
+            assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+            assert f"--results-file {target}: that is inside " in proc.stderr and what in proc.stderr
+            assert not target.exists()
+        finally:
+            target.unlink(missing_ok=True)
 
 
 # --- Notebook calls with values that cannot work ------------------------------------------------------
