@@ -2742,6 +2742,21 @@ def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
     return model
 
 
+def _model_dtype(device: torch.device, dtype: torch.dtype | str, use_bf16: bool | None) -> torch.dtype:
+    """:py:func:`get_model`'s dtype from ``dtype`` (``auto``: :py:func:`_choose_dtype`) or the design's
+    ``use_bf16``; ValueError where they disagree, or for a dtype that is no floating-point one."""
+    if use_bf16 is not None:
+        switch = torch.bfloat16 if use_bf16 else torch.float32
+        if dtype != "auto" and _DTYPES.get(dtype, dtype) != switch:  # neither silently wins
+            raise ValueError(f"use_bf16={use_bf16} and dtype={dtype!r} disagree: give one of them")
+        dtype = switch
+    if not isinstance(dtype, torch.dtype):
+        dtype = _choose_dtype(device, dtype)[0]
+    if not dtype.is_floating_point:  # torch.int64: torch's own error, far from the argument
+        raise ValueError(f"dtype={dtype}: expected a floating-point dtype, e.g. torch.bfloat16")
+    return dtype
+
+
 def get_model(
     model_name: str = DEFAULT_MODEL,
     device: torch.device | str = "cpu",
@@ -2782,15 +2797,7 @@ def get_model(
         raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
     if batch_size is not None and not _whole(batch_size, 1, _COUNT_MAX):
         raise ValueError(f"batch_size={batch_size!r}: expected at least 1, or None (no padding); at most {_COUNT_MAX}")
-    if use_bf16 is not None:
-        switch = torch.bfloat16 if use_bf16 else torch.float32
-        if dtype != "auto" and _DTYPES.get(dtype, dtype) != switch:  # neither silently wins
-            raise ValueError(f"use_bf16={use_bf16} and dtype={dtype!r} disagree: give one of them")
-        dtype = switch
-    if not isinstance(dtype, torch.dtype):
-        dtype = _choose_dtype(device, dtype)[0]
-    if not dtype.is_floating_point:  # torch.int64: torch's own error, far from the argument
-        raise ValueError(f"dtype={dtype}: expected a floating-point dtype, e.g. torch.bfloat16")
+    dtype = _model_dtype(device, dtype, use_bf16)
     model = _create_timm_model(model_name, pretrained and checkpoint is None)
     if checkpoint is not None:
         _load_checkpoint(model, Path(checkpoint))
@@ -3064,23 +3071,12 @@ def benchmark(
 
     Raises:
         RunStopped: the run ended early (``kind`` says why; RunInterrupted: a signal), the partial result: ``.result``.
-        ValueError: a policy's ``max_bad_percent`` without ``listed``; ``warmup_batches``, ``listed`` or
-            ``loader_lead`` no whole number from 0 (a warm-up of 2.5 batches would never end, and time it).
-        TypeError: a ``policy`` that is no BadImagePolicy, a ``model`` that is no ModelBundle, a
-            ``progress`` or ``sync_clocks`` that is no function, a batch that is no ``(images, labels)``.
+        ValueError: a policy's ``max_bad_percent`` without ``listed``, a count no whole number from 0
+            (a warm-up of 2.5 batches would never end, and time it).
+        TypeError: an argument of the wrong kind (a model no ModelBundle), a batch no ``(images, labels)``.
     """
-    for name, count, what in (("listed", listed, "images"), ("loader_lead", loader_lead, "batches")):
-        if count is not None and not _whole(count, 0):
-            raise ValueError(f"{name}={count!r}: expected a whole number of {what}, 0 or more (or None)")
-    _check_type("policy", policy, BadImagePolicy | None, "a BadImagePolicy, or None")
-    _check_type("model", model, ModelBundle, "a ModelBundle (get_model makes one)")
-    _check_type("predictions", predictions, bool, "True or False")  # "no" is true
-    for name, call in (("sync_clocks", sync_clocks), ("progress", progress)):
-        if call is not None and not callable(call):  # else a TypeError naming neither, after the first batch
-            raise TypeError(f"{name}={call!r}: expected a function, or None")
+    _check_run_arguments(model, policy, listed, loader_lead, predictions, [sync_clocks, progress])
     policy = policy or BadImagePolicy()
-    if policy.max_bad_percent is not None and listed is None:  # else no limit at all, silently
-        raise ValueError("BadImagePolicy(max_bad_percent=...) is a share of the images listed: pass listed= too")
     loop = _Loop(model, RunResult(listed=listed, loader_lead=loader_lead), warmup_batches, sync_clocks, predictions)
     failures: list[ImageDecodeError] = []  # the one record of the bad images, in the order received
     try:
@@ -3108,6 +3104,23 @@ def _warn_warmup_included(batches: int, warmup_batches: int) -> None:
     message += "window includes the warm-up (compilation, caches, thread start-up); pass more images or a smaller "
     message += "warmup_batches"
     warnings.warn(message, WarmupIncluded, stacklevel=3)
+
+
+def _check_run_arguments(
+    model: object, policy: BadImagePolicy | None, listed: object, lead: object, predictions: object, calls: list
+) -> None:
+    """:py:func:`benchmark`'s arguments, each refused where it is given, not met mid-run."""
+    for name, count, what in (("listed", listed, "images"), ("loader_lead", lead, "batches")):
+        if count is not None and not _whole(count, 0):
+            raise ValueError(f"{name}={count!r}: expected a whole number of {what}, 0 or more (or None)")
+    _check_type("policy", policy, BadImagePolicy | None, "a BadImagePolicy, or None")
+    if policy is not None and policy.max_bad_percent is not None and listed is None:  # else no limit at all
+        raise ValueError("BadImagePolicy(max_bad_percent=...) is a share of the images listed: pass listed= too")
+    _check_type("model", model, ModelBundle, "a ModelBundle (get_model makes one)")
+    _check_type("predictions", predictions, bool, "True or False")  # "no" is true
+    for name, call in zip(("sync_clocks", "progress"), calls, strict=True):
+        if call is not None and not callable(call):  # else a TypeError naming neither, after the first batch
+            raise TypeError(f"{name}={call!r}: expected a function, or None")
 
 
 @contextlib.contextmanager
@@ -4830,6 +4843,18 @@ def _check_open_files(threads: int, processes: int) -> None:
         raise InputError(f"{why}; raise it, or give fewer", "--num-threads")
 
 
+def _choose_decoder(args: argparse.Namespace, sweep: dict[str, list[int]] | None) -> str:
+    """``ffmpeg``, ``nvjpeg`` or ``nvdec``; InputError for worker processes (a sweep's too: it would
+    time the same loader under another name) with a GPU decoder or the DataLoader."""
+    decoder = "nvjpeg" if args.use_nvjpeg else "nvdec" if args.use_nvdec else "ffmpeg"
+    in_processes = max(sweep["decode-processes"]) if sweep else args.decode_processes
+    if in_processes and (decoder != "ffmpeg" or args.loader == "torch"):
+        given = "--loader torch" if args.loader == "torch" else f"--use-{decoder}"
+        flag = "--sweep decode-processes=..." if sweep and not args.decode_processes else "--decode-processes"
+        raise InputError(f"{flag} runs FFmpeg's decode in worker processes; not with {given}")
+    return decoder
+
+
 def _preflight(
     args: argparse.Namespace, shard: _Shard, command: Sequence[str] = (), start_time: str = ""
 ) -> _RunConfig:
@@ -4845,16 +4870,8 @@ def _preflight(
     device = _resolve_device(args.device, shard.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that no library makes a context on cuda:0 for this rank
-    decoder = "nvdec" if args.use_nvdec else "ffmpeg"
-    if args.use_nvjpeg:
-        decoder = "nvjpeg"
     sweep = _sweep_grid(args, len(images)) if args.sweep else None
-    # A sweep's processes too: it would time the same loader under another name.
-    in_processes = max(sweep["decode-processes"]) if sweep else args.decode_processes
-    if in_processes and (decoder != "ffmpeg" or args.loader == "torch"):
-        given = "--loader torch" if args.loader == "torch" else f"--use-{decoder}"
-        flag = "--sweep decode-processes=..." if sweep and not args.decode_processes else "--decode-processes"
-        raise InputError(f"{flag} runs FFmpeg's decode in worker processes; not with {given}")
+    decoder = _choose_decoder(args, sweep)
     backend = _check_gpu_decoder(decoder, device)
     dtype, dtype_reason = _choose_dtype(device, args.dtype)
     compiled = args.compile if args.compile is not None else device.type == "cuda"
