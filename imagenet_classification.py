@@ -61,10 +61,13 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, TextIO
 
-if __name__ in ("__main__", "__mp_main__"):  # a signal while the libraries below load: one line, not a
-    # traceback; none in a --decode-processes worker (spawned, it imports this as __mp_main__)
+# Run as the command (this file, python -m, or the installed imagenet-classification script, whose
+# __main__ imports this), a signal while the libraries below load: one line, not a traceback.
+_COMMAND = os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") == "imagenet-classification"
+if __name__ in ("__main__", "__mp_main__") or _COMMAND:
+
     def _interrupted_while_starting(signum: int, _frame: object) -> None:
-        if __name__ == "__main__":
+        if multiprocessing.parent_process() is None:  # none in a --decode-processes worker
             os.write(2, f"error: interrupted by {signal.Signals(signum).name} while starting\n".encode())
         os._exit(128 + signum)
 
@@ -377,7 +380,9 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    program = _program()
     parser = argparse.ArgumentParser(
+        prog=" ".join(program) if program[:2] == ["python", "-m"] else None,  # not the module file's name
         description=__doc__.split("\n\n")[0],
         epilog="README.md describes every flag, the output, the results file and the exit statuses.",
         usage="%(prog)s (--input-flist LIST | --data-dir DIR | DATA_DIR) [OPTIONS]",  # one line above an error
@@ -4708,6 +4713,7 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         _check_output_path("--trace", args.trace)  # a file name, PATH.json and PATH.pftrace beside it
         outputs += [("--trace", Path(f"{args.trace}{suffix}")) for suffix in (".json", ".pftrace")]
     read = [args.input_flist, args.labels, args.checkpoint, CLASS_TSV, __file__, Path(sys.prefix, "pyvenv.cfg")]
+    read += _mapped_files()
     source, _, folder = args.model.partition(":")
     if source == "local-dir" and os.path.isdir(folder):  # its config, and any file timm may take for weights
         weights = (".safetensors", ".pth", ".pth.tar", ".bin")  # timm's checkpoint suffixes (_hub._EXT_PRIORITY)
@@ -4741,6 +4747,17 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         raise InputError(f"--predictions-file {args.predictions_file}: the name must end in .csv or .jsonl")
     if args.plot is not None and not str(args.plot).lower().endswith(".png"):
         raise InputError(f"--plot {args.plot}: the name must end in .png")
+
+
+def _mapped_files() -> list[str]:
+    """The files this process has mapped: the interpreter, its shared libraries (FFmpeg's, torch's);
+    none without Linux's /proc."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as maps:
+            fields = [line.split(maxsplit=5) for line in maps]  # address perms offset dev inode [path]
+    except OSError:
+        return []
+    return sorted({f[5].rstrip("\n") for f in fields if len(f) == 6 and f[5].startswith("/")})
 
 
 def _protected_folders() -> list[tuple[str, str]]:
@@ -5393,9 +5410,10 @@ def _program() -> list[str]:
     or the installed command)."""
     import shutil
 
-    main_module = sys.modules.get("__main__")
-    if getattr(getattr(main_module, "__spec__", None), "name", None) == __name__ or not sys.argv or not sys.argv[0]:
-        return ["python", "-m", __name__]
+    module = Path(__file__).stem  # run with -m, this module is __main__: its __name__ says nothing
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if getattr(main_spec, "name", None) == module or not sys.argv or not sys.argv[0]:
+        return ["python", "-m", module]
     argv0 = sys.argv[0]
     if argv0.endswith(".py"):
         return ["python", argv0]

@@ -199,6 +199,17 @@ def test_an_open_file_limit_too_low_for_the_threads_is_raised_or_refused(dataset
     assert raised.stdout.split() == ["48"], raised.stderr  # the soft limit raised, as far as the run needs
 
 
+# --- Outputs that would replace what the process runs ---------------------------------------------------
+
+
+def test_the_files_the_process_has_mapped_are_inputs():
+    # --results-file .../venv/bin/python followed the links and replaced the interpreter every venv
+    # here runs; libpython and FFmpeg's libraries were taken too. (No test writes near them.)
+    mapped = ic._mapped_files()
+    assert os.path.realpath(sys.executable) in mapped and any("libpython" in m or "python3" in m for m in mapped)
+    assert any(m.endswith(".so") and "torch" in m for m in mapped)  # torch's own libraries
+
+
 # --- The start time ---------------------------------------------------------------------------------------
 
 

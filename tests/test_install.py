@@ -5,9 +5,11 @@ fresh virtual environment, run from another folder as a user would (the console 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
+import time
 import venv
 import zipfile
 from pathlib import Path
@@ -73,3 +75,23 @@ def test_installed_command_runs_from_another_folder(installed, tmp_path, how):
     assert done.returncode == 0, done.stderr
     assert "classified=12" in done.stdout
     assert read_json(results)["classified"] == 12
+
+
+def test_the_installed_command_says_a_signal_while_starting_in_one_line(installed, tmp_path):
+    # The console script's __main__ is the script, not this module: Ctrl-C while torch loaded was a
+    # KeyboardInterrupt traceback, SIGTERM nothing at all.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    for signum, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        proc = subprocess.Popen([str(installed / "bin" / "imagenet-classification"), "--help"], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(0.5)  # importing torch and SPDL takes seconds
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=60)
+        name = signal.Signals(signum).name
+        assert proc.returncode == status and stderr == f"error: interrupted by {name} while starting\n", stderr
+
+
+def test_python_m_names_itself_so_in_its_usage(installed, tmp_path):
+    done = _run([str(installed / "bin" / "python"), "-m", "imagenet_classification", "--bogus"], tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("usage: python -m imagenet_classification (")
+    assert "python -m imagenet_classification: error: unrecognized arguments: --bogus" in done.stderr
