@@ -341,12 +341,12 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
-    parser.add_argument("--images", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--max-threads", type=int, default=os.cpu_count())
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--images", type=ic._count, default=2000)
+    parser.add_argument("--repeats", type=ic._count, default=5)
+    parser.add_argument("--max-threads", type=ic._count, default=os.cpu_count())
+    parser.add_argument("--batch-size", type=ic._count, default=32)
     parser.add_argument("--model", default="mobilenetv3_large_100")
-    parser.add_argument("--model-images", type=int, default=256, help="images for model-only and end-to-end")
+    parser.add_argument("--model-images", type=ic._count, default=256, help="images for model-only and end-to-end")
     parser.add_argument(
         "--scaling-sizes",
         type=int,

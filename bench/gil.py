@@ -30,6 +30,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import contextlib
 import functools
@@ -162,6 +163,8 @@ def _perf_probe(function: str = LIBPYTHON_PROBE, at: str = "") -> str | None:
                                text=True)  # fmt: skip
         if added.returncode:
             return None
+        # Removed as this run ends: a probe left on the system's libpython traps every later release.
+        atexit.register(subprocess.run, ["perf", "probe", "-q", "-d", f"*:{event}"], capture_output=True)
     events = subprocess.run(["perf", "probe", "-l"], capture_output=True, text=True).stdout.split()
     return next((e for e in events if e.endswith(f":{event}")), None)
 
@@ -357,16 +360,16 @@ def targets(mix: Path, tiny: Path, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
-    parser.add_argument("--images", type=int, default=2000)
-    parser.add_argument("--seconds", type=float, default=15, help="each sampling window")
-    parser.add_argument("--rate", type=int, default=400, help="py-spy samples per second")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--images", type=ic._count, default=2000)
+    parser.add_argument("--seconds", type=ic._seconds, default=15, help="each sampling window")
+    parser.add_argument("--rate", type=ic._count, default=400, help="py-spy samples per second")
+    parser.add_argument("--repeats", type=ic._count, default=3)
     parser.add_argument("--before", metavar="COMMIT", help="also sample the module as of this commit, side by side")
     parser.add_argument("--no-targets", action="store_false", dest="targets", help="only the GIL figures")
     parser.add_argument("--no-sampling", action="store_false", dest="sampling", help="only the loader's ratios")
     parser.add_argument("--uprobes", action="store_true", help="also time each GIL-held stretch with perf uprobes")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=ic._count, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child_loop(args.child, args.seconds, args.threads)

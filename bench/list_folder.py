@@ -22,9 +22,12 @@ import imagenet_classification as ic  # noqa: E402
 
 
 def make_tree(root: Path, files: int) -> None:
-    """Empty files under 1000 WordNet-ID folders, as many in each (the last ones one more)."""
+    """Empty files under 1000 WordNet-ID folders, as many in each (the last ones one more), in a
+    folder this made (``.complete`` once whole) or a new or empty one: never beside real images."""
     if (root / ".complete").exists():
         return
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        sys.exit(f"error: --root {root}: not an empty folder; this fills it with empty .JPEG files, so give a new one")
     wnids = sorted(ic.get_mappings())
     for i, wnid in enumerate(wnids):
         folder = root / wnid
@@ -37,8 +40,8 @@ def make_tree(root: Path, files: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", type=Path, required=True)
-    parser.add_argument("--files", type=int, default=1_281_167)
+    parser.add_argument("--root", type=Path, required=True, help="a new folder, filled with empty .JPEG files")
+    parser.add_argument("--files", type=ic._count, default=1_281_167, help="files in all (default: ImageNet's train)")
     args = parser.parse_args()
     make_tree(args.root, args.files)
     os.sync()
