@@ -1486,7 +1486,7 @@ def _ffmpeg_decodes(header: _JpegHeader) -> bool:
         return False
     subsampled = header.components == 3 and header.sampling[:1] != b"\x11"  # luma sampled more than chroma
     odd = header.width % 2 or header.height % 2
-    return not (subsampled and odd and min(header.width, header.height) < _ODD_EDGE_MAX)
+    return not (subsampled and odd and 0 < min(header.width, header.height) < _ODD_EDGE_MAX)  # 0: DNL's, or corrupt
 
 
 def _crop_on_cpu(
