@@ -67,7 +67,8 @@ _COMMAND = os.path.basename(getattr(sys.modules.get("__main__"), "__file__", Non
 if __name__ in ("__main__", "__mp_main__") or _COMMAND:
 
     def _interrupted_while_starting(signum: int, _frame: object) -> None:
-        if multiprocessing.parent_process() is None:  # none in a --decode-processes worker
+        # None in a --decode-processes worker: spawned, it runs this as __mp_main__, or the script's own
+        if __name__ == "__main__" or (_COMMAND and multiprocessing.parent_process() is None):
             os.write(2, f"error: interrupted by {signal.Signals(signum).name} while starting\n".encode())
         os._exit(128 + signum)
 
