@@ -2714,7 +2714,7 @@ def _hub_unreachable(config: dict) -> str | None:
     try:
         socket.create_connection((host, port), timeout=HUB_CHECK_S).close()
     except OSError as e:
-        return f"{url.hostname}: {e.strerror or e}"
+        return f"{host}: {e.strerror or e}"
     return None
 
 
@@ -2733,9 +2733,12 @@ def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
     try:
         model = timm.create_model(model_name, pretrained=pretrained)
     except OSError as e:  # the hub is out of reach and the weights are not in its cache
-        said = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"  # huggingface_hub's run to many lines
-        where = f"the model hub is out of reach ({unreachable})" if unreachable else said
-        where = "HF_HUB_OFFLINE is set" if offline else where
+        if offline:
+            where = "HF_HUB_OFFLINE is set"
+        elif unreachable:
+            where = f"the model hub is out of reach ({unreachable})"
+        else:  # huggingface_hub's messages run to many lines
+            where = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         message = f"{model_name}: cannot get its pretrained weights ({where}, and they are not in its cache)"
         raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
     except Exception as e:  # e.g. no pretrained weights, or a corrupt cached file (SafetensorError)
@@ -4713,6 +4716,8 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     if args.trace is not None:
         _check_output_path("--trace", args.trace)  # a file name, PATH.json and PATH.pftrace beside it
         outputs += [("--trace", Path(f"{args.trace}{suffix}")) for suffix in (".json", ".pftrace")]
+    if all(path is None for _, path in outputs):  # nothing written: no input to look up (/proc/self/maps)
+        return
     read = [args.input_flist, args.labels, args.checkpoint, CLASS_TSV, __file__, Path(sys.prefix, "pyvenv.cfg")]
     read += _mapped_files()
     source, _, folder = args.model.partition(":")
@@ -4727,8 +4732,9 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         if path is None:
             continue
         target = _check_output_path(flag, path)
-        for folder, what in protected:  # by the name given too: .venv/bin/python leads out of the venv
-            if any(os.path.commonpath([folder, p]) == folder for p in (target, os.path.abspath(path))):
+        named = (target, os.path.abspath(path))  # by the name given too: .venv/bin/python leads out of the venv
+        for folder, what in protected:
+            if any(os.path.commonpath([folder, p]) == folder for p in named):
                 raise InputError(f"{flag} {path}: that is inside {folder}, {what}")
         listed = False
         if target not in inputs | seen and os.path.exists(target):  # a file not there yet is no listed image

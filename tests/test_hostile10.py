@@ -18,6 +18,7 @@ from PIL import Image
 import imagenet_classification as ic
 from tests.conftest import ROOT, TINY, make_jpeg_set, run_main, write_jpeg
 from tests.test_hostile5 import _decoded, _photo_bytes, _timm_crop
+from tests.test_measurement import _Terminal
 
 # --- JPEGs FFmpeg decodes unlike PIL -------------------------------------------------------------------
 
@@ -235,11 +236,6 @@ def test_a_first_listed_image_that_cannot_be_looked_up_says_why(capfd, tmp_path)
 
 
 # --- The live line ----------------------------------------------------------------------------------------
-
-
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
 
 
 def test_the_live_line_fits_the_terminal_and_clears_what_a_longer_one_left(monkeypatch):
