@@ -1645,15 +1645,17 @@ def _ffmpeg_decode_func(
         crops, labels, paths = _decode_items(items, decode_one, policy, failures)
         if not crops:
             return _empty_batch(transform, device, failures)
-        if all(isinstance(crop, _libspdl.VideoFrames) for crop in crops):  # one conversion for the batch
+        by_ffmpeg = sum(isinstance(crop, _libspdl.VideoFrames) for crop in crops)
+        if by_ffmpeg == len(crops):  # one conversion for the batch
             buffer = convert_frames(crops)
             if cuda_config is not None:
                 buffer = transfer_buffer(buffer, device_config=cuda_config)
             images = to_torch(buffer).squeeze(1).to(device)
         else:  # PIL decoded some of them
             images = torch.stack([_image_tensor(crop) for crop in crops]).to(device)
+        decoded_by = {"ffmpeg": by_ffmpeg, "pil": len(crops) - by_ffmpeg}
         # NHWC memory seen as NCHW: the channels-last layout convolutions prefer.
-        return _Batch(images.permute(0, 3, 1, 2), _label_tensor(labels, device), paths, failures)
+        return _Batch(images.permute(0, 3, 1, 2), _label_tensor(labels, device), paths, failures, 0, decoded_by)
 
     return decode_batch_ffmpeg
 
@@ -4252,9 +4254,14 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
         note = "; the figures are mostly the CPU's" if share > FALLBACK_WARNING else ""
         line = f"  {result.decoder_fallbacks} images ({share:.1%}) decoded on the CPU: the GPU decoder cannot "
         print(f"{line}take them{note}", file=file)
-    if result.decoder_backends:
-        counts = ", ".join(f"{backend} {count}" for backend, count in sorted(result.decoder_backends.items()))
+    on_gpu = {backend: n for backend, n in result.decoder_backends.items() if backend not in ("ffmpeg", "pil") and n}
+    if on_gpu:
+        counts = ", ".join(f"{backend} {count}" for backend, count in sorted(on_gpu.items()))
         print(f"  decoded on the GPU, per backend: {counts}", file=file)
+    if by_pil := result.decoder_backends.get("pil", 0):
+        share = by_pil / sum(result.decoder_backends.values())
+        line = f"  {_images(by_pil)} ({share:.1%}) decoded by PIL, not FFmpeg: not JPEG or PNG, an animated PNG, "
+        print(f"{line}a CMYK or arithmetic-coded JPEG, or a small one", file=file)
     if result.page_cache is not None:
         print("\n".join(_page_cache_lines(result.page_cache)), file=file)
     for failure in result.failures[:10]:
