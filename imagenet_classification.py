@@ -143,10 +143,8 @@ MAX_IMAGE_PIXELS = 178_956_970  # larger images are refused before decoding, as 
 EXIT_FAILED, EXIT_USAGE, EXIT_STALLED = 1, 2, 3
 
 
-################################################################################
-# Errors: what a library call raises on purpose. The entry point alone turns them into exit
-# statuses (see _explain).
-################################################################################
+# --- Errors ---
+# What a library call raises on purpose. The entry point alone turns them into exit statuses (_explain).
 
 
 class InputError(Exception):
@@ -204,9 +202,7 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(self.reason)
 
 
-################################################################################
-# Arguments
-################################################################################
+# --- Arguments ---
 
 
 def _number(kind: type, low: float, what: str, high: float = math.inf) -> Callable[[str], Any]:
@@ -238,7 +234,6 @@ def _whole(value: object, low: int, high: float = math.inf) -> bool:
 
 
 def _images(n: int, noun: str = "image") -> str:
-    """``1 image``, ``2 images``: a count in a message."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
@@ -272,7 +267,6 @@ def _file_name(text: str) -> Path:
 
 
 def _max_bad(text: str) -> tuple[float, bool]:
-    """Parse ``N`` or ``P%`` into ``(value, is_percent)``."""
     is_percent = text.endswith("%")
     what = "N or P% (0-100)"
     parse = _number(float, 0, what, 100) if is_percent else _number(int, 0, what)
@@ -439,9 +433,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-################################################################################
-# Source: the list of images, read once -> (path, class index)
-################################################################################
+# --- Source: the list of images, read once -> (path, class index) ---
 
 # What torchvision's ImageFolder takes as images, matched case-insensitively.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -815,9 +807,7 @@ class _Shard:
         return len(range(self.rank if rank is None else rank, listed, self.world_size))
 
 
-################################################################################
-# Page cache: how much of the listed files' data is in memory; --cold-cache evicts it
-################################################################################
+# --- Page cache: how much of the listed files' data is in memory; --cold-cache evicts it ---
 
 _LOW_BIT = bytes(i & 1 for i in range(256))  # mincore's vector: bit 0 of each byte says resident
 
@@ -868,7 +858,6 @@ def _resident_bytes(fd: int, size: int) -> int | None:
 
 
 def _sum_known(values: Iterable[int | None]) -> int | None:
-    """The sum, or None if any value is unknown."""
     values = list(values)
     return None if None in values else sum(values)
 
@@ -970,9 +959,7 @@ def _examine_page_cache(paths: Iterable[str], evict: bool = False, elsewhere: Se
     )
 
 
-################################################################################
-# Decode: paths -> uint8 N x 3 x H x W on the device
-################################################################################
+# --- Decode: paths -> uint8 N x 3 x H x W on the device ---
 
 # bicubic: bilinear for the chroma planes (swscale's bicublin), as PIL upsamples 4:2:0 chroma before
 # its bicubic resize: closer to PIL than bicubic chroma, and no slower (bench/parity.py).
@@ -1286,14 +1273,13 @@ def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
         raise ImageDecodeError(path, "empty file (0 bytes)")
     # The end-of-image marker follows the first scan; data after it (a camera's trailer) is fine, as in PIL.
     if data[:2] == b"\xff\xd8" and not data.endswith(b"\xff\xd9"):
-        if data.find(b"\xff\xd9", _jpeg_scan(data)) == -1:
+        header = _parse_jpeg_header(data)
+        if data.find(b"\xff\xd9", header.scan if header else 2) == -1:
             raise ImageDecodeError(path, "truncated JPEG (no end-of-image marker)")
     return data
 
 
-################################################################################
-# JPEG headers: what each decoder needs to know before it decodes
-################################################################################
+# --- JPEG headers: what each decoder needs to know before it decodes ---
 
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start of frame; not DHT, JPG, DAC
 _ARITHMETIC_SOF = frozenset({0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})  # arithmetic coding, which FFmpeg lacks
@@ -1304,14 +1290,14 @@ _SOF_FIELDS = struct.Struct(">BHHB")  # after a start-of-frame segment's length:
 
 class _JpegHeader(NamedTuple):
     """A JPEG's frame header: its marker (0xC0 baseline, 0xC2 progressive, …), components (1 grey,
-    3 YCbCr, 4 CMYK), their sampling factors (``h << 4 | v``), where the next segment starts."""
+    3 YCbCr, 4 CMYK), their sampling factors (``h << 4 | v``), where its first scan starts (2: not found)."""
 
     frame_type: int
     width: int
     height: int
     components: int
     sampling: bytes
-    end: int
+    scan: int
 
     @property
     def chroma_420(self) -> bool:  # YCbCr, chroma at half the resolution both ways
@@ -1323,42 +1309,29 @@ def _parse_jpeg_header(data: bytes) -> _JpegHeader | None:
     The segments are walked by their lengths: an EXIF thumbnail's markers inside APP1 are skipped."""
     if data[:2] != b"\xff\xd8":
         return None
-    i, end = 2, len(data) - 4
+    i, end, header = 2, len(data) - 4, None
     while i <= end:
         fill, marker, length = _SEGMENT.unpack_from(data, i)
         if fill != 0xFF:  # bytes between segments: FFmpeg skips them to the next marker, and so does this
             if (i := data.find(b"\xff", i)) == -1:
-                return None
+                break
             continue
         if marker == _SOS:
-            return None
+            return header and header._replace(scan=i)
         if marker == 0xFF:  # fill byte
             i += 1
-        elif marker in _SOF_MARKERS:
+            continue
+        if marker in _SOF_MARKERS and header is None:
             if i + 10 > len(data):
                 return None
             _, height, width, components = _SOF_FIELDS.unpack_from(data, i + 4)
             sampling = data[i + 11 : i + 10 + 3 * components : 3]  # each component: id, sampling, table
-            return _JpegHeader(marker, width, height, components, sampling, i + 2 + length)
-        else:
-            i += 2 + length
-    return None
+            header = _JpegHeader(marker, width, height, components, sampling, 2)
+        i += 2 + length
+    return header
 
 
-def _jpeg_scan(data: bytes, i: int = 2) -> int:
-    """The offset of JPEG data's first start of scan, the segments walked from offset ``i`` (a
-    header's ``end`` goes on from there); 2 if the data ends or stops being segments first."""
-    while i + 4 <= len(data) and data[i] == 0xFF:
-        marker = data[i + 1]
-        if marker == _SOS:
-            return i
-        i += 1 if marker == 0xFF else 2 + int.from_bytes(data[i + 2 : i + 4], "big")
-    return 2
-
-
-################################################################################
-# Decode on the CPU: FFmpeg for JPEG and PNG data, PIL for any other container
-################################################################################
+# --- Decode on the CPU: FFmpeg for JPEG and PNG data, PIL for any other container ---
 
 _JPEG_START = b"\xff\xd8\xff"  # start-of-image marker, then the next marker
 _PNG_START = b"\x89PNG\r\n\x1a\n"
@@ -1518,15 +1491,12 @@ def _crop_on_cpu(
 
 
 def _image_tensor(image: spdl.io.VideoFrames | Any) -> Tensor:
-    """uint8 ``S x S x 3`` on the CPU."""
     if isinstance(image, _libspdl.VideoFrames):
         return to_torch(convert_frames([image]))[0, 0]
     return torch.from_numpy(image.copy())
 
 
-################################################################################
-# Batches: items -> (images, labels) on the device, bad images listed with their batch
-################################################################################
+# --- Batches: items -> (images, labels) on the device, bad images listed with their batch ---
 
 
 class _Batch(tuple):
@@ -1660,9 +1630,7 @@ def _ffmpeg_decode_func(
     return decode_batch_ffmpeg
 
 
-################################################################################
-# Decode on the GPU: nvJPEG through nvImageCodec (or torchvision), and NVDEC (SPDL)
-################################################################################
+# --- Decode on the GPU: nvJPEG through nvImageCodec (or torchvision), and NVDEC (SPDL) ---
 
 NVIMGCODEC_BACKENDS = ("hardware", "cuda", "hybrid")  # nvImageCodec's on a GPU, each its own decoder, in this order
 NVIMGCODEC_CPU_THREADS = 1  # per decoder: each pipeline thread has decoders of its own
@@ -1693,7 +1661,6 @@ def _spdl_cuda_error() -> str | None:
 
 
 def _spdl_cuda_config(device: torch.device, stream: torch.cuda.Stream | None = None) -> spdl.io.CUDAConfig:
-    """Allocations through torch's caching allocator, work on ``stream`` (default: SPDL's own)."""
     kwargs = {} if stream is None else {"stream": stream.cuda_stream}
     allocator = (torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete)
     return spdl.io.cuda_config(device_index=device.index or 0, allocator=allocator, **kwargs)
@@ -1889,7 +1856,7 @@ def _decode_nvdec(
     for i, (data, header) in enumerate(zip(datas, headers, strict=True)):
         if not _nvdec_can_take(header):
             continue
-        end = data.find(b"\xff\xd9", _jpeg_scan(data, header.end))
+        end = data.find(b"\xff\xd9", header.scan)
         try:
             packets = spdl.io.demux_video(data if end == -1 else data[: end + 2])
             width, height = packets.width, packets.height
@@ -2112,9 +2079,7 @@ def _check_decoder(
     raise InputError(message, f"--use-{decoder}", _FFMPEG_ADVICE)
 
 
-################################################################################
-# Pipeline
-################################################################################
+# --- Pipeline ---
 
 
 _SPDL_STAGE_BUFFER = 2  # batches SPDL's queue between the decode stage and the sink holds (its _BUFFER_SIZE)
@@ -2155,8 +2120,6 @@ class _TimedQueue(StatsQueue):
 
 
 class _TaskStats(TaskStatsHook):
-    """SPDL's task statistics, and when each of its tasks ended (``time.monotonic``)."""
-
     def __init__(self, info: StageInfo, interval: float = -1) -> None:
         super().__init__(info, interval=interval)
         self.ends: list[float] = []
@@ -2314,7 +2277,6 @@ def get_pipeline(
 
 
 def _decode_worker_died(why: str) -> RunStopped:
-    """The loader's failure when a ``--decode-processes`` worker died."""
     message = f"the loading pipeline failed: a --decode-processes worker died ({why}): killed, by the "
     return RunStopped(message + "out-of-memory killer? (dmesg says)", "loader")
 
@@ -2351,19 +2313,15 @@ def _decode_worker_init() -> None:
     atexit.register(os._exit, 0)  # runs after multiprocessing's own exit handling, before the teardown
 
 
-class _ProcessDecode:
-    """The FFmpeg CPU decode function, made in the worker process that runs it (a closure cannot be
-    pickled to a spawned worker); bad images are left out, listed in ``Batch.failures``."""
+@functools.cache  # one per worker process: made there, as a closure cannot be pickled to a spawned worker
+def _worker_decode_func(transform: EvalTransform, max_image_bytes: int) -> _DecodeFunc:
+    """The FFmpeg CPU decode function of a ``--decode-processes`` worker: bad images are left out and
+    listed in ``Batch.failures`` (a skipping policy: the main process's applies)."""
+    return get_decode_func("cpu", transform, "ffmpeg", BadImagePolicy(skip=True), max_image_bytes=max_image_bytes)
 
-    def __init__(self, transform: EvalTransform, max_image_bytes: int) -> None:
-        self.transform, self.max_image_bytes = transform, max_image_bytes
-        self.decode: Callable[[Sequence[tuple[str, int]]], _Batch] | None = None  # made on the first call
 
-    def __call__(self, items: Sequence[tuple[str, int]]) -> _Batch:
-        if self.decode is None:  # a skipping policy: the main process's applies it
-            policy = BadImagePolicy(skip=True)
-            self.decode = get_decode_func("cpu", self.transform, "ffmpeg", policy, max_image_bytes=self.max_image_bytes)
-        return self.decode(items)
+def _decode_in_worker(transform: EvalTransform, max_image_bytes: int, items: Sequence[tuple[str, int]]) -> _Batch:
+    return _worker_decode_func(transform, max_image_bytes)(items)
 
 
 def _received(batches: Iterator[_Batch], device: torch.device, workers: int) -> Iterator[_Batch]:
@@ -2386,9 +2344,7 @@ def _received(batches: Iterator[_Batch], device: torch.device, workers: int) -> 
         yield _Batch(images, labels, batch.paths, batch.failures)
 
 
-################################################################################
-# Baseline loader: PyTorch DataLoader with PIL, for comparison on identical work
-################################################################################
+# --- Baseline loader: PyTorch DataLoader with PIL, for comparison on identical work ---
 
 
 class _PILDataset(torch.utils.data.IterableDataset):
@@ -2425,7 +2381,6 @@ _DATALOADER_DIED = "DataLoader worker"  # the start of torch's message when a wo
 
 
 def _worker_died(e: RuntimeError) -> RunStopped:
-    """torch's error for a dead DataLoader worker, as the loader's failure."""
     return RunStopped(f"the DataLoader failed: {str(e).splitlines()[0].strip()}", "loader")
 
 
@@ -2495,7 +2450,6 @@ _ABANDONED: list = []  # DataLoader iterators not shut down after an interrupt: 
 
 @contextlib.contextmanager
 def _open_torch_loader(config: _RunConfig, images: ImageList) -> Iterator[_Loader]:
-    """The DataLoader baseline over ``images``, as a running loader; its workers shut down on the way out."""
     dataset = _PILDataset(images, config.transform, config.max_image_bytes, config.batch_size)
     workers = iter(_get_torch_loader(dataset, config.num_threads, config.device, config.timeout))
     loader = _Loader(_torch_loader_batches(workers, config.device))
@@ -2511,9 +2465,7 @@ def _open_torch_loader(config: _RunConfig, images: ImageList) -> Iterator[_Loade
                 workers._shutdown_workers()
 
 
-################################################################################
-# Model: normalise -> timm model -> top-1 / top-5 counts
-################################################################################
+# --- Model: normalise -> timm model -> top-1 / top-5 counts ---
 
 
 class Preprocessing(torch.nn.Module):
@@ -2824,9 +2776,7 @@ def get_model(
     return ModelBundle(preprocessing, model, Classification(), dtype, transform, batch_size)
 
 
-################################################################################
-# Timed loop and its result
-################################################################################
+# --- Timed loop and its result ---
 
 
 @dataclass
@@ -2947,7 +2897,6 @@ class _TimingWindow:
         return event
 
     def add(self, frames: int) -> None:
-        """Count one batch of ``frames`` images, just finished."""
         self.batches += 1
         self.frames_all += frames
         self.marks.append((self._mark(), frames))
@@ -2962,7 +2911,6 @@ class _TimingWindow:
 
     @property
     def timed(self) -> bool:
-        """Whether a batch came after the warm-up."""
         return self.timed_from is not None and self.batches > self.timed_from
 
     def _since_start(self, mark: Any) -> float:
@@ -3487,7 +3435,6 @@ def _measure_reads(batches: Iterable[tuple[int, int]], warmup_batches: int) -> t
 
 
 def _measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup_batches: int) -> float:
-    """Images/s of the model alone, on synthetic uint8 batches already on its device."""
     device = _model_device(model)
     size = model.transform.size
     images = torch.randint(0, 256, (batch_size, size, size, 3), dtype=torch.uint8, device=device)
@@ -3503,9 +3450,7 @@ def _measure_model(model: ModelBundle, batch_size: int, num_batches: int, warmup
         return measure_loader(batches(), device, warmup_batches)
 
 
-################################################################################
-# Scale out with torchrun: shards, synchronised clocks, exact totals
-################################################################################
+# --- Scale out with torchrun: shards, synchronised clocks, exact totals ---
 
 
 def _init_distributed(device: torch.device, timeout_s: float) -> None:
@@ -3690,9 +3635,7 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
     return [{k: s[k] for k in (*_RANK_KEYS, "stop_reason")} for s in sorted(shares, key=lambda s: s["rank"])]
 
 
-################################################################################
-# Parity: does the loader change what the model sees and predicts?
-################################################################################
+# --- Parity: does the loader change what the model sees and predicts? ---
 
 
 @dataclass
@@ -3713,24 +3656,16 @@ class _Parity:
 
     def summary(self) -> str:
         """Counts, not rounded shares: 4998 of 5000 agreeing is not "100.0 %"."""
-        n = self.images
+        n, line = self.images, "Parity with timm's reference transform"
         if not n:
-            return (
-                "Parity with timm's reference transform: no image that both decoded, nothing compared"
-                + self.not_compared()
+            line += ": no image that both decoded, nothing compared"
+        else:
+            shares = (self.top1_agree, self.top5_agree, self.top1_loader, self.top1_reference)
+            agree1, agree5, here, there = (round(share * n) for share in shares)
+            line += (
+                f" on {_images(n)}: pixels differ by {self.mad_mean:.2f} on average (worst {self.mad_max:.2f}, 0-255); "
+                f"top-1 agrees on {agree1} of {n}, top-5 on {agree5}; top-1 correct: {here} here vs {there} there"
             )
-        shares = (self.top1_agree, self.top5_agree, self.top1_loader, self.top1_reference)
-        agree1, agree5, here, there = (round(share * n) for share in shares)
-        line = (
-            f"Parity with timm's reference transform on {_images(n)}: pixels differ by {self.mad_mean:.2f} "
-            f"on average (worst {self.mad_max:.2f}, 0-255); top-1 agrees on {agree1} of {n}, top-5 on "
-            f"{agree5}; top-1 correct: {here} here vs {there} there"
-        )
-        return line + self.not_compared()
-
-    def not_compared(self) -> str:
-        """The images only one side decoded, if any: ``; 1 image only timm's transform decoded, …``."""
-        line = ""
         for count, who in ((self.loader_only, "the loader"), (self.reference_only, "timm's transform")):
             line += f"; {_images(count)} only {who} decoded, not compared" if count else ""
         return line
@@ -3808,9 +3743,7 @@ def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
     return _measure_parity(items, decode, model, min(config.batch_size, config.parity))
 
 
-################################################################################
-# Tuning: the loader's settings swept, the end-to-end rate of the best ones
-################################################################################
+# --- Tuning: the loader's settings swept, the end-to-end rate of the best ones ---
 
 _SWEPT = ("num-threads", "batch-size", "queue-size", "decode-processes")  # the flags a sweep sets, in its order
 SWEEP_TOLERANCE = 0.05  # the recommended setting is the smallest within this of the best
@@ -3888,8 +3821,6 @@ def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
 
 @dataclass
 class _SweepPoint:
-    """One setting of the loader, and the rates it reached (images/s)."""
-
     num_threads: int
     batch_size: int
     queue_size: int
@@ -4058,7 +3989,6 @@ def _sweep_command(config: _RunConfig) -> int:
 
 
 def _write_sweep(path: Path, sweep: _Sweep, payload: dict) -> None:
-    """Write the sweep's points as CSV for a ``.csv`` path, else ``payload`` as JSON. Atomically."""
     if not str(path).lower().endswith(".csv"):
         _write_atomically(path, json.dumps(payload, indent=2) + "\n")
         return
@@ -4168,9 +4098,7 @@ def _plot_sweep(sweep: _Sweep, path: Path | str, title: str) -> bool:
     return True
 
 
-################################################################################
-# Reporting
-################################################################################
+# --- Reporting ---
 
 
 @dataclass
@@ -4222,7 +4150,6 @@ def _print_drain(result: RunResult, file: TextIO | None) -> None:
 
 
 def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
-    """Print the design's FPS and accuracy lines, then the accounting of every listed image."""
     if result.warmup_included and result.frames_timed:  # none: no FPS to include it in (the lines below say why)
         print("WARNING: the batches that ran the model were not more than the warm-up: FPS includes it", file=file)
     over = result.fps_max_overstatement
@@ -4271,7 +4198,6 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
 
 
 def _page_cache_lines(cache: _PageCache) -> list[str]:
-    """The summary's lines on the page cache: cold or warm, and how much was in memory."""
     size = f"{cache.bytes / 1e9:.2f} GB" if cache.bytes >= 1e9 else f"{cache.bytes / 1e6:.1f} MB"
     line = "Page cache: cold run (--cold-cache)" if cache.cold else "Page cache: warm run (no --cold-cache)"
     after = cache.resident_after
@@ -4295,7 +4221,6 @@ def _page_cache_lines(cache: _PageCache) -> list[str]:
 
 
 def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
-    """Print loader-only, model-only and end-to-end rates side by side, with the verdict."""
     b = breakdown
     rates = f"loader alone {b.loader_fps:.1f} | model alone {b.model_fps:.1f} | end-to-end {b.e2e_fps:.1f}"
     print(f"Breakdown (images/s): {rates}", file=file)
@@ -4319,7 +4244,6 @@ def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
 
 
 def _print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
-    """Print PipelineStats.summary(): each stage's task time, the sink queue's occupancy as SPDL's guide reads it."""
     stages = []
     for stage in stats["stages"]:
         failed = f" ({stage['failures']} failed)" if stage["failures"] else ""
@@ -4342,7 +4266,6 @@ def _print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
 
 
 def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
-    """The summary, then SPDL's statistics, the parity, and the breakdown (or why it was cut)."""
     _print_summary(report.result, file)
     if report.pipeline_stats is not None:
         _print_pipeline_stats(report.pipeline_stats, file)
@@ -4361,7 +4284,6 @@ PLOT_HINT = "pip install matplotlib (or, in the checkout, pip install '.[plot]')
 
 
 def _pyplot() -> Any:
-    """matplotlib's pyplot drawing to files, or None where matplotlib is not installed."""
     try:
         import matplotlib.pyplot as plt
     except ImportError:
@@ -4417,7 +4339,6 @@ def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
 
 
 def _save(fig: Any, plt: Any, ax: Any, path: Path | str) -> None:
-    """Grid the axes, save the figure as PNG, atomically."""
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     buffer = io.BytesIO()
@@ -4442,7 +4363,6 @@ def _usable_cpus() -> int:
 
 
 def _environment(device: torch.device) -> dict:
-    """Versions and hardware that the numbers depend on."""
     import timm
 
     env = {"imagenet_classification": __version__, "python": platform.python_version(), "torch": torch.__version__}
@@ -4565,7 +4485,6 @@ def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
 
 
 def _run_title(report: _RunReport) -> str:
-    """The run in its timeline's title: the model and its settings, and the FPS."""
     c, r = report.config, report.result
     compiled = f"compiled ({c['compile']})" if c["compile"] else "not compiled"
     settings = f"batch {c['batch_size']}, {c['loader']} {c['decoder']} x {c['num_threads']} threads"
@@ -4587,9 +4506,7 @@ def _in_list_order(rows: list, images: ImageList, path: Callable[[Any], str] = l
     return sorted(rows, key=position)
 
 
-################################################################################
-# Entry point: pre-flight checks, a frozen config, the run, the report, exit statuses
-################################################################################
+# --- Entry point: pre-flight checks, a frozen config, the run, the report, exit statuses ---
 
 
 @dataclass(frozen=True)
@@ -4691,7 +4608,6 @@ _CONFIG_IN_RESULTS += "max_image_mb cold_cache start_time".split()
 
 
 def _read_images(args: argparse.Namespace) -> ImageList:
-    """The run's images, read once from the list or the folder (with the labels file, if any)."""
     limit = args.max_samples
     if args.trace is not None:  # --trace keeps traces small
         limit = min(limit or math.inf, args.batch_size * TRACE_BATCHES)
@@ -4715,7 +4631,7 @@ def _read_images(args: argparse.Namespace) -> ImageList:
 def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     """The checkpoint, and every file the run will write: none may be (by real path) a file the run
     reads (a listed image too) or another output."""
-    if args.checkpoint is not None and not args.checkpoint.is_file():
+    if args.checkpoint is not None and not args.checkpoint.is_file():  # before the model is built
         what = "no such file" if not args.checkpoint.exists() else "not a regular file"
         raise InputError(f"--checkpoint {args.checkpoint}: {what}")
     outputs = [("--results-file", args.results_file), ("--predictions-file", args.predictions_file)]
@@ -4838,19 +4754,14 @@ def _refuse_under_torchrun(args: argparse.Namespace, shard: _Shard) -> None:
     if shard.world_size == 1:
         return
     for flag, path in (("--input-flist", args.input_flist), ("--labels", args.labels)):
-        if path is not None and (str(path) == "-" or stat.S_ISFIFO(_stat_mode(path))):  # read once, by one rank
+        fifo = False
+        with contextlib.suppress(OSError, ValueError, TypeError):  # unreadable: the list's own check says why
+            fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+        if path is not None and (str(path) == "-" or fifo):  # read once, by one rank
             raise InputError(f"{flag} {path}: under torchrun every rank would read this stream; give a file")
     for flag, given in (("--breakdown", args.breakdown), ("--parity", args.parity), ("--sweep", args.sweep)):
         if given:
             raise InputError(f"{flag} runs in a single process, not under torchrun")
-
-
-def _stat_mode(path: Path) -> int:
-    """The file's mode, or 0 where it cannot be read (the list's own check says why)."""
-    try:
-        return os.stat(path).st_mode
-    except (OSError, ValueError):
-        return 0
 
 
 _OPEN_FILES_SPARE = 32  # descriptors a run holds beside its images (8 to 20 measured: libraries, pipes)
@@ -4889,7 +4800,6 @@ def _choose_decoder(args: argparse.Namespace, sweep: dict[str, list[int]] | None
 def _preflight(
     args: argparse.Namespace, shard: _Shard, command: Sequence[str] = (), start_time: str = ""
 ) -> _RunConfig:
-    """Check everything that can be checked before the model is built; build the run's config."""
     _refuse_under_torchrun(args, shard)
     images = _read_images(args)
     try:
@@ -4972,8 +4882,6 @@ def _shard_from_env() -> _Shard:
 
 @dataclass
 class _Loader:
-    """A running loader."""
-
     batches: Iterator[_Batch]
     stats: _PipelineStats | None = None  # SPDL's stage statistics; None for --loader torch
     stop_at_once: bool = False  # an interrupt: the process ends right after the report
@@ -4982,14 +4890,13 @@ class _Loader:
 
 @contextlib.contextmanager
 def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) -> Iterator[_Loader]:
-    """Start the loader the config names over ``images``; stop it on the way out."""
     if config.loader == "torch":
         with _open_torch_loader(config, images) as loader:
             yield loader
         return
     in_processes, limit = config.decode_processes, config.max_image_bytes
     if in_processes:  # batches decoded on the CPU in worker processes, copied to the device here
-        decode: Callable = _ProcessDecode(config.transform, limit)
+        decode: Callable = functools.partial(_decode_in_worker, config.transform, limit)
     else:
         decode = get_decode_func(config.device, config.transform, config.decoder, policy, max_image_bytes=limit)
     stats = _PipelineStats(config.stats_interval)
@@ -5140,7 +5047,6 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
 
 
 def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
-    """The run's decoder against FFmpeg on the CPU, on the first images (before the model is built)."""
     if not config.check_decoder:  # off, or FFmpeg on the CPU: the reference itself (_preflight)
         return None
     decode = get_decode_func(config.device, config.transform, config.decoder, max_image_bytes=config.max_image_bytes)
@@ -5350,7 +5256,6 @@ def _held_status(held: list[int]) -> int:
 
 
 def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
-    """Log INFO and up (DEBUG with ``debug``); SPDL's per-stage statistics with ``spdl_stats`` or ``debug``."""
     fmt = "%(asctime)s [%(levelname)s] %(message)s"
     logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO, force=True)
     _LG.addFilter(_printable_record)  # added once, however often this runs
@@ -5361,7 +5266,6 @@ def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
 
 
 def _run_job(config: _RunConfig) -> int:
-    """The run, alone or as one rank of a torchrun job. Returns the exit status."""
     try:
         report = _run(config)
         with _signals_held() as held:

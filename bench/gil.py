@@ -325,7 +325,7 @@ def loader_fps(flist: Path, threads: int, transform: ic.EvalTransform, passes: i
     images = ic.read_file_list(flist, f"{flist.parent}/")
     items = ic.ImageList(images.paths * passes, images.labels * passes) if passes > 1 else images
     if processes:
-        decode = ic._ProcessDecode(transform, ic.MAX_IMAGE_MB << 20)
+        decode = functools.partial(ic._decode_in_worker, transform, ic.MAX_IMAGE_MB << 20)
     else:
         decode = ic.get_decode_func("cpu", transform, policy=ic.BadImagePolicy(skip=True))
     pipeline = ic.get_pipeline(items, 32, decode, threads, 16, threads, decode_processes=processes)

@@ -287,7 +287,8 @@ def _first_jpeg_image(data: bytes) -> bytes:
     """The data up to its first image's end, as the loader gives NVDEC (no MPO's second image, no trailer)."""
     import imagenet_classification as ic
 
-    end = data.find(b"\xff\xd9", ic._jpeg_scan(data))
+    header = ic._parse_jpeg_header(data)
+    end = data.find(b"\xff\xd9", header.scan if header else 2)
     return data if end == -1 else data[: end + 2]
 
 
