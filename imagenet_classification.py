@@ -51,6 +51,7 @@ import stat
 import struct
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import warnings
@@ -3038,8 +3039,8 @@ def benchmark(
     policy = policy or BadImagePolicy()
     loop = _Loop(model, RunResult(listed=listed, loader_lead=loader_lead), warmup_batches, sync_clocks, predictions)
     failures: list[ImageDecodeError] = []  # the one record of the bad images, in the order received
-    try:
-        with _stopped_runs(loop.result), torch.inference_mode():
+    with _stopped_runs(loop.result), torch.inference_mode():
+        try:
             for batch in loader:
                 _record_batch(batch, loop.result, failures)
                 policy.check(failures, listed)
@@ -3047,8 +3048,11 @@ def benchmark(
                 if progress is not None:
                     progress(loop.result.classified, loop.top1)
             _check_delivered(loop.result.classified + len(failures), listed)
-    finally:
-        loop.close(failures)
+        finally:
+            with _uninterrupted() as held:  # a signal now (the predictions' rows take seconds) waits for it
+                loop.close(failures)
+    if held:  # the run had ended: its result is whole, and the signal stops what would follow
+        raise RunInterrupted(held[0], loop.result)
     if loop.result.warmup_included and warmup_batches:  # the command line's summary says it itself
         _warn_warmup_included(loop.window.warmed, warmup_batches)
     return loop.result
@@ -3140,21 +3144,27 @@ class _Loop:
 
     def classify(self, batch: tuple[Tensor, Tensor]) -> None:
         images, labels = batch
-        n = int(images.shape[0])
+        n, kept = int(images.shape[0]), None
         if n:
             i = self.window.batches
             with spdl.io.utils.trace_event(f"iter_{i}"), torch.profiler.record_function(f"iter_{i}"):
                 logits = _logits(self.model, images)
                 b1, b5 = self.model.classification(logits, labels)
-                self.top1 += b1
-                self.top5 += b5
                 finite = logits.isfinite().all(dim=-1)
-                self.not_finite += finite.logical_not().sum()
             if self.kept is not None:  # on the device until the run ends
                 probs, classes = logits.softmax(dim=-1).topk(min(5, logits.shape[-1]), dim=-1)
-                self.kept.append((classes, probs, labels.view(-1), finite, tuple(getattr(batch, "paths", ()))))
-        self.result.classified += n
-        self.window.add(n)
+                kept = (classes, probs, labels.view(-1), finite, tuple(getattr(batch, "paths", ())))
+        with _uninterrupted() as held:  # the batch counted whole: never hits without their images
+            if n:
+                self.top1 += b1
+                self.top5 += b5
+                self.not_finite += finite.logical_not().sum()
+            if kept is not None:
+                self.kept.append(kept)
+            self.result.classified += n
+            self.window.add(n)
+        if held:
+            raise RunInterrupted(held[0])
 
     def close(self, failures: Sequence[ImageDecodeError]) -> None:
         """Fill the result from the loop's state, whether the loop ended or stopped."""
@@ -3577,12 +3587,13 @@ def _agree_on_job(config: _RunConfig) -> None:
 
 
 _STOPPED_KEY = "imagenet_classification/stopped/"  # + rank: a stopped rank's share, in the job's store
-_PEER_WORD_S = 2.0  # how long rank 0, stopped by a peer or a signal, waits for the stopped ranks' shares
-_FOLLOWED = {"interrupted": 1, "peer": 2}  # how a rank stopped after another; 0 (not here): on its own failure
+_PEER_WORD_S = 2.0  # how long a stopped rank 0 waits for the other ranks' shares
+# How a rank stopped after another, or finished its shard; 0 (not here): on its own failure.
+_FOLLOWED = {"interrupted": 1, "peer": 2, "finished": 3}
 
 
 def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
-    """The shares the other ranks left in the job's store when they stopped, waiting up to ``wait_s``."""
+    """The shares the other ranks left in the job's store (finished or stopped), waiting up to ``wait_s``."""
     import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
 
     found: dict[int, dict] = {}
@@ -3600,18 +3611,25 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
     return [found[rank] for rank in sorted(found)]
 
 
-def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
-    """The job's totals into ``outcome.result``; returns the results file's ``ranks``. A stopped rank
-    leaves its share in the job's store; rank 0 then totals those (a rank with no word: its images
-    not reached) and names in ``outcome.job_stop_reason`` the failure that stopped the job, not the
-    signal or lost peer it reached rank 0 as."""
+def _post_share(share: dict) -> None:
+    """This rank's share, left in the job's store for a rank 0 that stops (the store gone too: no word)."""
     import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
 
+    with contextlib.suppress(RuntimeError, ValueError):
+        c10d._get_default_store().set(f"{_STOPPED_KEY}{share['rank']}", json.dumps(share))
+
+
+def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
+    """The job's totals into ``outcome.result``; returns the results file's ``ranks``. Each rank leaves
+    its share in the job's store as its loop ends; a stopped rank 0 totals those (a rank with no word:
+    its images not reached) and names in ``outcome.job_stop_reason`` the failure that stopped the job,
+    not the signal or lost peer it reached rank 0 as."""
     result, shard = outcome.result, config.shard
     share = _rank_share(result, shard.rank, config.device)
     if shard.world_size == 1:
         return [{k: share[k] for k in _RANK_KEYS}]
     if outcome.error is None:
+        _post_share({**share, "stop_reason": None, "stopped_by": "finished"})  # for a rank 0 that stops
         try:
             with _peer_stops():  # a peer stopped before the final reduction
                 outcome.result, ranks = _reduce_results(result, shard, config.device)
@@ -3621,12 +3639,10 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
         result.partial = True
     own = _explain(outcome.error, config)[0]
     share.update(stop_reason=own, stopped_by=getattr(outcome.error, "kind", "interrupted"))
-    with contextlib.suppress(RuntimeError, ValueError):  # the store gone too: no word
-        c10d._get_default_store().set(f"{_STOPPED_KEY}{shard.rank}", json.dumps(share))
+    _post_share(share)
     if shard.rank != 0:
         return [{k: share[k] for k in _RANK_KEYS}]
-    followed = share["stopped_by"] in _FOLLOWED  # then the cause may be a peer's
-    shares = [share, *_stopped_peers(shard, _PEER_WORD_S if followed else 0.0)]
+    shares = [share, *_stopped_peers(shard, _PEER_WORD_S)]  # a rank still running: its images not reached
     outcome.result = _job_total(shares, len(config.images), result, shard.world_size)
     outcome.result.partial = True
     outcome.result.predictions = result.predictions  # rank 0's: the others' stay with them
@@ -3968,7 +3984,7 @@ def _sweep_command(config: _RunConfig) -> int:
     except (RunStopped, RunInterrupted) as e:  # before the first setting: an empty sweep, written all the same
         sweep = _Sweep([], 0, error=e)
     sweep.failures = _in_list_order(sweep.failures, config.images, lambda failure: failure.path)
-    with _signals_held() as held:
+    with _uninterrupted() as held:
         status = 0
         if sweep.error is not None:
             sweep.stop_reason, status = _explain(sweep.error, config)
@@ -5174,8 +5190,12 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         ("the trace", config.trace if trace is not None else None, lambda path: _export_trace(trace, path)),
     ]
     try:
-        if shard.rank == 0 or alone:  # the summary first: no file, however it fails, can cost it
+        if shard.rank == 0:  # the summary first: no file, however it fails, can cost it
             _print_out(_print_report, report)
+        elif alone:  # a rank's own partial result: each line says whose it is
+            text = io.StringIO()
+            _print_report(report, text)
+            _print_out(lambda: print(textwrap.indent(text.getvalue(), f"rank {shard.rank}: "), end=""))
     finally:  # nor can the summary cost the files
         not_written = _write_outputs(outputs) if shard.rank == 0 else []
     if config.plot is not None and not ran and shard.rank == 0:
@@ -5220,30 +5240,29 @@ def _print_out(printer: Callable[..., None], *args: Any) -> None:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a hang-up: the terminal or ssh went, the files stay
 
 
+_HELD: list[list[int]] = []  # while not empty, _interrupt holds a signal in its last list instead of raising
+
+
 def _interrupt(signum: int, _frame: object) -> None:
     """A signal of ``_SIGNALS``: RunInterrupted where the run is, its partial result reported; a second ends it."""
     for s in _SIGNALS:
         signal.signal(s, signal.SIG_DFL)
+    if _HELD:
+        _HELD[-1].append(signum)
+        return
     raise RunInterrupted(signum)
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[list[int]]:
-    """While the report is written, a signal waits (in the list yielded); a second one ends the process."""
+def _uninterrupted() -> Iterator[list[int]]:
+    """Counts updated together: the command line's signal waits (in the list yielded) to the end of
+    the block, for the caller to raise (a notebook's Ctrl-C, Python's own handler, is not held)."""
     held: list[int] = []
-
-    def hold(signum: int, _frame: object) -> None:
-        held.append(signum)
-        for s in _SIGNALS:
-            signal.signal(s, signal.SIG_DFL)
-
-    previous = {s: signal.signal(s, hold) for s in _SIGNALS}
+    _HELD.append(held)
     try:
         yield held
     finally:
-        if not held:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        _HELD.pop()
 
 
 def _held_status(held: list[int]) -> int:
@@ -5268,7 +5287,7 @@ def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
 def _run_job(config: _RunConfig) -> int:
     try:
         report = _run(config)
-        with _signals_held() as held:
+        with _uninterrupted() as held:
             status = _finish(report, config)
             if config.shard.world_size > 1 and report.error is None:  # every rank is here: none leaves (and
                 _barrier()  # has torchrun end the others) before rank 0 has written the job's files

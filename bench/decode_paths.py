@@ -160,7 +160,7 @@ def loader_rate(flist: Path, threads: int, in_source: bool, warmup: int = 5) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--images", type=ic._count, default=2000, help="images in the generated set")
     parser.add_argument("--per-image", type=ic._count, default=500, help="images timed per chain in part 1")

@@ -358,7 +358,7 @@ def targets(mix: Path, tiny: Path, repeats: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--images", type=ic._count, default=2000)
     parser.add_argument("--seconds", type=ic._seconds, default=15, help="each sampling window")

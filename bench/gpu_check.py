@@ -375,7 +375,7 @@ def nccl_one_rank(device: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--bundle", type=Path, default=ROOT / "bench" / "gpu_bundle")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(

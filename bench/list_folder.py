@@ -39,7 +39,7 @@ def make_tree(root: Path, files: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--root", type=Path, required=True, help="a new folder, filled with empty .JPEG files")
     parser.add_argument("--files", type=ic._count, default=1_281_167, help="files in all (default: ImageNet's train)")
     args = parser.parse_args()

@@ -258,7 +258,7 @@ def per_kind_table(paths: list[str], names: list[str], rounds: int, agreement_im
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--images", type=ic._count, default=2000, help="images in the generated set")
     parser.add_argument("--mix", choices=sorted(MIXES), default="imagenet", help="the set (compare_loaders.py --mix)")

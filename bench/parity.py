@@ -277,7 +277,7 @@ def paired_rates(datas: list[bytes], variants: list[Variant], transform: ic.Eval
 
 
 def _parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--timed-images", type=ic._count, default=300, help="images per timed pass")
     parser.add_argument("--repeats", type=ic._count, default=5, help="timed rounds")

@@ -84,7 +84,7 @@ def make_parity_set(root: Path, colour_crops: int = 40, grey_crops: int = 10, se
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("root", type=Path)
     parser.add_argument("--colour-crops", type=int, default=40, help="crops per colour photo")
     parser.add_argument("--grey-crops", type=int, default=10, help="crops per greyscale photo")

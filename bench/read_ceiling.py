@@ -68,7 +68,7 @@ def loader_rate(images: ic.ImageList, threads: int, batch_size: int, warmup: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--images", type=ic._count, default=2000)
     parser.add_argument("--repeats", type=ic._count, default=3)

@@ -58,7 +58,7 @@ def convert(out: Path, half: bool = False) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--half", action="store_true", help="store float16 tensors")
     args = parser.parse_args()

@@ -71,7 +71,7 @@ def make_demo_data(root: Path, variants: int = 8, seed: int = 0) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("root", type=Path)
     parser.add_argument("--variants", type=int, default=8, help="images per photo")
     args = parser.parse_args()

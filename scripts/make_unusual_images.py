@@ -53,7 +53,7 @@ def make_unusual_images(folder: Path, seed: int = 1) -> list[Path]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("folder", type=Path)
     for path in make_unusual_images(parser.parse_args().folder):
         print(path)

@@ -973,7 +973,7 @@ def _print_report(summary: dict, mutants: list[Mutant], edits: list[Mutant], sec
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=[*GROUPS, SEMANTIC],
                         help=f"run only these groups ({SEMANTIC}: the hand-written semantic mutants)")  # fmt: skip
     parser.add_argument("--tests", choices=("now", "before"), default="now",

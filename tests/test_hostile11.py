@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import imagenet_classification as ic
-from tests.conftest import CLASSES, TINY, label_colour, run_main, write_jpeg
+from tests.conftest import CLASSES, ROOT, TINY, label_colour, make_jpeg_set, run_main, write_jpeg
+from tests.test_distributed import _free_port
 
 # --- What the CPU path decodes with PIL, counted ---------------------------------------------------------
 
@@ -36,3 +41,81 @@ def test_a_run_that_pil_never_decodes_says_nothing_of_pil(jpeg_set, capfd):
                    "--warmup-batches", "0", "--img-size", "32")  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "decoded by PIL" not in run.stdout and "decoded on the GPU" not in run.stdout
+
+
+# --- torchrun: a rank 0 that stops counts the ranks that finished -------------------------------------
+
+
+def test_a_rank_0_stopped_by_its_own_bad_image_counts_the_shard_another_rank_finished(tmp_path):
+    # Rank 0 waited for no other rank's word when it stopped on its own failure: rank 1's six images,
+    # all classified, were reported as not reached, and rank 1's own summary had no "rank 1:" label.
+    flist = make_jpeg_set(tmp_path, 12)
+    lines = flist.read_text().splitlines()
+    (tmp_path / lines[10]).write_bytes(b"not a JPEG at all" * 20)  # rank 0's last image
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    procs = []
+    for rank in (0, 1):
+        cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), "--prefix",
+               f"{tmp_path}/", *TINY, "--num-threads", "1", "--no-compile", "--batch-size", "2", "--warmup-batches",
+               "1", "--timeout", "15", "--results-file", str(tmp_path / f"r{rank}.json")]  # fmt: skip
+        rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        procs.append(subprocess.Popen(cmd, env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], outputs
+    job = json.loads((tmp_path / "r0.json").read_text())
+    ranks = {entry["rank"]: entry for entry in job["ranks"]}
+    assert ranks[1]["classified"] == 6 and ranks[1]["stop_reason"] is None  # it finished its shard
+    assert job["classified"] == ranks[0]["classified"] + 6 and job["failed"] == 1
+    assert job["not_reached"] == 12 - job["classified"] - 1
+    rank1_out = [line for line in outputs[1][0].splitlines() if line.strip()]
+    assert rank1_out and all(line.startswith("rank 1: ") for line in rank1_out), outputs[1][0]
+
+
+# --- A signal while a batch is counted, or while the result is filled ------------------------------------
+
+FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1", "--img-size", "32"]
+
+
+def test_a_signal_after_the_last_batch_keeps_the_whole_result(capfd, jpeg_set, tmp_path, monkeypatch):
+    # SIGTERM while the predictions' rows were made (2 s for 50,000 images) lost the whole run:
+    # classified=0, not_reached=30, an empty predictions file.
+    rows, calls = ic._prediction_rows, []
+
+    def signalled(*args):
+        calls.append(args)
+        if len(calls) == 1:  # a batch's rows at a time: a second signal would end the process
+            os.kill(os.getpid(), signal.SIGTERM)
+        return rows(*args)
+
+    monkeypatch.setattr(ic, "_prediction_rows", signalled)
+    out, predictions = tmp_path / "r.json", tmp_path / "p.csv"
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST,
+                    "--results-file", out, "--predictions-file", predictions)  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert "error: interrupted by SIGTERM" in proc.stderr
+    result = json.loads(out.read_text())
+    assert (result["classified"], result["not_reached"], result["partial"]) == (30, 0, False)
+    assert len(predictions.read_text().splitlines()) == 1 + 30
+
+
+def test_a_signal_while_a_batch_is_counted_leaves_every_count_agreeing(capfd, jpeg_set, tmp_path, monkeypatch):
+    # A signal between the counters' updates counted a batch's hits without its images (top-1 of 200 %),
+    # or its images without its place in the FPS window and the timeline.
+    add, calls = ic._TimingWindow.add, []
+
+    def signalled(window, frames):
+        calls.append(frames)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return add(window, frames)
+
+    monkeypatch.setattr(ic._TimingWindow, "add", signalled)
+    out, predictions = tmp_path / "r.json", tmp_path / "p.csv"
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST,
+                    "--results-file", out, "--predictions-file", predictions)  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["partial"] and result["classified"] == 12  # the third batch counted whole
+    assert sum(result["timeline"]["batch_images"]) == result["classified"]
+    assert result["top1_correct"] <= result["top5_correct"] <= result["classified"]
+    assert len(predictions.read_text().splitlines()) == 1 + result["classified"]

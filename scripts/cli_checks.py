@@ -1,0 +1,38 @@
+"""Checks of the paths that the programs in scripts/ and bench/ take, done right after parsing:
+a bad one ends the program with argparse's one-line ``error: argument NAME: PATH: why`` (exit 2),
+not with a traceback, and before any slow work."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def _why_no_folder(path: Path) -> str | None:
+    """Make ``path`` a folder (with its parents) if it is none yet; why it cannot take outputs, or None."""
+    if path.exists() and not path.is_dir():
+        return "not a folder"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a parent that is a file, /proc, no permission, a read-only file system
+        return f"cannot make the folder: {e.strerror or e}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "a folder this user cannot write in"
+    return None
+
+
+def out_folder(parser: argparse.ArgumentParser, name: str, path: Path) -> Path:
+    """``path``, made a folder if need be; or ``parser.error`` naming the argument ``name`` and ``path``."""
+    if why := _why_no_folder(path):
+        parser.error(f"argument {name}: {path}: {why}")
+    return path
+
+
+def out_file(parser: argparse.ArgumentParser, name: str, path: Path) -> Path:
+    """``path``, a file to write, its folder made if need be; or ``parser.error`` naming ``name`` and ``path``."""
+    if path.is_dir():
+        parser.error(f"argument {name}: {path}: a folder, not a file")
+    if why := _why_no_folder(path.parent):
+        parser.error(f"argument {name}: {path}: its folder {path.parent}: {why}")
+    return path
