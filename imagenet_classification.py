@@ -573,6 +573,8 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
                 text = raw.decode("utf-8-sig").strip()
             except UnicodeDecodeError:
                 raise InputError(f"{name}:{lineno}: not UTF-8 text") from None
+            if text and not _UTF8_NAMES:  # each path as open() and os.listdir take the bytes it has
+                text = os.fsdecode(text.encode("utf-8"))
             if text:
                 yield f"{name}:{lineno}", text
     except FileNotFoundError:
@@ -587,6 +589,19 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
 
 
 _FIFO_WAIT_S = 30.0  # how long a FIFO may wait for the program that writes to it to open it
+
+
+# Whether the file system's encoding is UTF-8 (as almost everywhere): a list's UTF-8 names are then the
+# names open() takes; in another locale (ISO-8859-1) they are turned into its, and back in the outputs.
+_UTF8_NAMES = sys.getfilesystemencoding() == "utf-8"
+
+
+def _utf8_paths(rows: list[dict]) -> list[dict]:
+    """Rows whose ``path`` is as the file system's encoding reads its bytes, with the ``path`` as UTF-8
+    text holds those bytes (undecodable ones escaped): the names as on disk, whatever the locale."""
+    if _UTF8_NAMES:
+        return rows
+    return [{**row, "path": os.fsencode(row["path"]).decode("utf-8", "surrogateescape")} for row in rows]
 
 
 def _open_fifo(path: Path | str) -> BinaryIO:
@@ -5178,8 +5193,8 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
     # A stopped job's rows are rank 0's alone (the others' stay with them): in its shard's order.
     listed = config.images if report.error is None else config.my_images
-    rows = _in_list_order(result.predictions or [], listed)
-    result.failures = _in_list_order(result.failures, listed)  # not as SPDL hands on batches: as they complete
+    rows = _utf8_paths(_in_list_order(result.predictions or [], listed))
+    result.failures = _utf8_paths(_in_list_order(result.failures, listed))  # in the list's order, not SPDL's
     timeline, trace = result.timeline, report.trace
     ran = bool(timeline and timeline["batch_end_s"])  # a timeline with no batch: a run stopped before its first
     plot = config.plot if ran else None

@@ -41,6 +41,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
+from cli_checks import out_folder  # noqa: E402
 from make_demo_data import PHOTOS, photo_path  # noqa: E402
 from parity_set import _crop_to_shape  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -359,7 +360,7 @@ def main() -> None:
     parser.add_argument("--mix", choices=sorted(MIXES), default="default",
                         help="the set's sizes and kinds: default, or imagenet (see bench/README.md)")  # fmt: skip
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
     threads = list(range(1, args.max_threads + 1))

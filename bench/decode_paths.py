@@ -36,6 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
+from cli_checks import out_folder  # noqa: E402
 from compare_loaders import make_image_set  # noqa: E402
 from make_demo_data import make_demo_data  # noqa: E402
 from spdl.pipeline import PipelineBuilder  # noqa: E402
@@ -167,7 +168,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=ic._count, default=5)
     parser.add_argument("--max-threads", type=ic._count, default=os.cpu_count())
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images)
     datas = [(flist.parent / line).read_bytes() for line in flist.read_text().splitlines()[: args.per_image]]
     photos = make_demo_data(args.out / "photos", variants=4)

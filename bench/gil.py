@@ -56,6 +56,7 @@ if os.environ.get("GIL_BENCH_MODULE"):  # a child sampling another version of th
     _spec.loader.exec_module(sys.modules["imagenet_classification"])
 
 import torch  # noqa: E402
+from cli_checks import out_folder  # noqa: E402
 from compare_loaders import decode_only_rate, make_image_set  # noqa: E402
 from PIL import Image  # noqa: E402
 
@@ -373,7 +374,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child_loop(args.child, args.seconds, args.threads)
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(parser, "--out", args.out)
     sets = {name: make_image_set(args.out / "images", args.images, mix=name) for name in ("imagenet", "default")}
     results: dict = {"sampled": {}, "env": ic._environment(torch.device("cpu"))}
     before = _module_at(args.before, args.out) if args.before else None

@@ -38,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "scripts")]
 
+from cli_checks import out_folder  # noqa: E402
+
 DECODER_FLAGS = {"ffmpeg": [], "nvjpeg": ["--use-nvjpeg"], "nvdec": ["--use-nvdec"]}
 AGREEMENT_RESERVE_S = 60  # kept for the unusual images and the photos through every decoder, uncompiled
 
@@ -401,12 +403,17 @@ def main() -> None:
         "--compile-mode", default="default", help="default: max-autotune took over 200 s to compile on an H200 (seen)"
     )
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    photos = args.bundle / "photos" / "val.flist"
+    for needed in (photos, args.bundle / "efficientnet_lite0.pth"):
+        if not needed.is_file():
+            parser.error(f"argument --bundle: {args.bundle}: no {needed.relative_to(args.bundle)} in it: "
+                         "not a bundle from bench/gpu_prepare.sh")  # fmt: skip
+    out_folder(parser, "--out", args.out)
+    out_folder(parser, "--scratch", args.scratch)
     decoders = args.decoders.split(",")
 
     from compare_loaders import make_image_set
 
-    photos = args.bundle / "photos" / "val.flist"
     sources = [(photos.parent / line, line.split("/")[1]) for line in photos.read_text().split()]
     flist = make_image_set(args.scratch / "images", args.images, photos=sources)
     # Each leg lists the set ``--repeat`` times (the page cache holds it, as for a warm ImageNet):

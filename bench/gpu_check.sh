@@ -6,15 +6,31 @@
 # LD_LIBRARY_PATH, writes what it found into gpu_check.json first, and runs bench/gpu_check.py
 # within 8 minutes. Writes gpu_check.json and gpu_check.log to $OUT (or bench/gpu_out).
 #   bench/gpu_check.sh [extra gpu_check.py flags, e.g. --device cpu --decoders ffmpeg]
+# Environment: BUNDLE (default bench/gpu_bundle), OUT (default bench/gpu_out), PYTHON (default
+# python3), SITE (the scratch folder, default /tmp/gpu_check_site); these folders are read from
+# where it is started, gpu_check.py's own (--scratch) from the repository's folder.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-BUNDLE=${BUNDLE:-bench/gpu_bundle}
-OUT=${OUT:-bench/gpu_out}
+here=$(dirname "$0")
+for arg in "$@"; do
+    if [ "$arg" = --help ] || [ "$arg" = -h ]; then
+        sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0"
+        echo
+        echo "gpu_check.py's flags (--bundle and --out come from BUNDLE and OUT):"
+        exec "${PYTHON:-python3}" "$here/gpu_check.py" --help
+    fi
+done
+# The folders as given, against the caller's folder (the script then works from the repository's).
+BUNDLE=$(realpath -m -- "${BUNDLE:-$here/gpu_bundle}")
+OUT=$(realpath -m -- "${OUT:-$here/gpu_out}")
+SITE=$(realpath -m -- "${SITE:-/tmp/gpu_check_site}")
 PY=${PYTHON:-python3}
-SITE=${SITE:-/tmp/gpu_check_site}
-mkdir -p "$OUT" "$SITE/ffmpeg" "$SITE/links"
+cd "$here/.."
+if [ ! -f "$BUNDLE/spdl-site.zip" ]; then
+    echo "error: BUNDLE $BUNDLE: no spdl-site.zip in it: run bench/gpu_prepare.sh first" >&2
+    exit 2
+fi
+mkdir -p "$OUT" "$SITE/ffmpeg" "$SITE/links" || exit 2
 
-[ -f "$BUNDLE/spdl-site.zip" ] || { echo "error: no $BUNDLE: run bench/gpu_prepare.sh first" >&2; exit 2; }
 "$PY" -m zipfile -e "$BUNDLE/spdl-site.zip" "$SITE" || exit 2
 "$PY" -m zipfile -e "$BUNDLE/nvimgcodec-site.zip" "$SITE" || exit 2
 # nvImageCodec's nvJPEG extension finds libnvjpeg.so.13 on the library path, or beside itself in

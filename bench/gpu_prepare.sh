@@ -9,16 +9,30 @@
 #   (nvJPEG's and libjpeg-turbo's) and its modules for the same Pythons; and nvJPEG's wheel, which
 #   gpu_check.sh unpacks where nvImageCodec looks if the machine's CUDA has no libnvjpeg.so.13;
 # - the real photos, and EfficientNet-Lite0's ImageNet weights in float16.
-# Run here, after `make test` set up .venv.
+# Run here, after `make test` set up .venv. BUNDLE=folder to fill another folder: a new or empty
+# one, or one this script filled before (it holds .gpu_bundle), since the script empties it first.
 set -euo pipefail
+# BUNDLE as given, against the caller's folder (the script then works from the repository's).
+OUT=$(realpath -m -- "${BUNDLE:-$(dirname "$0")/gpu_bundle}")
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PYVERS=${PYVERS:-"3.10 3.11 3.12 3.13"}  # the GPU machine's Python is one of these
-OUT=${BUNDLE:-bench/gpu_bundle}
 LIMIT_MB=60
+MARK=.gpu_bundle  # in every bundle this script makes: only such a folder is emptied
 
+if [ -e "$OUT" ]; then
+    if [ ! -d "$OUT" ]; then
+        echo "error: BUNDLE $OUT: not a folder; give a new or empty folder" >&2
+        exit 2
+    elif [ -n "$(ls -A -- "$OUT")" ] && [ ! -f "$OUT/$MARK" ]; then
+        echo "error: BUNDLE $OUT: a folder with files in it that this script did not make (no $MARK in it);" \
+             "it would delete them: give a new or empty folder, or delete this one first" >&2
+        exit 2
+    fi
+fi
 rm -rf "$OUT"
 mkdir -p "$OUT/wheels" "$OUT/download"
+touch "$OUT/$MARK"
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux2014_x86_64)
 for v in $PYVERS; do

@@ -48,6 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
+from cli_checks import out_folder  # noqa: E402
 from compare_loaders import MIXES, decode_only_rate, loader_rate, make_image_set, per_kind_rates  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -269,6 +270,7 @@ def main() -> None:
     parser.add_argument("--pipeline-variants", nargs="+", choices=list(VARIANTS), default=["before", "current"])
     parser.add_argument("--max-threads", type=ic._count, default=2)
     args = parser.parse_args()
+    out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
     out = {"mix": args.mix, "env": ic._environment(torch.device("cpu"))}

@@ -45,6 +45,7 @@ import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from cli_checks import out_folder  # noqa: E402
 from parity_set import make_parity_set  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -281,7 +282,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--timed-images", type=ic._count, default=300, help="images per timed pass")
     parser.add_argument("--repeats", type=ic._count, default=5, help="timed rounds")
-    return parser.parse_args()
+    args = parser.parse_args()
+    out_folder(parser, "--out", args.out)
+    return args
 
 
 def _print_table(results: list[VariantResult], size: int) -> None:

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 from pathlib import Path
 
-from PIL import Image
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from cli_checks import out_folder  # noqa: E402
+from PIL import Image  # noqa: E402
 
 # The real photographs among scikit-image's bundled images (not the synthetic ones: colour
 # wheel, phantom, chessboards, logo, horse silhouette; nor the 102 x 102 microaneurysms crop).
@@ -89,6 +93,7 @@ def main() -> None:
     parser.add_argument("--colour-crops", type=int, default=40, help="crops per colour photo")
     parser.add_argument("--grey-crops", type=int, default=10, help="crops per greyscale photo")
     args = parser.parse_args()
+    out_folder(parser, "root", args.root)
     flist = make_parity_set(args.root, args.colour_crops, args.grey_crops)
     print(f"wrote {len(flist.read_text().splitlines())} JPEGs and {flist}")
 

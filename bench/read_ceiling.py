@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import torch  # noqa: E402
+from cli_checks import out_folder  # noqa: E402
 from compare_loaders import make_image_set  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -75,7 +76,7 @@ def main() -> None:
     parser.add_argument("--max-threads", type=ic._count, default=os.cpu_count())
     parser.add_argument("--batch-size", type=ic._count, default=32)
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images)
     images = ic.read_file_list(flist, f"{flist.parent}/")
     _sync(list(images.paths))

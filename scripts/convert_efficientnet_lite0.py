@@ -16,6 +16,7 @@ from pathlib import Path
 
 import timm
 import torch
+from cli_checks import out_file
 
 
 def source_weights_path() -> Path:
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--half", action="store_true", help="store float16 tensors")
     args = parser.parse_args()
+    out_file(parser, "out", args.out)
     print(f"wrote {convert(args.out, args.half)}")
 
 

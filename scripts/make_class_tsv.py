@@ -8,6 +8,9 @@ Usage::
     python scripts/make_class_tsv.py > imagenet_class.tsv
 """
 
+import argparse
+import os
+import sys
 from importlib import resources
 
 
@@ -15,12 +18,25 @@ def _timm_info(name: str) -> list[str]:
     return resources.files("timm.data").joinpath("_info", name).read_text().splitlines()
 
 
-def main() -> None:
+def class_table() -> str:
+    """The table's text, one ``index<TAB>wnid<TAB>name`` line a class."""
     wnids = sorted(line.strip() for line in _timm_info("imagenet_synsets.txt") if line.strip())
-    assert len(wnids) == 1000, f"expected 1000 ImageNet-1k synsets, found {len(wnids)}"
+    if len(wnids) != 1000:
+        sys.exit(f"error: expected 1000 ImageNet-1k synsets in timm's imagenet_synsets.txt, found {len(wnids)}")
     lemmas = dict(line.split("\t", 1) for line in _timm_info("imagenet_synset_to_lemma.txt") if "\t" in line)
-    for index, wnid in enumerate(wnids):
-        print(f"{index}\t{wnid}\t{lemmas[wnid].strip()}")
+    return "".join(f"{index}\t{wnid}\t{lemmas[wnid].strip()}\n" for index, wnid in enumerate(wnids))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
+                                     epilog="The table goes to stdout: redirect it to imagenet_class.tsv.")  # fmt: skip
+    parser.parse_args()
+    try:
+        sys.stdout.write(class_table())
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader stopped early (`| head`): no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
 
 
 if __name__ == "__main__":

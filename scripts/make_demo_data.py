@@ -15,6 +15,7 @@ import argparse
 import random
 from pathlib import Path
 
+from cli_checks import out_folder
 from PIL import Image
 
 # scikit-image photo -> the ImageNet class it shows (WordNet ID).
@@ -75,6 +76,8 @@ def main() -> None:
     parser.add_argument("root", type=Path)
     parser.add_argument("--variants", type=int, default=8, help="images per photo")
     args = parser.parse_args()
+    out_folder(parser, "root", args.root)
+    out_folder(parser, "root", args.root / "val")
     flist = make_demo_data(args.root, args.variants)
     print(f"wrote {sum(1 for _ in open(flist))} images and {flist}")
 

@@ -18,6 +18,7 @@ import io
 from pathlib import Path
 
 import numpy as np
+from cli_checks import out_folder
 from PIL import Image
 
 
@@ -55,7 +56,8 @@ def make_unusual_images(folder: Path, seed: int = 1) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("folder", type=Path)
-    for path in make_unusual_images(parser.parse_args().folder):
+    folder = out_folder(parser, "folder", parser.parse_args().folder)
+    for path in make_unusual_images(folder):
         print(path)
 
 

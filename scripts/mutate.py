@@ -55,6 +55,7 @@ MODULE = "imagenet_classification.py"
 SEMANTIC = "semantic"  # the group of hand-written mutants (scripts/semantic_mutants.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_checks import out_file  # noqa: E402
 from semantic_mutants import MUTANTS as SEMANTIC_MUTANTS  # noqa: E402
 
 
@@ -1008,6 +1009,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"semantic line {m.line}: {m.description}" + (f" ({m.status})" if m.status != "pending" else ""))
         print(f"{len(mutants)} mutants, {len(edits)} hand edits, {len(semantic)} semantic mutants")
         return 1 if any(m.status == "error" for m in semantic) else 0
+    out_file(parser, "--report", args.report)  # before the hours of running, not after
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mutate-") as tmp:
         workers = [Worker(i, Path(tmp)) for i in range(args.jobs)]

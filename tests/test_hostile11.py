@@ -119,3 +119,28 @@ def test_a_signal_while_a_batch_is_counted_leaves_every_count_agreeing(capfd, jp
     assert sum(result["timeline"]["batch_images"]) == result["classified"]
     assert result["top1_correct"] <= result["top5_correct"] <= result["classified"]
     assert len(predictions.read_text().splitlines()) == 1 + result["classified"]
+
+
+# --- A locale whose file names are not UTF-8 --------------------------------------------------------------
+
+
+def test_a_lists_names_are_the_files_names_in_a_locale_that_is_not_utf8(tmp_path):
+    # With a file system encoding that is not UTF-8 (a Latin-1 or ASCII locale), a UTF-8 list's
+    # café.JPEG was opened as other bytes: another file classified (caf\xe9.JPEG, a Latin-1 name),
+    # silently, or with ASCII a traceback; the outputs named files that are not there.
+    folder = tmp_path / "n01440764"
+    write_jpeg(folder / "café.JPEG", (120, 100), label_colour(0))
+    flist = tmp_path / "list.txt"
+    flist.write_text(f"{folder}/café.JPEG\n{folder}/naïve.JPEG\n", encoding="utf-8")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    out, rows = tmp_path / "r.json", tmp_path / "p.csv"
+    cmd = [sys.executable, "-c", "import sys; print(sys.getfilesystemencoding())"]
+    assert subprocess.run(cmd, env=env, capture_output=True, text=True).stdout.strip() == "ascii"
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), *FAST, "--skip-bad",
+           "--results-file", str(out), "--predictions-file", str(rows)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert (result["classified"], result["failed"]) == (1, 1)
+    assert result["failures"][0]["path"] == f"{folder}/naïve.JPEG"
+    assert f"{folder}/café.JPEG".encode() in rows.read_bytes()
