@@ -2858,12 +2858,12 @@ class RunResult:
         return bound
 
     @property
-    def top1(self) -> float:
-        return self.top1_correct / self.classified if self.classified else 0.0
+    def top1(self) -> float | None:  # None: no image classified, no accuracy (not 0 %, a 100 % error)
+        return self.top1_correct / self.classified if self.classified else None
 
     @property
-    def top5(self) -> float:
-        return self.top5_correct / self.classified if self.classified else 0.0
+    def top5(self) -> float | None:
+        return self.top5_correct / self.classified if self.classified else None
 
     def to_dict(self) -> dict:
         over = self.fps_max_overstatement
@@ -4200,7 +4200,8 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
     print(f"FPS={result.fps:.2f} ({result.frames_timed}/{result.elapsed_s:.2f})", file=file)
     skipped = f", {result.failed} failed to decode" if result.failed else ""
     for k, correct, acc in (("1", result.top1_correct, result.top1), ("5", result.top5_correct, result.top5)):
-        print(f"Accuracy (top{k})={acc:.2%} ({correct}/{result.classified}{skipped})", file=file)
+        shown = "n/a" if acc is None else f"{acc:.2%}"
+        print(f"Accuracy (top{k})={shown} ({correct}/{result.classified}{skipped})", file=file)
     line = f"Images: listed={result.listed} classified={result.classified} failed={result.failed} "
     print(line + f"not_reached={result.not_reached}{' (PARTIAL RUN)' if result.partial else ''}", file=file)
     if result.not_finite:
@@ -4465,9 +4466,12 @@ def _write_results(path: Path | str, report: _RunReport) -> None:
         return
     payload = report.to_dict()
     c = payload["config"]
-    top1, top5 = 100 * payload["top1"], 100 * payload["top5"]
-    row = {"model": c["model"], "top1": round(top1, 4), "top1_err": round(100 - top1, 4)}
-    row |= {"top5": round(top5, 4), "top5_err": round(100 - top5, 4), "img_size": c["input_size"][-1]}
+    row = {"model": c["model"]}
+    for k in ("top1", "top5"):  # no image classified: empty fields, not an error of 100 %
+        percent = None if payload[k] is None else 100 * payload[k]
+        row |= {k: None if percent is None else round(percent, 4)}
+        row |= {f"{k}_err": None if percent is None else round(100 - percent, 4)}
+    row["img_size"] = c["input_size"][-1]
     row |= {"crop_pct": c["crop_pct"], "interpolation": c["interpolation"]}
     shard = _Shard(0, payload["world_size"]).size_of(payload["listed"] or c["batch_size"])  # rank 0's images
     batch_size = min(c["batch_size"], shard)  # the batches run, not the flag
@@ -4520,7 +4524,7 @@ def _run_title(report: _RunReport) -> str:
     compiled = f"compiled ({c['compile']})" if c["compile"] else "not compiled"
     settings = f"batch {c['batch_size']}, {c['loader']} {c['decoder']} x {c['num_threads']} threads"
     head = f"{c['model']} on {c['device']} ({c['dtype']}, {compiled}), {settings}"
-    return f"{head}\nFPS {r.fps:,.1f}, top-1 {r.top1:.1%} of {r.classified}"
+    return f"{head}\nFPS {r.fps:,.1f}, top-1 {'n/a' if r.top1 is None else f'{r.top1:.1%}'} of {r.classified}"
 
 
 def _in_list_order(rows: list, images: ImageList, path: Callable[[Any], str] = lambda row: row["path"]) -> list:

@@ -986,6 +986,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--report", type=Path, default=ROOT / "build" / "mutate" / "report.json")
     args = parser.parse_args(argv)
+    if not args.list:
+        out_file(parser, "--report", args.report)  # before the hours of running, not after
     original = (ROOT / MODULE).read_text()
     groups = {g: GROUPS[g] for g in (args.only or GROUPS) if g != SEMANTIC}
     mutants = generate(original, groups)
@@ -1009,7 +1011,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"semantic line {m.line}: {m.description}" + (f" ({m.status})" if m.status != "pending" else ""))
         print(f"{len(mutants)} mutants, {len(edits)} hand edits, {len(semantic)} semantic mutants")
         return 1 if any(m.status == "error" for m in semantic) else 0
-    out_file(parser, "--report", args.report)  # before the hours of running, not after
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mutate-") as tmp:
         workers = [Worker(i, Path(tmp)) for i in range(args.jobs)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -144,3 +145,23 @@ def test_a_lists_names_are_the_files_names_in_a_locale_that_is_not_utf8(tmp_path
     assert (result["classified"], result["failed"]) == (1, 1)
     assert result["failures"][0]["path"] == f"{folder}/naïve.JPEG"
     assert f"{folder}/café.JPEG".encode() in rows.read_bytes()
+
+
+# --- No image classified: no accuracy -------------------------------------------------------------------
+
+
+def test_a_run_that_classified_nothing_has_no_accuracy_not_a_100_percent_error(capfd, tmp_path):
+    # The CSV row said top1 0.0, top1_err 100.0: a reader of the file alone saw a model that is always wrong.
+    flist = tmp_path / "list.txt"
+    flist.write_text("".join(f"{tmp_path}/n01440764/{i}.JPEG\n" for i in range(2)))
+    (tmp_path / "n01440764").mkdir()
+    for i in range(2):
+        (tmp_path / f"n01440764/{i}.JPEG").write_bytes(b"")
+    row_file, json_file = tmp_path / "r.csv", tmp_path / "r.json"
+    for out in (row_file, json_file):
+        run = run_main(capfd, "--input-flist", flist, *FAST, "--skip-bad", "--results-file", out)
+        assert run.returncode == 0, run.stderr
+    row = next(csv.DictReader(row_file.open()))
+    assert (row["top1"], row["top1_err"], row["top5"], row["top5_err"]) == ("", "", "", "")
+    assert json.loads(json_file.read_text())["top1"] is None
+    assert "Accuracy (top1)=n/a (0/0, 2 failed to decode)" in run.stdout

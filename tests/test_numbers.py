@@ -926,7 +926,7 @@ def test_results_and_their_rates_by_hand(tmp_path):
     assert (d["listed"], d["classified"], d["failed"], d["frames_timed"], d["elapsed_s"]) == (10, 7, 2, 6, 1.5)
     assert (d["top1_correct"], d["top5_correct"], d["batches"], d["decoder_fallbacks"]) == (3, 5, 4, 1)
     empty = RunResult(listed=4, failed=4).to_dict()
-    assert (empty["not_reached"], empty["fps"], empty["top1"], empty["top5"]) == (0, 0.0, 0.0, 0.0)
+    assert (empty["not_reached"], empty["fps"], empty["top1"], empty["top5"]) == (0, 0.0, None, None)  # 0/0
     assert RunResult(listed=3).to_dict() == {
         "listed": 3, "classified": 0, "failed": 0, "top1_correct": 0, "top5_correct": 0, "frames_timed": 0,
         "elapsed_s": 0.0, "batches": 0, "decoder_fallbacks": 0, "decoder_backends": {}, "not_finite": 0,
@@ -934,7 +934,7 @@ def test_results_and_their_rates_by_hand(tmp_path):
         "batches_timed": 0, "loader_lead": None, "loader_min_fps": None, "drained_batches": None,
         "fps_while_loading": None, "partial": False, "stop_reason": None,
         "failures": [], "timeline": None, "page_cache": None, "not_reached": 3, "fps": 0.0,
-        "fps_max_overstatement": None, "fps_window_may_be_buffered": False, "top1": 0.0, "top5": 0.0,
+        "fps_max_overstatement": None, "fps_window_may_be_buffered": False, "top1": None, "top5": None,
     }  # fmt: skip
     assert RunResult(listed=None, classified=3).not_reached == 0
     assert RunResult(listed=3, classified=4).not_reached == 0  # never negative
