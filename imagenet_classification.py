@@ -3966,6 +3966,8 @@ def _sweep_timed(
     settings = replace(config, num_threads=point.num_threads, **sizes)
     policy = BadImagePolicy(skip=True)
     if model is not None:  # a window of many times what the loader holds when it opens, or it times the model alone
+        if config.compile:  # a short last batch padded, as in a run: else a recompilation is timed
+            model.batch_size = point.batch_size
         batches = _SWEEP_WARMUP + _SWEEP_LEADS * settings.loader_lead
         images = config.my_images.head(max(len(images), point.batch_size * batches))
         point.short_window = point.short_window or math.ceil(len(images) / point.batch_size) < batches
@@ -5096,7 +5098,7 @@ def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
 
 
 def _build_model(config: _RunConfig) -> ModelBundle:
-    """The model bundle with the config's transform (compiled, it pads short batches; not the sweep's)."""
+    """The model bundle with the config's transform (compiled, it pads short batches: the sweep's to each setting)."""
     pad_to = None if config.sweep else max(1, min(config.batch_size, len(config.my_images)))  # 0: a rank with none
     settings = {"pretrained": config.pretrained, "checkpoint": config.checkpoint, "transform": config.transform}
     settings |= {"compile": config.compile or False, "dtype": config.dtype, "batch_size": pad_to}
