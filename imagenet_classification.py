@@ -4194,6 +4194,11 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
         line += f"ready or under way when it opened: if the loader is the bottleneck, {bound}; list more images "
         print(line + "(repeating the list is fine)", file=file)
     _print_drain(result, file)
+    ends = (result.timeline or {}).get("batch_end_s") or [0.0]
+    opened_at_start = result.batches_timed == result.batches > 1 and not result.warmup_included
+    if opened_at_start and ends[0] > 3 * result.elapsed_s / result.batches:
+        line = f"WARNING: the FPS window opens at the start (no warm-up): its first batch took {ends[0]:.2f} s of its "
+        print(line + f"{result.elapsed_s:.2f} (start-up, compilation): give --warmup-batches 1 or more", file=file)
     if result.failed and not result.classified:
         line = f"WARNING: no image was classified, {result.failed} failed to decode: FPS and accuracy measure nothing"
         print(line, file=file)

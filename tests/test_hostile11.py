@@ -8,6 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
+
+import pytest
 
 import imagenet_classification as ic
 from tests.conftest import CLASSES, ROOT, TINY, label_colour, make_jpeg_set, run_main, write_jpeg
@@ -184,3 +187,26 @@ def test_the_sweeps_compiled_model_pads_a_short_batch_as_a_run_does(capfd, jpeg_
                     "--img-size", "32", "--sweep", "batch-size=4")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert padded == [4]
+
+
+# --- --warmup-batches 0 --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("warmup", ["0", "1"])
+def test_a_window_without_warm_up_says_when_its_first_batch_weighs_in_it(capfd, jpeg_set, monkeypatch, warmup):
+    # --warmup-batches 0 with --compile: FPS=2.91 (40/13.73), of which the first batch (its compilation)
+    # was 13 s, with no word; every other distortion of the window is warned of.
+    logits, calls = ic.ModelBundle.logits, []
+
+    def first_slow(model, images):
+        calls.append(len(images))
+        if len(calls) == 1:
+            time.sleep(1.0)  # as a compilation (seconds) would
+        return logits(model, images)
+
+    monkeypatch.setattr(ic.ModelBundle, "logits", first_slow)
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--warmup-batches",
+                    warmup)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = "WARNING: the FPS window opens at the start (no warm-up): its first batch took 1."
+    assert (said in proc.stdout) == (warmup == "0"), proc.stdout
