@@ -3682,8 +3682,9 @@ class _Parity:
     top5_agree: float
     top1_loader: float
     top1_reference: float
-    loader_only: int = 0  # images only one side decoded: not compared
+    loader_only: int = 0  # images only one side decoded, or neither (bad images): not compared
     reference_only: int = 0
+    neither: int = 0
 
     def summary(self) -> str:
         """Counts, not rounded shares: 4998 of 5000 agreeing is not "100.0 %"."""
@@ -3697,8 +3698,9 @@ class _Parity:
                 f" on {_images(n)}: pixels differ by {self.mad_mean:.2f} on average (worst {self.mad_max:.2f}, 0-255); "
                 f"top-1 agrees on {agree1} of {n}, top-5 on {agree5}; top-1 correct: {here} here vs {there} there"
             )
-        for count, who in ((self.loader_only, "the loader"), (self.reference_only, "timm's transform")):
-            line += f"; {_images(count)} only {who} decoded, not compared" if count else ""
+        sides = ((self.loader_only, "only the loader"), (self.reference_only, "only timm's transform"))
+        for count, who in (*sides, (self.neither, "neither side")):
+            line += f"; {_images(count)} {who} decoded, not compared" if count else ""
         return line
 
 
@@ -3717,6 +3719,7 @@ def _measure_parity(
     decode: Callable[[Sequence[tuple[str, int]]], _Batch],
     model: ModelBundle,
     batch_size: int = 32,
+    max_bytes: int = MAX_IMAGE_MB << 20,
 ) -> _Parity:
     """Decode ``items`` with the loader's ``decode`` (made with a skipping policy) and as timm's validation
     does (``Image.open(...).convert("RGB")``, its eval transform), and compare the pixels (uint8
@@ -3737,7 +3740,7 @@ def _measure_parity(
     reference: dict[str, Tensor] = {}
     for path, _ in items:
         with contextlib.suppress(ImageDecodeError), _pil_errors(path):
-            with Image.open(io.BytesIO(_read_image_bytes(path))) as image:
+            with Image.open(io.BytesIO(_read_image_bytes(path, max_bytes))) as image:  # the run's limit
                 reference[path] = timm_transform(image.convert("RGB"))
     paths = [path for path, _ in items if path in ours and path in reference]
     mads = [(ours[p].float() - reference[p].float()).abs().mean().item() for p in paths]
@@ -3752,7 +3755,8 @@ def _measure_parity(
     hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (a, b))
     shares = [count / n if n else 0.0 for count in (sum(mads), agree1, agree5, hits_ours, hits_ref)]
     only = (len(ours.keys() - reference.keys()), len(reference.keys() - ours.keys()))
-    return _Parity(n, shares[0], max(mads, default=0.0), worst, *shares[1:], *only)
+    neither = len(dict(items).keys() - ours.keys() - reference.keys())
+    return _Parity(n, shares[0], max(mads, default=0.0), worst, *shares[1:], *only, neither)
 
 
 def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
@@ -3771,7 +3775,7 @@ def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
             config.device, config.transform, config.decoder, policy, max_image_bytes=config.max_image_bytes
         )
     items = list(itertools.islice(dict.fromkeys(config.images), config.parity))  # N images: a repeat is not one more
-    return _measure_parity(items, decode, model, min(config.batch_size, config.parity))
+    return _measure_parity(items, decode, model, min(config.batch_size, config.parity), config.max_image_bytes)
 
 
 # --- Tuning: the loader's settings swept, the end-to-end rate of the best ones ---

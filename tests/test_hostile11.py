@@ -210,3 +210,22 @@ def test_a_window_without_warm_up_says_when_its_first_batch_weighs_in_it(capfd, 
     assert proc.returncode == 0, proc.stderr
     said = "WARNING: the FPS window opens at the start (no warm-up): its first batch took 1."
     assert (said in proc.stdout) == (warmup == "0"), proc.stdout
+
+
+# --- --parity: what was not compared, and the run's file size limit -------------------------------------
+
+
+def test_parity_counts_the_images_neither_side_decoded_and_keeps_the_runs_size_limit(tmp_path):
+    # Two bad images of 4 vanished from "on 2 images" without a word; a file over --max-image-mb,
+    # refused by the loader, was read by the reference (at 64 MiB) and taken for a decoder's disagreement.
+    good = [write_jpeg(tmp_path / f"g{i}.JPEG", (64, 48), (200, 30, 30), seed=i) for i in range(2)]
+    big = write_jpeg(tmp_path / "big.JPEG", (1200, 900), (20, 200, 30), quality=100)
+    (tmp_path / "empty.JPEG").write_bytes(b"")
+    (tmp_path / "text.JPEG").write_text("not an image")
+    items = [(str(p), 0) for p in (*good, tmp_path / "empty.JPEG", tmp_path / "text.JPEG", big)]
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    limit = big.stat().st_size - 1
+    decode = ic.get_decode_func("cpu", model.transform, policy=ic.BadImagePolicy(skip=True), max_image_bytes=limit)
+    parity = ic._measure_parity(items, decode, model, batch_size=2, max_bytes=limit)
+    assert (parity.images, parity.loader_only, parity.reference_only, parity.neither) == (2, 0, 0, 3)
+    assert parity.summary().endswith("; 3 images neither side decoded, not compared")
