@@ -3848,6 +3848,8 @@ def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
         capped[name] = sorted({min(v, listed) for v in grid[name]})
     batches = math.ceil(listed / min(capped["batch-size"]))  # listed >= 1: _read_images refuses an empty list
     capped["decode-processes"] = sorted({min(v, batches) for v in grid["decode-processes"]})
+    if args.loader == "torch":  # a DataLoader worker is a process, making whole batches
+        capped["num-threads"] = sorted({min(v, batches) for v in capped["num-threads"]})
     if capped != grid:
         asked = ", ".join(f"{name}={','.join(map(str, grid[name]))}" for name in grid if capped[name] != grid[name])
         _LG.info("Sweep: %s capped at the %d images listed.", asked, listed)
@@ -4903,11 +4905,14 @@ def _preflight(
 
 def _capped_workers(args: argparse.Namespace, images: int) -> tuple[int, int]:
     """``--num-threads`` and ``--decode-processes`` capped at the ``images`` of the largest shard: an idle
-    worker costs memory (a decode process, an interpreter with torch and SPDL: some 350 MB)."""
-    threads = min(args.num_threads, max(1, images))
-    processes = min(args.decode_processes, max(1, math.ceil(images / args.batch_size)))
+    worker costs memory (a decode process, an interpreter with torch and SPDL: some 350 MB). A DataLoader
+    worker (``--loader torch``) is a process that makes whole batches."""
+    batches = max(1, math.ceil(images / args.batch_size))
+    threads = min(args.num_threads, batches if args.loader == "torch" else max(1, images))
+    processes = min(args.decode_processes, batches)
     if threads < args.num_threads:
-        _LG.info("--num-threads %d capped at %d, the images this process has.", args.num_threads, threads)
+        what = "batches" if args.loader == "torch" else "images"
+        _LG.info("--num-threads %d capped at %d, the %s this process has.", args.num_threads, threads, what)
     if processes < args.decode_processes:
         _LG.info("--decode-processes %d capped at %d, the batches this process has.", args.decode_processes, processes)
     return threads, processes

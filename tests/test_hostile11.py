@@ -229,3 +229,17 @@ def test_parity_counts_the_images_neither_side_decoded_and_keeps_the_runs_size_l
     parity = ic._measure_parity(items, decode, model, batch_size=2, max_bytes=limit)
     assert (parity.images, parity.loader_only, parity.reference_only, parity.neither) == (2, 0, 0, 3)
     assert parity.summary().endswith("; 3 images neither side decoded, not compared")
+
+
+# --- --loader torch: no idle worker processes --------------------------------------------------------------
+
+
+def test_the_dataloaders_workers_are_capped_at_the_batches_as_decode_processes_are(jpeg_set, caplog):
+    # -j 40 on 30 images in batches of 4: 40 worker processes (each an interpreter with torch) for
+    # 8 batches, and a results file saying 40 workers and a loader lead of 80.
+    caplog.set_level("INFO", logger=ic.__name__)
+    args = ["--input-flist", str(jpeg_set), "--prefix", f"{jpeg_set.parent}/", *FAST, "--loader", "torch"]
+    assert ic._preflight(ic._parse_args([*args, "-j", "40"]), ic._Shard()).num_threads == 8
+    assert "--num-threads 40 capped at 8, the batches this process has." in caplog.text
+    sweep = ic._preflight(ic._parse_args([*args, "--sweep", "num-threads=2,16,64"]), ic._Shard()).sweep
+    assert sweep["num-threads"] == [2, 8]
