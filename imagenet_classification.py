@@ -5003,7 +5003,7 @@ def _tracing(path: Path | None, device: torch.device) -> Iterator[tuple[torch.pr
             yield profiler, spdl_trace
 
 
-def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path) -> None:
+def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path, note: str = "") -> None:
     """Write torch's trace (PATH.json) and SPDL's (PATH.pftrace), each whole or not at all. Raises OSError."""
     profiler, spdl_trace = trace
     # Kineto's save() fails without a word on a full disk, and rewrites a path that is not plain (a
@@ -5023,7 +5023,8 @@ def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path) ->
         recorded = spdl_trace.read()
     _write_atomically(f"{path}.json", exported)
     _write_atomically(f"{path}.pftrace", recorded)
-    _say(f"trace: {path}.json (torch's profiler) and {path}.pftrace (SPDL's); open either in https://ui.perfetto.dev")
+    where = f"trace: {path}.json (torch's profiler) and {path}.pftrace (SPDL's)"
+    _say(f"{where}; open either in https://ui.perfetto.dev{note}")
 
 
 def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> bool:
@@ -5216,13 +5217,15 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     rows = _utf8_paths(_in_list_order(result.predictions or [], listed))
     result.failures = _utf8_paths(_in_list_order(result.failures, listed))  # in the list's order, not SPDL's
     timeline, trace = result.timeline, report.trace
+    elsewhere = config.loader == "torch" or config.decode_processes  # neither profiler sees the decode there
+    note = "; this process only: the decode ran in worker processes, and is not in it" if elsewhere else ""
     ran = bool(timeline and timeline["batch_end_s"])  # a timeline with no batch: a run stopped before its first
     plot = config.plot if ran else None
     outputs = [  # a stopped run's too
         ("the results", config.results_file, lambda path: _write_results(path, report)),
         ("the per-image rows", config.predictions_file, lambda path: _write_predictions(path, rows)),
         ("the plot", plot, lambda path: _plot_timeline(timeline, path, _run_title(report))),
-        ("the trace", config.trace if trace is not None else None, lambda path: _export_trace(trace, path)),
+        ("the trace", config.trace if trace is not None else None, lambda path: _export_trace(trace, path, note)),
     ]
     try:
         if shard.rank == 0:  # the summary first: no file, however it fails, can cost it

@@ -243,3 +243,15 @@ def test_the_dataloaders_workers_are_capped_at_the_batches_as_decode_processes_a
     assert "--num-threads 40 capped at 8, the batches this process has." in caplog.text
     sweep = ic._preflight(ic._parse_args([*args, "--sweep", "num-threads=2,16,64"]), ic._Shard()).sweep
     assert sweep["num-threads"] == [2, 8]
+
+
+# --- --trace of a run that decodes in other processes --------------------------------------------------------
+
+
+def test_a_trace_of_a_run_decoding_in_worker_processes_says_the_decode_is_not_in_it(capfd, jpeg_set, tmp_path):
+    # The trace (1.9 KB against 49.6 KB) held only the model's batches, and the line named both files
+    # as if they held the run.
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--loader", "torch",
+                    "--trace", tmp_path / "run")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "; this process only: the decode ran in worker processes, and is not in it" in proc.stderr
