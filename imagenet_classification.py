@@ -4060,7 +4060,7 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         line = (
             f"{_images(len(failed), 'listed image')} failed to decode and were skipped in every setting that read them"
         )
-        print(_printable(f"{line} ({first}; --results-file lists them all)"), file=file)
+        print(_printable(f"{line} ({first}; a JSON --results-file lists them all)"), file=file)
     best = sweep.recommended
     if best is not None:
         print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
