@@ -2593,10 +2593,18 @@ def _choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.
     if requested != "auto":
         if requested not in _DTYPES:  # a notebook's dtype="fp16"; the command line's choices are these
             raise ValueError(f"dtype={requested!r}: expected auto, {', '.join(_DTYPES)} or a torch dtype")
+        # Private, as torch's own tests use them: no public call says whether this CPU has either natively.
+        native = {
+            "bfloat16": torch.ops.mkldnn._is_mkldnn_bf16_supported,
+            "float16": torch.ops.mkldnn._is_mkldnn_fp16_supported,
+        }
+        if device.type == "cpu" and requested in native and not native[requested]():
+            _LG.warning(
+                "This CPU lacks native %s: it is emulated, many times slower than float32 (the FPS is).", requested
+            )
         return _DTYPES[requested], "asked for"
     if device.type == "cuda":
         return _auto_dtype(torch.cuda.get_device_capability(device), False)
-    # Private, as torch's own tests use it: no public call says whether this CPU has native bfloat16.
     return _auto_dtype(None, torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 import imagenet_classification as ic
 from tests.conftest import CLASSES, ROOT, TINY, label_colour, make_jpeg_set, run_main, write_jpeg
@@ -255,3 +256,19 @@ def test_a_trace_of_a_run_decoding_in_worker_processes_says_the_decode_is_not_in
                     "--trace", tmp_path / "run")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "; this process only: the decode ran in worker processes, and is not in it" in proc.stderr
+
+
+# --- A precision the CPU emulates -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_precision_asked_for_that_this_cpu_emulates_is_warned_of(caplog, dtype):
+    # --dtype float16 on a CPU without it: 0.21 images/s against 4.90 in float32, logged as "asked for".
+    native = {
+        "bfloat16": torch.ops.mkldnn._is_mkldnn_bf16_supported,
+        "float16": torch.ops.mkldnn._is_mkldnn_fp16_supported,
+    }
+    caplog.set_level("WARNING", logger=ic.__name__)
+    assert ic._choose_dtype(torch.device("cpu"), dtype) == (getattr(torch, dtype), "asked for")
+    said = f"This CPU lacks native {dtype}: it is emulated" in caplog.text
+    assert said == (not native[dtype]())  # the hardware decides: checked, never assumed
