@@ -4475,8 +4475,8 @@ def _not_a_file(path: Path | str) -> str | None:
 # The results row's columns after timm's: from the result, then from the config.
 _ROW_RESULTS = "fps elapsed_s frames_timed listed classified failed not_reached partial warmup_included".split()
 _ROW_RESULTS += ["fps_max_overstatement", "fps_window_may_be_buffered", "fps_while_loading", "drained_batches"]
-_ROW_RESULTS += ["world_size"]
-_ROW_CONFIG = "device dtype compile weights loader decoder num_threads queue_size".split()
+_ROW_RESULTS += ["world_size", "stop_reason"]
+_ROW_CONFIG = "device dtype compile weights loader decoder num_threads queue_size decode_processes".split()
 
 
 def _write_results(path: Path | str, report: _RunReport) -> None:
@@ -4543,7 +4543,10 @@ def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
 def _run_title(report: _RunReport) -> str:
     c, r = report.config, report.result
     compiled = f"compiled ({c['compile']})" if c["compile"] else "not compiled"
-    settings = f"batch {c['batch_size']}, {c['loader']} {c['decoder']} x {c['num_threads']} threads"
+    workers = f"{c['num_threads']} workers" if c["loader"] == "torch" else f"{c['num_threads']} threads"
+    if c["decode_processes"]:
+        workers = f"{c['decode_processes']} processes x {workers}"
+    settings = f"batch {c['batch_size']}, {c['loader']} {c['decoder']} x {workers}"
     head = f"{c['model']} on {c['device']} ({c['dtype']}, {compiled}), {settings}"
     return f"{head}\nFPS {r.fps:,.1f}, top-1 {'n/a' if r.top1 is None else f'{r.top1:.1%}'} of {r.classified}"
 

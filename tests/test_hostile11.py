@@ -272,3 +272,31 @@ def test_a_precision_asked_for_that_this_cpu_emulates_is_warned_of(caplog, dtype
     assert ic._choose_dtype(torch.device("cpu"), dtype) == (getattr(torch, dtype), "asked for")
     said = f"This CPU lacks native {dtype}: it is emulated" in caplog.text
     assert said == (not native[dtype]())  # the hardware decides: checked, never assumed
+
+
+# --- The CSV row and the plot's title say how the run decoded ----------------------------------------------
+
+
+def test_the_csv_row_and_the_title_name_the_processes_and_the_stop(capfd, jpeg_set, tmp_path, monkeypatch):
+    # A -j 2 --decode-processes 2 row read as a -j 2 one; a partial row did not say why; the title
+    # said "x 2 threads" of the DataLoader's worker processes.
+    titles = []
+    monkeypatch.setattr(ic, "_plot_timeline", lambda timeline, path, title: titles.append(title))
+    row_file = tmp_path / "r.csv"
+    run = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--decode-processes",
+                   "2", "--max-samples", "9", "--results-file", row_file, "--plot", tmp_path / "t.png")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    row = next(csv.DictReader(row_file.open()))
+    assert (row["decode_processes"], row["num_threads"], row["stop_reason"]) == ("2", "2", "")
+    assert "spdl ffmpeg x 2 processes x 2 threads" in titles[0]
+    bad = tmp_path / "n01440764" / "bad.JPEG"
+    bad.parent.mkdir()
+    bad.write_bytes(b"")
+    flist = tmp_path / "list.txt"
+    flist.write_text("".join(f"{jpeg_set.parent}/{line}\n" for line in jpeg_set.read_text().split()[:8]) + f"{bad}\n")
+    run = run_main(capfd, "--input-flist", flist, *FAST, "--loader", "torch", "--results-file", row_file, "--plot",
+                   tmp_path / "t.png")  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    row = next(csv.DictReader(row_file.open()))
+    assert row["partial"] == "True" and row["stop_reason"].startswith(f"cannot decode {bad}")
+    assert "torch pil x 2 workers" in titles[-1]
