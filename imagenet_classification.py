@@ -75,6 +75,18 @@ if __name__ in ("__main__", "__mp_main__") or _COMMAND:
 
     for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(_signum, _interrupted_while_starting)
+    # What would stop the imports below with a traceback (or torch's "oneMKL FATAL ERROR"): one line.
+    import importlib.util
+
+    try:
+        os.getcwd()
+        _missing = [name for name in ("spdl", "torch", "torchvision", "timm") if not importlib.util.find_spec(name)]
+        _problem = f"not installed for {sys.executable}: {', '.join(_missing)}" if _missing else ""
+    except FileNotFoundError:
+        _problem = "the current folder no longer exists (deleted?): cd to one that does"
+    if _problem:
+        os.write(2, f"error: {_problem}\n".encode())
+        os._exit(2)
 
 import spdl.io  # noqa: E402
 import spdl.io.utils  # noqa: E402
@@ -379,7 +391,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     program = _program()
     parser = argparse.ArgumentParser(
         prog=" ".join(program) if program[:2] == ["python", "-m"] else None,  # not the module file's name
-        description=__doc__.split("\n\n")[0],
+        description=(__doc__ or "").split("\n\n")[0],  # python -OO drops it
         epilog="README.md describes every flag, the output, the results file and the exit statuses.",
         usage="%(prog)s (--input-flist LIST | --data-dir DIR | DATA_DIR) [OPTIONS]",  # one line above an error
         formatter_class=_HelpFormatter,
@@ -557,6 +569,7 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
     try:
         if f is None:
             f = _open_fifo(path) if stat.S_ISFIFO(os.stat(path).st_mode) else open(path, "rb")  # noqa: SIM115
+        _note_a_silent_pipe(f, name)
         for lineno in itertools.count(1):
             raw = f.readline(_MAX_LINE_BYTES)
             if not raw:
@@ -589,6 +602,19 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
 
 
 _FIFO_WAIT_S = 30.0  # how long a FIFO may wait for the program that writes to it to open it
+_SILENT_PIPE_S = 10.0  # how long a pipe may give nothing before a note says the run waits on it
+
+
+def _note_a_silent_pipe(f: BinaryIO, name: str) -> None:
+    """A note if ``f`` (a pipe, or a file: ready at once) gives nothing for ``_SILENT_PIPE_S``: a slow
+    ``find``, or a writer that never ends, is waited for, but not in silence."""
+    import select
+
+    with contextlib.suppress(OSError, ValueError):  # no select for it (a notebook's stdin): no note
+        if not select.select([f], [], [], _SILENT_PIPE_S)[0]:
+            _say(
+                f"note: waiting for {name}: nothing read in {_SILENT_PIPE_S:g} s (the program writing it; Ctrl-C stops)"
+            )
 
 
 # Whether the file system's encoding is UTF-8 (as almost everywhere): a list's UTF-8 names are then the

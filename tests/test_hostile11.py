@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -300,3 +302,49 @@ def test_the_csv_row_and_the_title_name_the_processes_and_the_stop(capfd, jpeg_s
     row = next(csv.DictReader(row_file.open()))
     assert row["partial"] == "True" and row["stop_reason"].startswith(f"cannot decode {bad}")
     assert "torch pil x 2 workers" in titles[-1]
+
+
+# --- A pipe that gives nothing for a while -----------------------------------------------------------------
+
+
+def test_a_list_pipe_that_gives_nothing_for_a_while_is_said_then_read(capfd, monkeypatch):
+    # (sleep 100) | imagenet-classification --input-flist -: 100 s of nothing on the screen at all.
+    read_end, write_end = os.pipe()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(os.fdopen(read_end, "rb")))
+    monkeypatch.setattr(ic, "_SILENT_PIPE_S", 0.2)
+
+    def slow_writer():
+        time.sleep(0.8)
+        with os.fdopen(write_end, "wb") as f:
+            f.write(b"val/n01440764/a.JPEG\n")
+
+    writer = threading.Thread(target=slow_writer)
+    writer.start()
+    images = ic.read_file_list("-")
+    writer.join()
+    assert images.paths == ("val/n01440764/a.JPEG",)
+    assert "note: waiting for <stdin>: nothing read in 0.2 s" in capfd.readouterr().err
+
+
+# --- Starting where it cannot: no libraries, no current folder, python -OO ---------------------------------
+
+
+def test_a_start_without_the_libraries_or_a_current_folder_is_one_line(tmp_path):
+    # Without site-packages (python -S: another interpreter than the venv's) a ModuleNotFoundError
+    # traceback; in a deleted folder, torch's import died with "Intel oneMKL FATAL ERROR", exit 2.
+    script = str(ROOT / "imagenet_classification.py")
+    proc = subprocess.run([sys.executable, "-S", script, "--help"], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        f"error: not installed for {sys.executable}: spdl, torch, torchvision, timm\n",
+    )
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    shell = f'cd "{gone}" && rmdir "{gone}" && exec "{sys.executable}" "{script}" --help'
+    proc = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        "error: the current folder no longer exists (deleted?): cd to one that does\n",
+    )
+    proc = subprocess.run([sys.executable, "-OO", script, "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: "), proc.stderr  # was an AttributeError: no __doc__
