@@ -385,6 +385,7 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     sweep = "time the loader at each setting: auto, or e.g. num-threads=1,2,4 batch-size=64,128"
     run.add_argument("--sweep", nargs="+", metavar="SPEC", help=sweep)
     run.add_argument("--debug", action="store_true", help="debug logging")
+    run.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
