@@ -3136,6 +3136,27 @@ def _check_run_arguments(
             raise TypeError(f"{name}={call!r}: expected a function, or None")
 
 
+_HELD: list[list[int]] = []  # while not empty, _interrupt holds a signal in its last list instead of raising
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[list[int]]:
+    """Counts updated together: a signal (the command line's, or a notebook's Ctrl-C) waits, in the list
+    yielded, to the end of the block, for the caller to raise; a second ends the command line's process."""
+    held: list[int] = []
+    _HELD.append(held)
+    default = threading.current_thread() is threading.main_thread()  # only there can a handler be set
+    default = default and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if default:  # a notebook's: KeyboardInterrupt wherever the code is
+        signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield held
+    finally:
+        _HELD.pop()
+        if default:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @contextlib.contextmanager
 def _stopped_runs(result: RunResult) -> Iterator[None]:
     """Whatever ends the loop early leaves as a RunStopped (or RunInterrupted) carrying the partial
@@ -5316,9 +5337,6 @@ def _print_out(printer: Callable[..., None], *args: Any) -> None:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a hang-up: the terminal or ssh went, the files stay
 
 
-_HELD: list[list[int]] = []  # while not empty, _interrupt holds a signal in its last list instead of raising
-
-
 def _interrupt(signum: int, _frame: object) -> None:
     """A signal of ``_SIGNALS``: RunInterrupted where the run is, its partial result reported; a second ends it."""
     for s in _SIGNALS:
@@ -5327,18 +5345,6 @@ def _interrupt(signum: int, _frame: object) -> None:
         _HELD[-1].append(signum)
         return
     raise RunInterrupted(signum)
-
-
-@contextlib.contextmanager
-def _uninterrupted() -> Iterator[list[int]]:
-    """Counts updated together: the command line's signal waits (in the list yielded) to the end of
-    the block, for the caller to raise (a notebook's Ctrl-C, Python's own handler, is not held)."""
-    held: list[int] = []
-    _HELD.append(held)
-    try:
-        yield held
-    finally:
-        _HELD.pop()
 
 
 def _held_status(held: list[int]) -> int:

@@ -348,3 +348,28 @@ def test_a_start_without_the_libraries_or_a_current_folder_is_one_line(tmp_path)
     )
     proc = subprocess.run([sys.executable, "-OO", script, "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: "), proc.stderr  # was an AttributeError: no __doc__
+
+
+def test_a_notebooks_ctrl_c_while_a_batch_is_counted_leaves_every_count_agreeing(jpeg_set, monkeypatch):
+    # Python's own SIGINT handler (a notebook's): the KeyboardInterrupt came between the counters' updates.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    add, calls = ic._TimingWindow.add, []
+
+    def signalled(window, frames):
+        calls.append(frames)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return add(window, frames)
+
+    monkeypatch.setattr(ic._TimingWindow, "add", signalled)
+    images = ic.read_file_list(jpeg_set, f"{jpeg_set.parent}/")
+    decode = ic.get_decode_func("cpu", ic.EvalTransform(size=32))
+    model = ic.get_model(
+        "test_efficientnet", "cpu", pretrained=False, compile=False, transform=ic.EvalTransform(size=32)
+    )
+    batches = (decode(list(images)[i : i + 4]) for i in range(0, len(images), 4))
+    with pytest.raises(ic.RunInterrupted) as stopped:
+        ic.benchmark(batches, model, listed=len(images), warmup_batches=1, predictions=True)
+    result = stopped.value.result
+    assert result.classified == 12 and sum(result.timeline["batch_images"]) == 12 and len(result.predictions) == 12
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
