@@ -260,8 +260,8 @@ KNOWN_EDITS = [
     (
         "top5 rate returns the top-1 rate",
         "results",
-        "def top5(self) -> float:\n        return self.top5_correct",
-        "def top5(self) -> float:\n        return self.top1_correct",
+        "def top5(self) -> float | None:\n        return self.top5_correct",
+        "def top5(self) -> float | None:\n        return self.top1_correct",
     ),
     (
         "FPS window from the start of the run",

@@ -212,7 +212,7 @@ def test_one_past_the_max_bad_limit_stops_at_the_first_batch(ranked_set, ranked_
     assert "error: 3 images failed to decode, more than --max-bad allows (2)" in proc.stderr
     r = read_json(out)
     assert (r["listed"], r["classified"], r["failed"], r["not_reached"], r["partial"]) == (20, 0, 3, 17, True)
-    assert (r["top1_correct"], r["top5_correct"], r["top1"], r["top5"]) == (0, 0, 0.0, 0.0)
+    assert (r["top1_correct"], r["top5_correct"], r["top1"], r["top5"]) == (0, 0, None, None)  # no accuracy of nothing
     assert "Images: listed=20 classified=0 failed=3 not_reached=17 (PARTIAL RUN)" in proc.stdout.splitlines()
 
 
@@ -1017,7 +1017,7 @@ def test_summary_lists_ten_failures_then_counts_the_rest(failed, more):
     listed = [line for line in lines if line.startswith("  failed: ")]
     assert listed == [f"  failed: {i}.JPEG: empty file (0 bytes)" for i in range(10)]
     assert [line for line in lines if line.startswith("  ... and")] == ([more] if more else [])
-    assert f"Accuracy (top1)=0.00% (0/0, {failed} failed to decode)" in lines
+    assert f"Accuracy (top1)=n/a (0/0, {failed} failed to decode)" in lines
 
 
 MOSTLY_CPU = "; the figures are mostly the CPU's"
