@@ -1560,16 +1560,13 @@ class _Batch(tuple):
 _DecodeFunc = Callable[[Sequence[tuple[str, int]]], _Batch]  # see get_decode_func
 
 
-def _record_batch(batch: tuple, result: RunResult, failures: list[ImageDecodeError]) -> None:
-    """What :py:func:`benchmark` takes from a batch (a user's loader may yield plain tuples).
+def _record_batch(batch: tuple, failures: list[ImageDecodeError]) -> None:
+    """The bad images of a batch (a user's loader may yield plain tuples, which list none).
     TypeError for a batch that is no ``(images, labels)`` pair (a dict, a DataLoader's triple)."""
     if not (isinstance(batch, tuple | list) and len(batch) == 2):
         what = f"{type(batch).__name__} of {len(batch)}" if isinstance(batch, tuple | list) else type(batch).__name__
         raise TypeError(f"a batch that is a {what}: expected a pair (images, labels), as get_decode_func's are")
     failures += getattr(batch, "failures", ())
-    result.decoder_fallbacks += getattr(batch, "fallbacks", 0)
-    for backend, count in getattr(batch, "decoded_by", {}).items():
-        result.decoder_backends[backend] = result.decoder_backends.get(backend, 0) + count
 
 
 def _label_tensor(labels: list[int], device: torch.device) -> Tensor:
@@ -2384,7 +2381,7 @@ def _received(batches: Iterator[_Batch], device: torch.device, workers: int) -> 
         if batch is None:
             return
         images, labels = (t.to(device, non_blocking=True) for t in batch)
-        yield _Batch(images, labels, batch.paths, batch.failures)
+        yield _Batch(images, labels, batch.paths, batch.failures, batch.fallbacks, batch.decoded_by)
 
 
 # --- Baseline loader: PyTorch DataLoader with PIL, for comparison on identical work ---
@@ -3092,7 +3089,7 @@ def benchmark(
     with _stopped_runs(loop.result), torch.inference_mode():
         try:
             for batch in loader:
-                _record_batch(batch, loop.result, failures)
+                _record_batch(batch, failures)
                 policy.check(failures, listed)
                 loop.classify(batch)
                 if progress is not None:
@@ -3101,6 +3098,8 @@ def benchmark(
         finally:
             with _uninterrupted() as held:  # a signal now (the predictions' rows take seconds) waits for it
                 loop.close(failures)
+            if held and sys.exc_info()[1] is not None:  # the run was stopping: the signal stops it, as ever
+                raise RunInterrupted(held[0])
     if held:  # the run had ended: its result is whole, and the signal stops what would follow
         raise RunInterrupted(held[0], loop.result)
     if loop.result.warmup_included and warmup_batches:  # the command line's summary says it itself
@@ -3234,6 +3233,9 @@ class _Loop:
                 self.kept.append(kept)
             self.result.classified += n
             self.window.add(n)
+            self.result.decoder_fallbacks += getattr(batch, "fallbacks", 0)  # of the images classified, as theirs
+            for backend, count in getattr(batch, "decoded_by", {}).items():
+                self.result.decoder_backends[backend] = self.result.decoder_backends.get(backend, 0) + count
         if held:
             raise RunInterrupted(held[0])
 
@@ -4080,7 +4082,7 @@ def _sweep_command(config: _RunConfig) -> int:
         not_written = _write_outputs(outputs)
         if config.plot is None:
             _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
-    return status or _held_status(held) or (EXIT_FAILED if not_written else 0)
+    return _held_status(held) or status or (EXIT_FAILED if not_written else 0)  # a signal's status, as ever
 
 
 def _write_sweep(path: Path, sweep: _Sweep, payload: dict) -> None:
@@ -4256,9 +4258,9 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
         line += f"ready or under way when it opened: if the loader is the bottleneck, {bound}; list more images "
         print(line + "(repeating the list is fine)", file=file)
     _print_drain(result, file)
-    ends = (result.timeline or {}).get("batch_end_s") or [0.0]
-    opened_at_start = result.batches_timed == result.batches > 1 and not result.warmup_included
-    if opened_at_start and ends[0] > 3 * result.elapsed_s / result.batches:
+    ends = (result.timeline or {}).get("batch_end_s") or []  # this process's (under torchrun, rank 0's)
+    opened_at_start = result.batches_timed == result.batches and len(ends) > 1 and not result.warmup_included
+    if opened_at_start and ends[0] > 3 * (ends[-1] - ends[0]) / (len(ends) - 1):  # 3 times the others' mean
         line = f"WARNING: the FPS window opens at the start (no warm-up): its first batch took {ends[0]:.2f} s of its "
         print(line + f"{result.elapsed_s:.2f} (start-up, compilation): give --warmup-batches 1 or more", file=file)
     if result.failed and not result.classified:
@@ -5379,7 +5381,7 @@ def _run_job(config: _RunConfig) -> int:
 
             if dist.is_initialized():  # left to interpreter shutdown, Gloo's threads free tensors without the GIL
                 dist.destroy_process_group()
-    return status or _held_status(held)
+    return _held_status(held) or status  # a signal's status, as ever
 
 
 def _start_time() -> str:

@@ -373,3 +373,62 @@ def test_a_notebooks_ctrl_c_while_a_batch_is_counted_leaves_every_count_agreeing
     result = stopped.value.result
     assert result.classified == 12 and sum(result.timeline["batch_images"]) == 12 and len(result.predictions) == 12
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+# --- Review of the round: what its first fixes left -------------------------------------------------------
+
+
+def _bmps(folder, count):
+    return [
+        str(write_jpeg(folder / f"{i}.bmp", (100 + 2 * i, 120), label_colour(0), format="BMP")) for i in range(count)
+    ]
+
+
+def test_the_pil_count_holds_with_worker_processes_and_counts_only_images_classified(capfd, tmp_path):
+    # --decode-processes dropped the batches' counts (decoder_backends {}); a strict stop counted the
+    # stopping batch's decoded images, never classified ("7 images (100.0%) decoded by PIL" of 4).
+    paths = _bmps(tmp_path / "n01440764", 8)
+    flist, results = tmp_path / "list.txt", tmp_path / "r.json"
+    flist.write_text("\n".join(paths) + "\n")
+    run = run_main(capfd, "--input-flist", flist, *FAST, "--decode-processes", "1", "--results-file", results)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(results.read_text())["decoder_backends"] == {"ffmpeg": 0, "pil": 8}
+    (tmp_path / "n01440764" / "bad.bmp").write_bytes(b"")
+    flist.write_text("\n".join([*paths[:4], str(tmp_path / "n01440764" / "bad.bmp"), *paths[4:]]) + "\n")
+    run = run_main(capfd, "--input-flist", flist, *FAST, "--num-threads", "1", "--results-file", results)
+    assert run.returncode == 1, run.stderr
+    result = json.loads(results.read_text())
+    assert sum(result["decoder_backends"].values()) == result["classified"] == 4
+
+
+def test_a_signal_while_a_stopping_runs_result_is_filled_gives_the_signals_status(capfd, tmp_path, monkeypatch):
+    # A strict stop's result being filled when SIGTERM came: exit 1, the signal dropped unsaid.
+    paths = _bmps(tmp_path / "n01440764", 4)
+    (tmp_path / "n01440764" / "bad.bmp").write_bytes(b"")
+    flist = tmp_path / "list.txt"
+    flist.write_text("\n".join([*paths, str(tmp_path / "n01440764" / "bad.bmp")]) + "\n")
+    close = ic._Loop.close
+
+    def signalled(loop, failures):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return close(loop, failures)
+
+    monkeypatch.setattr(ic._Loop, "close", signalled)
+    run = run_main(capfd, "--input-flist", flist, *FAST, "--num-threads", "1")
+    assert run.returncode == 128 + signal.SIGTERM and "error: interrupted by SIGTERM" in run.stderr, run.stderr
+
+
+def test_the_first_batch_warning_compares_it_with_the_others(capfd):
+    for ends, said in (([13.0, 13.35, 13.7], True), ([0.3, 0.6, 0.9, 1.2], False)):  # the second: uniform
+        result = ic.RunResult(
+            listed=12,
+            classified=12,
+            frames_timed=12,
+            elapsed_s=ends[-1],
+            batches=16,
+            batches_timed=16,
+            timeline={"batch_end_s": ends},
+        )  # fmt: skip  (16: 4 ranks' sum)
+        text = io.StringIO()
+        ic._print_summary(result, text)
+        assert ("its first batch took" in text.getvalue()) == said, text.getvalue()
