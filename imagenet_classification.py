@@ -2304,6 +2304,12 @@ def get_pipeline(
         report_stats_interval = stats.interval
     builder = PipelineBuilder().add_source(_batched(src, batch_size))
     if decode_processes:
+        try:  # else a bare pickling error, or a pipeline failure in each worker
+            pickle.dumps(decode_func)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            message = f"decode_func cannot be sent to the decode processes ({e}): get_decode_func's cannot (it holds "
+            message += "its decoder); give a module-level function that makes one in the worker, or decode_processes=0"
+            raise TypeError(message) from None
         _start_resource_tracker()
         # spawn, not fork: the main process has threads (torch's, SPDL's) by the time the pool starts.
         pool = ProcessPoolExecutorConfig(
@@ -2532,6 +2538,8 @@ class Classification(torch.nn.Module):
         _check_type("labels", labels, Tensor, "a tensor of class indices")  # a loader's list of them
         if tuple(labels.shape) not in ((n,), (n, 1)):  # a row of N against N x 5: N hits per image
             raise ValueError(f"labels of shape {tuple(labels.shape)} for {n} images: expected {n} x 1 (or {n})")
+        if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:  # 1.5: a miss
+            raise ValueError(f"labels of type {labels.dtype}: expected whole numbers, class indices (int64)")
         top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
         hits = (top == labels.view(n, 1)) & logits.isfinite().all(dim=-1, keepdim=True)
         return hits[:, :1].sum(), hits.sum()
@@ -3065,8 +3073,7 @@ def benchmark(
     (``warmup_included``, and a WarmupIncluded warning).
 
     Args:
-        loader: Yields ``(images, labels)`` batches, e.g. a pipeline's iterator.
-        model: From :py:func:`get_model`.
+        loader: Yields ``(images, labels)`` batches, e.g. a pipeline's iterator; ``model``: from :py:func:`get_model`.
         listed: How many images the loader was given, for the accounting.
         warmup_batches: Batches left out of the FPS window.
         policy: The bad-image policy, applied as each batch comes (a ``max_bad_percent`` needs ``listed``).
@@ -3078,8 +3085,8 @@ def benchmark(
 
     Raises:
         RunStopped: the run ended early (``kind`` says why; RunInterrupted: a signal), the partial result: ``.result``.
-        ValueError: a policy's ``max_bad_percent`` without ``listed``, a count no whole number from 0
-            (a warm-up of 2.5 batches would never end, and time it).
+        ValueError: a policy's ``max_bad_percent`` without ``listed``, a count no whole number from 0, a
+            model in training mode or whose weights are not of its ``dtype``, labels that are no whole numbers.
         TypeError: an argument of the wrong kind (a model no ModelBundle), a batch no ``(images, labels)``.
     """
     _check_run_arguments(model, policy, listed, loader_lead, predictions, [sync_clocks, progress])
@@ -3088,8 +3095,10 @@ def benchmark(
     failures: list[ImageDecodeError] = []  # the one record of the bad images, in the order received
     with _stopped_runs(loop.result), torch.inference_mode():
         try:
-            for batch in loader:
+            batches = iter(loader)
+            while (batch := _next_batch(batches)) is not _END:
                 _record_batch(batch, failures)
+                _check_delivered(loop.result.classified + len(failures) + len(batch[0]), listed, ended=False)
                 policy.check(failures, listed)
                 loop.classify(batch)
                 if progress is not None:
@@ -3112,6 +3121,10 @@ class WarmupIncluded(UserWarning):
 
 
 def _warn_warmup_included(batches: int, warmup_batches: int) -> None:
+    if not batches:  # a notebook's loader used up by an earlier run: not a matter of the warm-up
+        message = "no batch held images: the loader yielded none (an iterator used up already?), or every image failed"
+        warnings.warn(message + "; FPS and accuracy measure nothing", WarmupIncluded, stacklevel=3)
+        return
     message = f"only {batches} batch(es) held images, not more than warmup_batches={warmup_batches}: the FPS "
     message += "window includes the warm-up (compilation, caches, thread start-up); pass more images or a smaller "
     message += "warmup_batches"
@@ -3129,6 +3142,15 @@ def _check_run_arguments(
     if policy is not None and policy.max_bad_percent is not None and listed is None:  # else no limit at all
         raise ValueError("BadImagePolicy(max_bad_percent=...) is a share of the images listed: pass listed= too")
     _check_type("model", model, ModelBundle, "a ModelBundle (get_model makes one)")
+    # Private classes, the public ones' bases: batch norm and dropout are what training mode changes.
+    changing = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd)
+    if any(m.training for m in model.model.modules() if isinstance(m, changing)):
+        raise ValueError("the model is in training mode: batch norm would use each batch's statistics (and change "
+                         "its own), dropout drop; call model.eval() first")  # fmt: skip
+    weights = next((p.dtype for p in model.model.parameters() if p.is_floating_point()), model.dtype)
+    if weights != model.dtype:  # torch would say only that the input's type and the weights' differ
+        message = f"the model's weights are {weights}, but the bundle feeds it {model.dtype}: "
+        raise ValueError(message + "build it with get_model(dtype=...) rather than converting it afterwards")
     _check_type("predictions", predictions, bool, "True or False")  # "no" is true
     for name, call in zip(("sync_clocks", "progress"), calls, strict=True):
         if call is not None and not callable(call):  # else a TypeError naming neither, after the first batch
@@ -3214,7 +3236,10 @@ class _Loop:
 
     def classify(self, batch: tuple[Tensor, Tensor]) -> None:
         images, labels = batch
-        n, kept = int(images.shape[0]), None
+        n, kept, size = int(images.shape[0]), None, self.model.transform.size
+        if n and not self.window.batches and tuple(images.shape[-2:]) != (size, size):  # once, at the first batch
+            message = f"images of {images.shape[-1]} x {images.shape[-2]} for a model whose transform crops {size} x "
+            warnings.warn(f"{message}{size}: decode with get_decode_func(..., model.transform)", stacklevel=4)
         if n:
             i = self.window.batches
             with spdl.io.utils.trace_event(f"iter_{i}"), torch.profiler.record_function(f"iter_{i}"):
@@ -3307,9 +3332,27 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def _check_delivered(delivered: int, listed: int | None) -> None:
-    """The loader delivered every listed image, once: else the counts would not add up."""
-    if listed is None or delivered == listed:
+_END = object()  # a loader's end: None is a batch, which the loop refuses, naming it
+
+
+def _next_batch(batches: Iterator) -> Any:
+    """The loader's next batch, or _END. An error of a notebook's own loader (an OSError of its dataset)
+    as RunStopped, the partial result kept: ``bad_image`` for an ImageDecodeError, else ``loader``."""
+    try:
+        return next(batches, _END)
+    except ImageDecodeError as e:
+        raise RunStopped(f"cannot decode {e.path}: {e.reason}", "bad_image", "--skip-bad skips such images") from e
+    except Exception as e:
+        if _as_stop(e) is not None:  # the pipeline's failure, a stall, a dead DataLoader worker: said as such
+            raise
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise RunStopped(f"the loader failed: {type(e).__name__}: {first}", "loader") from e
+
+
+def _check_delivered(delivered: int, listed: int | None, ended: bool = True) -> None:
+    """The loader delivered every listed image, once (before its end: no more than listed, checked as each
+    batch comes, before it is classified): else the counts would not add up."""
+    if listed is None or delivered == listed or (delivered < listed and not ended):
         return
     if delivered < listed:
         message = f"the loader ended before delivering every listed image ({delivered} of {listed})"

@@ -432,3 +432,87 @@ def test_the_first_batch_warning_compares_it_with_the_others(capfd):
         text = io.StringIO()
         ic._print_summary(result, text)
         assert ("its first batch took" in text.getvalue()) == said, text.getvalue()
+
+
+# --- A notebook's compositions -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small(jpeg_set):
+    """The set's first 12 images as 3 batches of 4 at 32 pixels, and a model of that transform."""
+    transform = ic.EvalTransform(size=32)
+    items = list(ic.read_file_list(jpeg_set, f"{jpeg_set.parent}/"))[:12]
+    decode = ic.get_decode_func("cpu", transform)
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False, transform=transform)
+    return [decode(items[i : i + 4]) for i in range(0, 12, 4)], model
+
+
+def test_a_model_in_training_mode_or_converted_afterwards_is_refused_before_the_run(small):
+    # m.train(): batch norm used each batch's statistics and changed its own (39 buffers), unsaid;
+    # m.to(bfloat16): torch's "Input type and weight type should be the same" as a model failure.
+    batches, model = small
+    model.train()
+    try:
+        with pytest.raises(ValueError, match="the model is in training mode"):
+            ic.benchmark(iter(batches), model, listed=12, warmup_batches=1)
+    finally:
+        model.eval()
+    converted = ic.ModelBundle(model.preprocessing, model.model.to(torch.bfloat16), model.classification,
+                               torch.float32, model.transform)  # fmt: skip
+    try:
+        with pytest.raises(ValueError, match="the model's weights are torch.bfloat16, but the bundle feeds it"):
+            ic.benchmark(iter(batches), converted, listed=12, warmup_batches=1)
+    finally:
+        model.model.float()
+
+
+def test_a_notebook_loaders_own_error_stops_the_run_with_its_partial_result(small):
+    # An OSError of the user's dataset came out raw: the 8 images classified before it were lost.
+    batches, model = small
+
+    def loader():
+        yield from batches[:2]
+        raise OSError("disk went away")
+
+    with pytest.raises(ic.RunStopped, match="the loader failed: OSError: disk went away") as stopped:
+        ic.benchmark(loader(), model, listed=12, warmup_batches=1)
+    result = stopped.value.result
+    assert (stopped.value.kind, result.classified, result.not_reached) == ("loader", 8, 4)
+
+
+def test_a_loader_delivering_more_than_listed_stops_before_the_extra_images_are_counted(small):
+    # 16 images of 12 listed were all classified before the end's check: classified + failed + not_reached 16.
+    batches, model = small
+    with pytest.raises(ic.RunStopped, match="more than the 12 listed") as stopped:
+        ic.benchmark(iter([*batches, batches[0]]), model, listed=12, warmup_batches=1)
+    result = stopped.value.result
+    assert result.classified + result.failed + result.not_reached == 12 and result.classified == 12
+
+
+def test_labels_that_are_no_whole_numbers_are_refused(small):
+    # float labels were all misses (1.5), then a TypeError after the whole run with predictions=True.
+    batches, model = small
+    for labels in (batches[0][1].double(), batches[0][1].bool()):
+        with pytest.raises(ValueError, match="labels of type torch.(float64|bool): expected whole numbers"):
+            ic.benchmark(iter([(batches[0][0], labels)]), model, listed=4, warmup_batches=0, predictions=True)
+
+
+def test_images_of_another_size_than_the_models_transform_are_warned_of(small):
+    # Decoded at 96 for a model of 224: top-1 35 % against 95 %, unsaid.
+    batches, model = small
+    other = ic.get_model(
+        "test_efficientnet", "cpu", pretrained=False, compile=False, transform=ic.EvalTransform(size=48)
+    )
+    with pytest.warns(UserWarning, match="images of 32 x 32 for a model whose transform crops 48 x 48"):
+        ic.benchmark(iter(batches), other, listed=12, warmup_batches=1)
+
+
+def test_a_used_up_loader_and_a_decode_function_for_processes_are_said(small, jpeg_set):
+    batches, model = small
+    used = iter(batches)
+    ic.benchmark(used, model, listed=12, warmup_batches=1)
+    with pytest.warns(ic.WarmupIncluded, match="the loader yielded none .an iterator used up already"):
+        ic.benchmark(used, model, warmup_batches=1)
+    items = list(ic.read_file_list(jpeg_set, f"{jpeg_set.parent}/"))[:4]
+    with pytest.raises(TypeError, match="decode_func cannot be sent to the decode processes"):
+        ic.get_pipeline(items, 4, ic.get_decode_func("cpu"), 1, 1, 1, decode_processes=1)
