@@ -3098,7 +3098,7 @@ def benchmark(
             batches = iter(loader)
             while (batch := _next_batch(batches)) is not _END:
                 _record_batch(batch, failures)
-                _check_delivered(loop.result.classified + len(failures) + len(batch[0]), listed, ended=False)
+                _check_delivered(loop.result.classified + len(failures) + len(batch[1]), listed, ended=False)
                 policy.check(failures, listed)
                 loop.classify(batch)
                 if progress is not None:
