@@ -3165,15 +3165,16 @@ def _uninterrupted() -> Iterator[list[int]]:
     """Counts updated together: a signal (the command line's, or a notebook's Ctrl-C) waits, in the list
     yielded, to the end of the block, for the caller to raise; a second ends the command line's process."""
     held: list[int] = []
-    _HELD.append(held)
     default = threading.current_thread() is threading.main_thread()  # only there can a handler be set
     default = default and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     if default:  # a notebook's: KeyboardInterrupt wherever the code is
         signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
     try:
+        _HELD.append(held)  # inside the try: a KeyboardInterrupt before it leaves no stale list on the stack
         yield held
     finally:
-        _HELD.pop()
+        if _HELD and _HELD[-1] is held:
+            _HELD.pop()
         if default:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 

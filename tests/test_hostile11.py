@@ -105,9 +105,8 @@ def test_a_signal_after_the_last_batch_keeps_the_whole_result(capfd, jpeg_set, t
     assert len(predictions.read_text().splitlines()) == 1 + 30
 
 
-def test_a_signal_while_a_batch_is_counted_leaves_every_count_agreeing(capfd, jpeg_set, tmp_path, monkeypatch):
-    # A signal between the counters' updates counted a batch's hits without its images (top-1 of 200 %),
-    # or its images without its place in the FPS window and the timeline.
+def _signal_on_third_batch(monkeypatch) -> None:
+    """SIGINT as the third batch is counted: between the counters' updates, without the hold."""
     add, calls = ic._TimingWindow.add, []
 
     def signalled(window, frames):
@@ -117,6 +116,12 @@ def test_a_signal_while_a_batch_is_counted_leaves_every_count_agreeing(capfd, jp
         return add(window, frames)
 
     monkeypatch.setattr(ic._TimingWindow, "add", signalled)
+
+
+def test_a_signal_while_a_batch_is_counted_leaves_every_count_agreeing(capfd, jpeg_set, tmp_path, monkeypatch):
+    # A signal between the counters' updates counted a batch's hits without its images (top-1 of 200 %),
+    # or its images without its place in the FPS window and the timeline.
+    _signal_on_third_batch(monkeypatch)
     out, predictions = tmp_path / "r.json", tmp_path / "p.csv"
     proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST,
                     "--results-file", out, "--predictions-file", predictions)  # fmt: skip
@@ -353,15 +358,7 @@ def test_a_start_without_the_libraries_or_a_current_folder_is_one_line(tmp_path)
 def test_a_notebooks_ctrl_c_while_a_batch_is_counted_leaves_every_count_agreeing(jpeg_set, monkeypatch):
     # Python's own SIGINT handler (a notebook's): the KeyboardInterrupt came between the counters' updates.
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    add, calls = ic._TimingWindow.add, []
-
-    def signalled(window, frames):
-        calls.append(frames)
-        if len(calls) == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-        return add(window, frames)
-
-    monkeypatch.setattr(ic._TimingWindow, "add", signalled)
+    _signal_on_third_batch(monkeypatch)
     images = ic.read_file_list(jpeg_set, f"{jpeg_set.parent}/")
     decode = ic.get_decode_func("cpu", ic.EvalTransform(size=32))
     model = ic.get_model(
