@@ -383,7 +383,7 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--trace", type=_file_name, help=f"write PATH.json and PATH.pftrace ({TRACE_BATCHES} batches)")
     run.add_argument("--plot", type=_file_name, help="draw the run's timeline (or the sweep) into this PNG")
     sweep = "time the loader at each setting: auto, or e.g. num-threads=1,2,4 batch-size=64,128"
-    run.add_argument("--sweep", nargs="+", metavar="SPEC", help=sweep)
+    run.add_argument("--sweep", nargs="+", action="extend", metavar="SPEC", help=sweep)  # a second adds its specs
     run.add_argument("--debug", action="store_true", help="debug logging")
     run.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
