@@ -2659,7 +2659,22 @@ def _unreadable(path: Path, error: Exception) -> str:
     first = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines()[0] if str(error) else ""
     if len(first) <= 8:
         return "not a PyTorch checkpoint (neither torch.save's archive nor a pickle)"
+    if "weights_only" in first:  # torch's next sentences advise weights_only=False: running the file's code
+        first = first.split(". ")[0].replace("`", "")
     return f"not a PyTorch checkpoint ({type(error).__name__}: {first})"
+
+
+def _misnamed(path: Path) -> str | None:
+    """Whether a checkpoint's first bytes are of the other format than its name says (timm goes by the name)."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    torch_save = head.startswith((b"PK\x03\x04", b"\x80"))  # a zip archive, or a pickle
+    safetensors = len(head) == 9 and head[8:] == b"{"  # the header's length, then its JSON
+    if path.suffix == ".safetensors" and torch_save:
+        return "it is torch.save's format, named .safetensors: rename it, e.g. to .pth"
+    if path.suffix != ".safetensors" and safetensors:
+        return "it is a safetensors file: name it .safetensors"
+    return None
 
 
 def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
@@ -2676,9 +2691,14 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
     if path.stat().st_size == 0:
         raise fail("empty file")
     try:
-        state = timm.models.load_state_dict(str(path), use_ema=False, weights_only=True)
+        with warnings.catch_warnings(action="ignore"):  # torch's on a refused pickle: the error says it
+            state = timm.models.load_state_dict(str(path), use_ema=False, weights_only=True)
     except (*_CHECKPOINT_ERRORS, SafetensorError) as e:
-        raise fail(_unreadable(path, e)) from None
+        raise fail(_misnamed(path) or _unreadable(path, e)) from None
+    ema = [k for k in ("state_dict_ema", "model_ema") if isinstance(state.get(k), dict)]
+    if ema and not any(isinstance(v, Tensor) for v in state.values()):  # a training run's EMA weights alone
+        _LG.info("Checkpoint %s holds only EMA weights (%r): loading them.", path, ema[0])
+        state = timm.models.clean_state_dict(state[ema[0]])
     for key, value in state.items():
         if not isinstance(value, Tensor):
             raise fail(f"{key!r} is a {type(value).__name__}, not a dense tensor")
@@ -2686,11 +2706,16 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
             raise fail(f"{key!r} is a {value.layout} tensor, not a dense tensor")
     expected = model.state_dict()
     for key, value in expected.items():
-        if key not in state:
+        if key not in state and not key.endswith(".num_batches_tracked"):  # BatchNorm fills that in (0)
             raise InputError(f"{path}: checkpoint lacks {key!r}, which {type(model).__name__} needs", "--checkpoint")
+        if key not in state:
+            continue
         if state[key].shape != value.shape:
             shapes = f"{tuple(state[key].shape)} in the checkpoint, the model expects {tuple(value.shape)}"
             raise InputError(f"{path}: {key!r} has shape {shapes}", "--checkpoint")
+        if value.is_floating_point() and not state[key].is_floating_point():  # an int8 export, or complex
+            kind = f"{state[key].dtype}, not floating point".removeprefix("torch.")
+            raise InputError(f"{path}: {key!r} is {kind}", "--checkpoint")
     if extra := [k for k in state if k not in expected]:
         message = f"{path}: checkpoint has {len(extra)} key(s) the model lacks, first {extra[0]!r}"
         raise InputError(message, "--checkpoint")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
+import timm
+import torch
 
 import imagenet_classification as ic
 
@@ -17,3 +21,60 @@ def test_a_second_sweep_flag_adds_its_settings_and_a_name_twice_is_refused(jpeg_
     args = ic._parse_args(["--input-flist", str(jpeg_set), "--sweep", "num-threads=1", "--sweep", "num-threads=2"])
     with pytest.raises(ic.InputError, match="num-threads is set twice"):
         ic._sweep_grid(args, 40)
+
+
+# --- Checkpoints ------------------------------------------------------------------------------------
+
+
+def _state() -> dict:
+    return timm.create_model("test_efficientnet", pretrained=False).state_dict()
+
+
+def _loads(path) -> dict:
+    return ic.get_model("test_efficientnet", "cpu", checkpoint=path, compile=False, dtype="float32").model.state_dict()
+
+
+def test_checkpoints_torch_and_timm_load_are_loaded(tmp_path):
+    # Without BatchNorm's num_batches_tracked (torchvision's classic weights, TF ports, conversions) a
+    # checkpoint was refused as lacking it; torch's own strict load fills it in. A training run's EMA
+    # weights saved alone were refused as "'state_dict_ema' is a OrderedDict".
+    from safetensors.torch import save_file
+
+    state = _state()
+    weights = {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}
+    torch.save(weights, tmp_path / "no_count.pth")
+    save_file(weights, tmp_path / "no_count.safetensors")
+    ema = {k: v + 1 if v.is_floating_point() else v for k, v in state.items()}
+    torch.save({"state_dict_ema": ema, "epoch": 3}, tmp_path / "ema.pth")
+    for name, expected in (("no_count.pth", weights), ("no_count.safetensors", weights), ("ema.pth", ema)):
+        loaded = _loads(tmp_path / name)
+        assert all(torch.equal(loaded[k], v) for k, v in expected.items()), name
+
+
+def test_checkpoints_that_would_load_wrong_or_misadvise_are_refused_in_one_line(tmp_path):
+    # int8 or complex weights were cast into the float model without a word (complex with torch's
+    # warning): wrong accuracy. A tar or zero-filled file relayed torch's advice to set
+    # weights_only=False, which runs the file's code. A file named as the other format said
+    # "not a PyTorch checkpoint" of torch.save's own archive.
+    from safetensors.torch import save_file
+
+    state = _state()
+    torch.save({k: v.to(torch.int8) if v.is_floating_point() else v for k, v in state.items()}, tmp_path / "q.pth")
+    torch.save({k: v.to(torch.complex64) if v.is_floating_point() else v for k, v in state.items()}, tmp_path / "c.pth")
+    (tmp_path / "zeros.pth").write_bytes(bytes(4096))
+    torch.save(state, tmp_path / "torch.safetensors")
+    save_file(state, tmp_path / "st.pth")
+    expected = {
+        "q.pth": r"'conv_stem.weight' is int8, not floating point",
+        "c.pth": r"'conv_stem.weight' is complex64, not floating point",
+        "zeros.pth": r"cannot load checkpoint \(not a PyTorch checkpoint \(RuntimeError: Cannot use weights_only=True",
+        "torch.safetensors": r"it is torch.save's format, named .safetensors: rename it",
+        "st.pth": r"it is a safetensors file: name it .safetensors",
+    }
+    for name, message in expected.items():
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            with pytest.raises(ic.InputError, match=message) as refused:
+                _loads(tmp_path / name)
+        assert refused.value.flag == "--checkpoint" and "False" not in str(refused.value), name
+        assert not [w for w in said if "complex" in str(w.message)], name
