@@ -1106,8 +1106,8 @@ class EvalTransform:
             config = model.pretrained_cfg
         else:  # timm would give its defaults, not this model's transform
             raise InputError(f"a {type(model).__name__} is not a timm model: it has no pretrained config", "--model")
-        try:
-            cfg = timm.data.resolve_data_config(overrides, pretrained_cfg=config)
+        try:  # the test-time size and crop where the config has them, as timm's validate.py evaluates
+            cfg = timm.data.resolve_data_config(overrides, pretrained_cfg=config, use_test_size=True)
         except AssertionError:  # timm's checks, without a message: e.g. a mean of 2 values, an input_size of 5
             raise ValueError(f"transform overrides {overrides}: not values timm takes") from None
         # timm takes the config's value over a falsy one (crop_pct=0): the transform's checks refuse it.
@@ -1116,7 +1116,10 @@ class EvalTransform:
         if height != width:
             message = f"its evaluation transform cannot be reproduced here: its input is {width} x {height}, not square"
             raise InputError(message, "--model")
-        if config.get("fixed_input_size") and tuple(cfg["input_size"]) != tuple(config.get("input_size") or ()):
+        if test := [k for k in ("test_input_size", "test_crop_pct") if config.get(k) and cfg[k[5:]] == config[k]]:
+            _LG.info("Transform: the config's %s, as timm's validate.py evaluates.", " and ".join(test))
+        built_for = config.get("test_input_size") or config.get("input_size") or ()
+        if config.get("fixed_input_size") and tuple(cfg["input_size"]) != tuple(built_for):
             fixed = config["input_size"][-1]  # e.g. ViT's and Swin's patch grids, built for it
             message = f"its input size is fixed at {fixed} x {fixed}: the model refuses a {width} x {height} image"
             raise InputError(message, "--img-size")

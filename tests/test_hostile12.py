@@ -78,3 +78,26 @@ def test_checkpoints_that_would_load_wrong_or_misadvise_are_refused_in_one_line(
                 _loads(tmp_path / name)
         assert refused.value.flag == "--checkpoint" and "False" not in str(refused.value), name
         assert not [w for w in said if "complex" in str(w.message)], name
+
+
+# --- The evaluation transform -----------------------------------------------------------------------
+
+
+def test_the_transform_is_the_test_time_one_timm_validates_with(caplog):
+    # A config's test_input_size and test_crop_pct were ignored: convnext_tiny.fb_in1k ran at 224
+    # and 0.875 where timm's validate.py (whose column names the results use) evaluates at 288 and 1.0.
+    import timm.data
+
+    with caplog.at_level("INFO", logger="imagenet_classification"):
+        t = ic.EvalTransform.from_model("convnext_tiny.fb_in1k")
+    cfg = timm.data.resolve_data_config(
+        {}, pretrained_cfg=ic._pretrained_config("convnext_tiny.fb_in1k"), use_test_size=True
+    )
+    assert (t.size, t.crop_pct) == (cfg["input_size"][-1], cfg["crop_pct"]) == (288, 1.0)
+    assert "test_input_size and test_crop_pct, as timm's validate.py evaluates" in caplog.text
+    assert ic.EvalTransform.from_model("convnext_tiny.fb_in1k", {"img_size": 224, "crop_pct": 0.875}).size == 224
+    assert ic.EvalTransform.from_model("test_mambaout").size == 192
+    caplog.clear()
+    with caplog.at_level("INFO", logger="imagenet_classification"):
+        assert ic.EvalTransform.from_model("test_efficientnet").size == 160  # it has no test size: nothing said
+    assert "validate.py" not in caplog.text
