@@ -1118,11 +1118,7 @@ class EvalTransform:
             raise InputError(message, "--model")
         if test := [k for k in ("test_input_size", "test_crop_pct") if config.get(k) and cfg[k[5:]] == config[k]]:
             _LG.info("Transform: the config's %s, as timm's validate.py evaluates.", " and ".join(test))
-        built_for = config.get("test_input_size") or config.get("input_size") or ()
-        if config.get("fixed_input_size") and tuple(cfg["input_size"]) != tuple(built_for):
-            fixed = config["input_size"][-1]  # e.g. ViT's and Swin's patch grids, built for it
-            message = f"its input size is fixed at {fixed} x {fixed}: the model refuses a {width} x {height} image"
-            raise InputError(message, "--img-size")
+        _check_fixed_size(config, width)
         short = math.floor(width / cfg["crop_pct"]) if _within(cfg["crop_pct"], 1e-6) else 0
         if short * short > MAX_IMAGE_PIXELS:  # checked here too, to name the flag that sets it
             message = f"{width} / {cfg['crop_pct']} resizes each image's shorter side to {short} pixels: "
@@ -1171,6 +1167,15 @@ class EvalTransform:
         # in_range=full (JPEG and PNG are): else swscale sets up again on the first frame (2x the cost).
         scale = f"scale={out_w}:{out_h}:flags={flags}:in_range=full"
         return f"{region}{scale},format=gbrp,{crop},format=rgb24"
+
+
+def _check_fixed_size(config: Mapping, size: int) -> None:
+    """InputError if a timm config's model takes images of one size only (ViT's and Swin's patch
+    grids, built for it), and it is not ``size``."""
+    fixed = (config.get("test_input_size") or config.get("input_size") or (0,))[-1]
+    if config.get("fixed_input_size") and size != fixed:
+        message = f"its input size is fixed at {fixed} x {fixed}: the model refuses a {size} x {size} image"
+        raise InputError(message, "--img-size")
 
 
 def _channel_reasons(mean: object, std: object) -> list[str]:
@@ -2779,13 +2784,18 @@ def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
             where = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         message = f"{model_name}: cannot get its pretrained weights ({where}, and they are not in its cache)"
         raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
-    except Exception as e:  # e.g. no pretrained weights, or a corrupt cached file (SafetensorError)
+    except Exception as e:  # e.g. no pretrained weights, a corrupt cached file (SafetensorError), a bad config
         first = str(e).splitlines()[0] if str(e) else ""
+        if not pretrained:  # the model itself: a local-dir config naming no architecture timm has
+            raise InputError(f"{model_name}: cannot build it ({type(e).__name__}: {first})", "--model") from None
         message = f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: {first})"
         raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
     finally:
         constants.HF_HUB_OFFLINE = offline
     _check_imagenet_head(model_name, getattr(model, "num_classes", None))
+    stem = next((m for m in model.modules() if isinstance(m, torch.nn.Conv2d)), None)  # timm's stems come first
+    if stem is not None and stem.in_channels != 3:  # e.g. in_chans=1 in a local-dir config's model_args
+        raise InputError(f"{model_name} takes {stem.in_channels}-channel images, not RGB (3 channels)", "--model")
     return model
 
 
@@ -2810,7 +2820,7 @@ def get_model(
     *,
     pretrained: bool = True,
     checkpoint: Path | str | None = None,
-    compile: bool | str = True,
+    compile: bool | str | None = None,
     dtype: torch.dtype | str = "auto",
     use_bf16: bool | None = None,
     batch_size: int | None = None,
@@ -2822,7 +2832,8 @@ def get_model(
         model_name: Any name ``timm.create_model`` accepts.
         pretrained: Load timm's pretrained weights (from the model hub or its cache).
         checkpoint: A local checkpoint to load instead; no hub access.
-        compile: ``torch.compile`` the model and normalisation: True (:py:data:`COMPILE_MODE`) or a mode.
+        compile: ``torch.compile`` the model and normalisation: True (:py:data:`COMPILE_MODE`) or a mode;
+            None (the default) on a GPU, not on the CPU, as the command line.
         dtype: A torch dtype, its name, or ``auto`` (what suits the hardware).
         use_bf16: The design's switch, kept for notebooks: True is bfloat16, False float32.
         batch_size: With ``compile``, pad smaller batches to this size.
@@ -2839,6 +2850,7 @@ def get_model(
     _check_type("pretrained", pretrained, bool, "True or False")  # "no" is true
     _check_type("transform", transform, EvalTransform | dict | None, "an EvalTransform, a dict of overrides, or None")
     device = _resolve_device(str(device))
+    compile = device.type == "cuda" if compile is None else compile  # the CPU's: minutes, and a C++ compiler
     mode = COMPILE_MODE if compile is True else compile
     if compile and mode not in COMPILE_MODES:
         raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
@@ -2850,6 +2862,8 @@ def get_model(
         _load_checkpoint(model, Path(checkpoint))
     if not isinstance(transform, EvalTransform):
         transform = EvalTransform.from_model(model, transform)
+    if not getattr(model, "dynamic_img_size", False):  # a ViT built to take any size (test_vit is)
+        _check_fixed_size(model.pretrained_cfg, transform.size)  # a transform made apart from the config too
     model = model.eval().to(device=device, dtype=dtype)
     preprocessing = Preprocessing(transform.mean, transform.std).to(device)
     if compile:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -101,3 +102,42 @@ def test_the_transform_is_the_test_time_one_timm_validates_with(caplog):
     with caplog.at_level("INFO", logger="imagenet_classification"):
         assert ic.EvalTransform.from_model("test_efficientnet").size == 160  # it has no test size: nothing said
     assert "validate.py" not in caplog.text
+
+
+# --- Models -----------------------------------------------------------------------------------------
+
+
+def _local_dir(root, architecture: str, **model_args) -> str:
+    root.mkdir()
+    config = {"input_size": [3, 160, 160], "crop_pct": 0.95, "num_classes": 1000}
+    config = {"architecture": architecture, "num_classes": 1000, "model_args": model_args, "pretrained_cfg": config}
+    (root / "config.json").write_text(json.dumps(config))
+    return f"local-dir:{root}"
+
+
+def test_a_model_that_cannot_be_built_or_takes_no_rgb_image_is_refused_before_the_run(tmp_path):
+    # With --no-pretrained, a config naming no architecture timm has was "cannot load its pretrained
+    # weights …; pass --no-pretrained": the flag given. A 1-channel model ran, then failed on its first batch.
+    with pytest.raises(ic.InputError, match=r"cannot build it \(RuntimeError: Unknown model \(bogus_net\)\)$"):
+        ic.get_model(_local_dir(tmp_path / "bogus", "bogus_net"), "cpu", pretrained=False)
+    with pytest.raises(ic.InputError, match=r"takes 1-channel images, not RGB \(3 channels\)") as refused:
+        ic.get_model(_local_dir(tmp_path / "gray", "test_efficientnet", in_chans=1), "cpu", pretrained=False)
+    assert refused.value.flag == "--model"
+    ic.get_model(_local_dir(tmp_path / "rgb", "test_efficientnet"), "cpu", pretrained=False)
+
+
+def test_a_transform_made_apart_from_a_fixed_size_model_is_refused_by_get_model():
+    # The fixed-size check read the config when get_model made the transform, and nothing when it was
+    # given one: test_vit_relpos at 224 was built, then failed on its first batch.
+    with pytest.raises(ic.InputError, match=r"fixed at 160 x 160: the model refuses a 224 x 224 image"):
+        ic.get_model("test_vit_relpos", "cpu", pretrained=False, transform=ic.EvalTransform(size=224))
+    ic.get_model("test_vit", "cpu", pretrained=False, transform=ic.EvalTransform(size=224))  # built dynamic: any size
+
+
+def test_get_model_compiles_on_a_gpu_only_unless_asked_as_the_command_line():
+    # get_model(name, "cpu") compiled: minutes and a C++ compiler on the CPU, where README (and the
+    # command line) say compile is off unless asked for.
+    bundle = ic.get_model("test_efficientnet", "cpu", pretrained=False, batch_size=8)
+    assert not isinstance(bundle.model, torch._dynamo.eval_frame.OptimizedModule) and bundle.batch_size is None
+    asked = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=True, batch_size=8)
+    assert isinstance(asked.model, torch._dynamo.eval_frame.OptimizedModule) and asked.batch_size == 8
