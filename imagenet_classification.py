@@ -3280,7 +3280,8 @@ class _Loop:
     def classify(self, batch: tuple[Tensor, Tensor]) -> None:
         images, labels = batch
         n, kept, size = int(images.shape[0]), None, self.model.transform.size
-        if n and not self.window.batches and tuple(images.shape[-2:]) != (size, size):  # once, at the first batch
+        first = n and not self.result.classified  # the first batch with an image: checked once
+        if first and tuple(images.shape[-2:]) != (size, size):
             message = f"images of {images.shape[-1]} x {images.shape[-2]} for a model whose transform crops {size} x "
             warnings.warn(f"{message}{size}: decode with get_decode_func(..., model.transform)", stacklevel=4)
         if n:
@@ -3289,6 +3290,9 @@ class _Loop:
                 logits = _logits(self.model, images)
                 b1, b5 = self.model.classification(logits, labels)
                 finite = logits.isfinite().all(dim=-1)
+            if first and logits.shape[-1] != NUM_CLASSES:  # a notebook's own model: get_model refuses one
+                message = f"the model gives {logits.shape[-1]} classes, not ImageNet-1k's {NUM_CLASSES} of the labels:"
+                warnings.warn(f"{message} its top-1 and top-5 compare indices of two different sets", stacklevel=4)
             if self.kept is not None:  # on the device until the run ends
                 probs, classes = logits.softmax(dim=-1).topk(min(5, logits.shape[-1]), dim=-1)
                 kept = (classes, probs, labels.view(-1), finite, tuple(getattr(batch, "paths", ())))
@@ -3335,7 +3339,7 @@ def _prediction_rows(
             "label": label,
             "label_name": _class_name(label) if 0 <= label < NUM_CLASSES else None,
             "top5": top if ok else None,
-            "top5_names": [_class_name(c) for c in top] if ok else None,
+            "top5_names": [_class_name(c) if c < NUM_CLASSES else None for c in top] if ok else None,
             "probs": [round(x, 6) for x in p] if ok else None,
             "correct1": ok and top[0] == label,
             "correct5": ok and label in top,

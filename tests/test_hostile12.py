@@ -141,3 +141,29 @@ def test_get_model_compiles_on_a_gpu_only_unless_asked_as_the_command_line():
     assert not isinstance(bundle.model, torch._dynamo.eval_frame.OptimizedModule) and bundle.batch_size is None
     asked = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=True, batch_size=8)
     assert isinstance(asked.model, torch._dynamo.eval_frame.OptimizedModule) and asked.batch_size == 8
+
+
+def test_a_notebook_model_of_another_class_count_is_warned_of_and_its_predictions_kept():
+    # A bundle whose model gives 2000 classes lost the whole result to an IndexError when the
+    # predictions named a class above 999; a 10-class one was counted against ImageNet's labels silently.
+    transform = ic.EvalTransform(size=8)
+
+    class Linear(torch.nn.Module):
+        def __init__(self, classes: int) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(3, classes)
+
+        def forward(self, x):
+            return self.linear(x.mean((2, 3)))
+
+    images = torch.randint(0, 255, (4, 3, 8, 8), dtype=torch.uint8)
+    labels = torch.tensor([[0], [1], [2], [999]])
+    for classes in (2000, 10):
+        torch.manual_seed(0)
+        preprocessing = ic.Preprocessing(transform.mean, transform.std)
+        bundle = ic.ModelBundle(preprocessing, Linear(classes).eval(), ic.Classification(), torch.float32, transform)
+        with pytest.warns(UserWarning, match=f"the model gives {classes} classes, not ImageNet-1k's 1000"):
+            result = ic.benchmark([(images, labels)], bundle, warmup_batches=0, predictions=True)
+        assert result.classified == 4 and len(result.predictions) == 4
+        for row in result.predictions:
+            assert [name is None for name in row["top5_names"]] == [top > 999 for top in row["top5"]]
