@@ -400,8 +400,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     for add_flags in (_data_flags, _loader_flags, _model_flags, _run_flags):
         add_flags(parser)
-    if stray := _stray_sweep_setting(sys.argv[1:] if argv is None else argv):  # else "DATA_DIR: not allowed"
+    words = sys.argv[1:] if argv is None else list(argv)
+    if stray := _stray_sweep_setting(words):  # else "DATA_DIR: not allowed"
         parser.error(f"{stray}: a --sweep setting after another flag; give --sweep's settings together after it")
+    if unknown := _unknown_flag(parser, words):  # else its value is DATA_DIR: "not allowed with --data-dir"
+        parser.error(unknown)
     args = parser.parse_args(argv)
     no_data = args.data is None and args.input_flist is None and args.data_dir is None
     if no_data and args.sweep and not _is_sweep_setting(args.sweep[-1]):  # nargs took DATA_DIR: `--sweep auto val`
@@ -3972,6 +3975,21 @@ def _stray_sweep_setting(argv: Sequence[str]) -> str | None:
             after_sweep = word == "--sweep"
         elif not after_sweep and word.partition("=")[0] in _SWEPT and not os.path.isdir(word):
             return word
+    return None
+
+
+def _unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """Why the first word that looks like a flag is none of the parser's (timm's ``--batch``), with the
+    nearest ones; None if every one is known. argparse would take the value after it for DATA_DIR."""
+    import difflib
+
+    known = parser._option_string_actions  # private, as argparse has no public list of its flags
+    for word in itertools.takewhile(lambda w: w != "--", argv):  # after --: DATA_DIR, whatever it is
+        name = word.partition("=")[0]
+        if len(word) < 2 or word[0] != "-" or re.fullmatch(r"-\d.*", word) or name in known or word[:2] in known:
+            continue
+        near = difflib.get_close_matches(name, [k for k in known if k.startswith("--")], n=3, cutoff=0.6)
+        return f"{name}: no such flag" + (f" (did you mean {' or '.join(near)}?)" if near else "")
     return None
 
 

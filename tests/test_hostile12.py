@@ -24,6 +24,25 @@ def test_a_second_sweep_flag_adds_its_settings_and_a_name_twice_is_refused(jpeg_
         ic._sweep_grid(args, 40)
 
 
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        (["--batch", "8"], "--batch: no such flag (did you mean --batch-size or --warmup-batches?)"),
+        (["--swee", "auto"], "--swee: no such flag (did you mean --sweep?)"),
+        (["--batch=8"], "--batch: no such flag (did you mean --batch-size"),
+        (["-z", "3"], "-z: no such flag"),
+    ],
+)
+def test_a_mistyped_flag_is_named_not_its_value_taken_for_a_data_folder(jpeg_set, capsys, words, said):
+    # timm's --batch (or --warmup) with a value was "argument DATA_DIR: not allowed with argument
+    # --data-dir": the value was taken for a data folder, and the mistyped flag named nowhere.
+    with pytest.raises(SystemExit) as stopped:
+        ic._parse_args(["--data-dir", str(jpeg_set.parent), *words])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and f"error: {said}" in err and "DATA_DIR" not in err.splitlines()[-1]
+    ic._parse_args(["--input-flist", str(jpeg_set), "-b8", "--mean", "0.5", "0.5", "0.5", "--prefix=-x"])
+
+
 # --- Checkpoints ------------------------------------------------------------------------------------
 
 
