@@ -959,36 +959,45 @@ def _listed_first_elsewhere(images: ImageList, shard: _Shard) -> frozenset[str]:
     return frozenset(path for path in images.paths[rank::world] if first[path] % world != rank)
 
 
-def _examine_file(path: str, evict: bool) -> tuple[tuple[int, int], int, int | None, int | None] | None:
+def _examine_file(
+    path: str, evict: bool, max_bytes: int | None = None
+) -> tuple[tuple[int, int], int, int | None, int | None] | None:
     """``((device, inode), size, resident bytes, resident bytes after eviction or None)``; None if the
-    file cannot be opened or is no regular file (opened with O_NONBLOCK: a FIFO cannot hang here)."""
+    file cannot be opened, is no regular file (opened with O_NONBLOCK: a FIFO cannot hang here) or
+    is over ``max_bytes`` (the run refuses it unread). Resident bytes are None for a file neither
+    this user's nor writable: Linux (5.2 on) says all of it is in memory (mincore(2))."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
+        if not stat.S_ISREG(info.st_mode) or (max_bytes is not None and info.st_size > max_bytes):
             return None
-        key, before = (info.st_dev, info.st_ino), _resident_bytes(fd, info.st_size)
+        uid = os.geteuid()
+        knowable = uid in (0, info.st_uid) or os.access(path, os.W_OK, effective_ids=True)
+        measure = _resident_bytes if knowable else lambda fd, size: None
+        key, before = (info.st_dev, info.st_ino), measure(fd, info.st_size)
         if not evict:
             return key, info.st_size, before, None
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return key, info.st_size, before, _resident_bytes(fd, info.st_size)
+        return key, info.st_size, before, measure(fd, info.st_size)
     except OSError:  # fstat or fadvise refused: not examined
         return None
     finally:
         os.close(fd)
 
 
-def _examine_page_cache(paths: Iterable[str], evict: bool = False, elsewhere: Set[str] = frozenset()) -> _PageCache:
+def _examine_page_cache(
+    paths: Iterable[str], evict: bool = False, elsewhere: Set[str] = frozenset(), max_bytes: int | None = None
+) -> _PageCache:
     """How much of each file's data is in the page cache; with ``evict``, drop it (no root
     needed) and measure again. A file listed twice (a repeated list, a link) counts once, as first
     met: the second look would find it evicted. ``elsewhere``: paths another rank examines (its
-    shard lists them first), counted here as repeats. A path that cannot be examined is counted
-    in ``skipped``."""
+    shard lists them first), counted here as repeats. A path that cannot be examined (or is over
+    ``max_bytes``) is counted in ``skipped``."""
     lines = list(paths)
-    examined = {path: _examine_file(path, evict) for path in dict.fromkeys(lines) if path not in elsewhere}
+    examined = {p: _examine_file(p, evict, max_bytes) for p in dict.fromkeys(lines) if p not in elsewhere}
     first: dict[tuple[int, int], tuple[int, int | None, int | None]] = {}
     for key, *sizes in filter(None, examined.values()):
         first.setdefault(key, tuple(sizes))
@@ -4413,7 +4422,7 @@ def _page_cache_lines(cache: _PageCache) -> list[str]:
     line = "Page cache: cold run (--cold-cache)" if cache.cold else "Page cache: warm run (no --cold-cache)"
     after = cache.resident_after
     if cache.resident is None or (cache.cold and after is None):
-        line += f"; how much of the listed {size} was in memory is unknown (mincore could not tell)"
+        line += f"; how much of the listed {size} was in memory is unknown (mincore could not tell)"  # README: why
     else:
         line += f"; before it, {cache.resident:.1%} of the listed {size} was in memory"
         line += f", {after:.1%} after eviction" if after is not None else ""
@@ -5245,11 +5254,11 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
     try:  # from the first line: a signal as soon as it is logged cuts the breakdown, not the run
         _LG.info("Breakdown: timing the loader alone, then reading alone, then the model alone.")
         if cold:
-            _examine_page_cache(images.paths, evict=True)
+            _examine_page_cache(images.paths, evict=True, max_bytes=config.max_image_bytes)
         with _open_loader(config, images, config.policy()) as loader:
             loader_fps = measure_loader(loader.batches, config.device, config.warmup_batches)
         # The read ceiling: the files read as the loader reads them, as many batches at once as it decodes.
-        cache = _examine_page_cache(images.paths, evict=cold)
+        cache = _examine_page_cache(images.paths, evict=cold, max_bytes=config.max_image_bytes)
         limits = (config.max_image_bytes, config.timeout)
         at_once = config.decode_concurrency * max(1, config.decode_processes)  # in every worker process
         reads = _read_batches(images, config.batch_size, at_once, *limits)
@@ -5315,7 +5324,7 @@ def _run(config: _RunConfig) -> _RunReport:
         what = "evicting them from" if config.cold_cache else "how much is in"  # after the reads above
         _LG.info("Page cache: %s files listed, %s the page cache.", len(config.my_images), what)
         elsewhere = _listed_first_elsewhere(config.images, shard) if shard.world_size > 1 else frozenset()
-        page_cache = _examine_page_cache(config.my_images.paths, config.cold_cache, elsewhere)
+        page_cache = _examine_page_cache(config.my_images.paths, config.cold_cache, elsewhere, config.max_image_bytes)
         stopped_cleanly = _run_loop(config, model, report)
         report.result.page_cache = page_cache
         if config.breakdown and report.error is None and stopped_cleanly:

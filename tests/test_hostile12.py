@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 import timm
@@ -186,3 +190,40 @@ def test_a_notebook_model_of_another_class_count_is_warned_of_and_its_prediction
         assert result.classified == 4 and len(result.predictions) == 4
         for row in result.predictions:
             assert [name is None for name in row["top5_names"]] == [top > 999 for top in row["top5"]]
+
+
+# --- Page cache -------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="takes another user's identity: root")
+def test_the_page_cache_share_of_files_neither_ours_nor_writable_is_unknown_not_all(tmp_path):
+    # Linux's mincore says every page of such a file is in memory (a shared, read-only ImageNet):
+    # the summary said 100% in memory before the run, and after eviction warned it had no effect.
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        shared.chmod(0o755)
+        path = shared / "root.JPEG"
+        path.write_bytes(os.urandom(1 << 16))
+        path.chmod(0o644)
+        os.seteuid(65534)  # nobody: may read the file, not write it
+        try:
+            cache = ic._examine_page_cache([str(path)], evict=True)
+        finally:
+            os.seteuid(0)
+        assert (cache.files, cache.bytes, cache.resident_bytes, cache.resident_after_bytes) == (1, 1 << 16, None, None)
+        assert "is unknown" in ic._page_cache_lines(cache)[0]
+        assert ic._examine_page_cache([str(path)]).resident_bytes is not None  # the owner's is known
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_a_file_over_the_size_limit_is_not_examined_for_the_page_cache(tmp_path):
+    # An 8 TB sparse file took 52 s and 7 GB of memory to examine, for an image the run refuses
+    # unread, and the summary said "0.0% of the listed 8796.09 GB was in memory".
+    huge = tmp_path / "huge.JPEG"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 40)
+    small = tmp_path / "small.JPEG"
+    small.write_bytes(b"x" * 1000)
+    cache = ic._examine_page_cache([str(huge), str(small)], max_bytes=64 << 20)
+    assert (cache.files, cache.skipped, cache.bytes) == (1, 1, 1000)
