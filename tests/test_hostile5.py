@@ -213,7 +213,7 @@ def test_reading_alones_bytes_are_those_of_the_batches_its_window_times():
     def batches():
         for batch in [(0, 0)] + [(4, 4_000_000)] * 4:
             time.sleep(0.01)
-            yield batch
+            yield (*batch, time.perf_counter())
 
     fps, mb_s = ic._measure_reads(batches(), warmup_batches=2)
     assert mb_s / fps == pytest.approx(1.0)

@@ -193,7 +193,7 @@ def test_reading_alone_hands_on_batches_as_they_complete_not_after_a_slow_one(tm
         f.write(small.read_bytes())
         f.truncate(512 << 20)
     items = [(str(small), 0), (str(big), 0)] + [(str(small), 0)] * 30
-    sizes = [size for _, size in ic._read_batches(items, 1, 2, 600 << 20, 60.0)]
+    sizes = [size for _, size, _ in ic._read_batches(items, 1, 2, 600 << 20, 60.0)]
     assert sorted(sizes) == sorted([small.stat().st_size] * 31 + [big.stat().st_size])
     assert sizes.index(big.stat().st_size) > 1, sizes  # the others came while it was read
 
