@@ -4195,7 +4195,7 @@ def _sweep_command(config: _RunConfig) -> int:
         payload = {"sweep": sweep.to_dict(), "config": config.to_dict(), "env": _environment(config.device)}
         if decoder_check is not None:
             payload["decoder_check"] = asdict(decoder_check)
-        _print_out(_print_sweep, sweep, config.command)
+        printed = _print_out(_print_sweep, sweep, config.command)
         title = f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting"
         outputs = [
             ("the results", config.results_file, lambda path: _write_sweep(path, sweep, payload)),
@@ -4204,7 +4204,8 @@ def _sweep_command(config: _RunConfig) -> int:
         not_written = _write_outputs(outputs)
         if config.plot is None:
             _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
-    return _held_status(held) or status or (EXIT_FAILED if not_written else 0)  # a signal's status, as ever
+    lost = not_written or not printed
+    return _held_status(held) or status or (EXIT_FAILED if lost else 0)  # a signal's status, as ever
 
 
 def _write_sweep(path: Path, sweep: _Sweep, payload: dict) -> None:
@@ -5410,18 +5411,21 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         ("the plot", plot, lambda path: _plot_timeline(timeline, path, _run_title(report))),
         ("the trace", config.trace if trace is not None else None, lambda path: _export_trace(trace, path, note)),
     ]
+    printed = False
     try:
         if shard.rank == 0:  # the summary first: no file, however it fails, can cost it
-            _print_out(_print_report, report)
+            printed = _print_out(_print_report, report)
         elif alone:  # a rank's own partial result: each line says whose it is
             text = io.StringIO()
             _print_report(report, text)
-            _print_out(lambda: print(textwrap.indent(text.getvalue(), f"rank {shard.rank}: "), end=""))
+            printed = _print_out(lambda: print(textwrap.indent(text.getvalue(), f"rank {shard.rank}: "), end=""))
+        else:
+            printed = True
     finally:  # nor can the summary cost the files
         not_written = _write_outputs(outputs) if shard.rank == 0 else []
     if config.plot is not None and not ran and shard.rank == 0:
         _say(f"note: {config.plot} not drawn: the run stopped before its first batch")
-    return status or (EXIT_FAILED if not_written else 0)
+    return status or (EXIT_FAILED if not_written or not printed else 0)
 
 
 def _say(line: str) -> None:
@@ -5446,16 +5450,22 @@ def _printable_record(record: logging.LogRecord) -> bool:
     return True
 
 
-def _print_out(printer: Callable[..., None], *args: Any) -> None:
-    """Print to stdout; if the reader is gone (``| head``), stop printing, not the run."""
+def _print_out(printer: Callable[..., None], *args: Any) -> bool:
+    """Print to stdout; if the reader is gone (``| head``), stop printing, not the run. False (and
+    said on stderr) if what was printed is lost otherwise: a full disk, say."""
     if sys.stdout is None:  # fd 1 closed at start (>&-, cron): Python has no stdout, nothing to print
-        return
+        return True
     try:
         printer(*args)
         sys.stdout.flush()
-    except (OSError, ValueError):  # the pipe's reader left, a full disk; ValueError: stdout was closed
-        with contextlib.suppress(OSError):
+    except (OSError, ValueError) as e:  # the pipe's reader left, a full disk; ValueError: stdout was closed
+        with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if isinstance(e, BrokenPipeError):  # the reader chose to stop reading: nothing is lost on it
+            return True
+        _say(f"error: the summary could not be written to stdout ({getattr(e, 'strerror', None) or e})")
+        return False
+    return True
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a hang-up: the terminal or ssh went, the files stay

@@ -192,7 +192,8 @@ def test_a_broken_stdout_keeps_the_results_file(dataset, tmp_path):
     out.unlink()
     with open("/dev/full", "w") as full_disk:  # and a full disk behind stdout
         full = subprocess.run(cmd, stdout=full_disk, stderr=subprocess.PIPE, text=True, timeout=300)
-    assert full.returncode == 0 and "Traceback" not in full.stderr and read_json(out)["classified"] == 12
+    assert full.returncode == 1 and "Traceback" not in full.stderr and read_json(out)["classified"] == 12
+    assert "error: the summary could not be written to stdout (No space left on device)" in full.stderr
 
 
 # --- Arguments and the environment ----------------------------------------------------------------
