@@ -2369,7 +2369,9 @@ def _start_resource_tracker() -> None:
 def _decode_worker_init() -> None:
     """In each ``--decode-processes`` worker: Ctrl-C and a hang-up are the main process's; SIGTERM
     ends it quietly (SPDL's native library, loaded first, installs glog's handler, which prints a
-    stack trace); no interpreter teardown (nanobind would list SPDL's objects still alive)."""
+    stack trace); no interpreter teardown (nanobind would list SPDL's objects still alive). A worker
+    whose main process died (SIGKILL, the OOM killer) ends within a second: else it lives on, holding
+    its memory and the pipes of ``| tee log``, which never ends."""
     import atexit
 
     spdl.io.utils.get_ffmpeg_versions()
@@ -2377,6 +2379,14 @@ def _decode_worker_init() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     atexit.register(os._exit, 0)  # runs after multiprocessing's own exit handling, before the teardown
+    parent = os.getppid()
+
+    def end_when_orphaned() -> None:  # not PR_SET_PDEATHSIG: it fires when the spawning thread ends
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=end_when_orphaned, name="orphan_watch", daemon=True).start()
 
 
 @functools.cache  # one per worker process: made there, as a closure cannot be pickled to a spawned worker

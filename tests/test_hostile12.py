@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -14,6 +18,7 @@ import timm
 import torch
 
 import imagenet_classification as ic
+from tests.conftest import ROOT
 
 # --- Arguments --------------------------------------------------------------------------------------
 
@@ -239,3 +244,44 @@ def test_reading_alone_is_timed_by_when_the_reads_ended_not_when_they_were_hande
     read_at = [10.0, 10.1, 10.2, 10.3, 10.4]  # handed on all at once, long after
     fps, mb_s = ic._measure_reads([(4, 4_000, t) for t in read_at], warmup_batches=2)
     assert fps == pytest.approx(12 / 0.3) and mb_s == pytest.approx(0.012 / 0.3)  # 3 batches after 10.1
+
+
+# --- Worker processes -------------------------------------------------------------------------------
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)  # a zombie: ended
+    except FileNotFoundError:
+        return True
+
+
+def test_a_decode_worker_ends_when_its_main_process_is_killed(tmp_path):
+    # kill -9 of the main process (or the OOM killer) left both --decode-processes workers alive 11
+    # minutes later with 790 MB each, and `… | cat` never ended: they held its pipe.
+    script = tmp_path / "main.py"
+    script.write_text(
+        "import concurrent.futures, multiprocessing, os, time\n"
+        "import imagenet_classification as ic\n"
+        "if __name__ == '__main__':\n"
+        "    spawn = multiprocessing.get_context('spawn')\n"
+        "    pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn, initializer=ic._decode_worker_init)\n"
+        "    print(pool.submit(os.getpid).result(), flush=True)\n"
+        "    time.sleep(120)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    main = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        worker = int(main.stdout.readline())
+        assert not _gone(worker)
+        main.kill()
+        main.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while not _gone(worker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _gone(worker), "the worker outlived its main process"
+    finally:
+        main.kill()
+        if "worker" in locals() and not _gone(worker):
+            os.kill(worker, signal.SIGKILL)
