@@ -4956,7 +4956,11 @@ def _check_output_path(flag: str, path: Path) -> str:
         raise InputError(f"{flag} -: the summary goes to stdout; give a file name (- is none)")
     if path.name in ("", ".", ".."):
         raise InputError(f"{flag} {path}: not a file name")
-    if (problem := _not_a_file(path)) is not None:
+    try:
+        problem = _not_a_file(path)
+    except OSError as e:  # a file where a folder should be, a name too long, a loop of links
+        raise InputError(f"{flag} {path}: {e.strerror or e}") from None
+    if problem is not None:
         raise InputError(f"{flag} {path}: {problem}")
     target = Path(os.path.realpath(path))
     if not target.parent.is_dir():

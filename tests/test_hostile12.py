@@ -285,3 +285,14 @@ def test_a_decode_worker_ends_when_its_main_process_is_killed(tmp_path):
         main.kill()
         if "worker" in locals() and not _gone(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("flag", ["--results-file", "--predictions-file", "--plot", "--trace"])
+def test_an_output_under_a_file_or_a_loop_of_links_names_its_flag(tmp_path, flag):
+    # "error: afile/x.png: Not a directory": the flag was lost to the generic handler.
+    (tmp_path / "afile").touch()
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    for path, reason in ((tmp_path / "afile" / "x.png", "Not a directory"), (tmp_path / "loop1" / "x.png", "links")):
+        with pytest.raises(ic.InputError, match=f"^{flag} {path}: .*{reason}"):
+            ic._check_output_path(flag, path)
