@@ -388,6 +388,16 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
 
+def _reads_stdin(path: Path | None) -> bool:
+    """Whether a list's path is stdin's stream: ``-``, or /dev/stdin and its like when stdin is no file."""
+    if path is None or str(path) == "-":
+        return path is not None
+    with contextlib.suppress(OSError, ValueError):
+        piped = os.fstat(0)
+        return not stat.S_ISREG(piped.st_mode) and os.path.samestat(os.stat(path), piped)
+    return False
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     program = _program()
     parser = argparse.ArgumentParser(
@@ -433,7 +443,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         (args.no_bf16 and args.dtype not in ("auto", "float32"), f"--no-bf16 is --dtype float32; not {args.dtype}"),
         (torch_loader and args.stats_interval is not None, "--stats-interval logs SPDL's stages; --loader torch: none"),
         (args.data_dir is not None and args.prefix, "--prefix applies to --input-flist, not to --data-dir"),
-        (str(args.input_flist) == str(args.labels) == "-", "--input-flist - and --labels - cannot both read stdin"),
+        (
+            _reads_stdin(args.input_flist) and _reads_stdin(args.labels),
+            f"--input-flist {args.input_flist} and --labels {args.labels} cannot both read stdin",
+        ),
         (args.trace is not None and args.breakdown, "--trace profiles the run, which --breakdown times unprofiled"),
         (sweep_takes_no, f"--sweep times many settings, skipping bad images; it takes no {sweep_takes_no}"),
         (args.sweep and args.cold_cache, "--sweep reads the same files, warm after one pass; it takes no --cold-cache"),

@@ -296,3 +296,16 @@ def test_an_output_under_a_file_or_a_loop_of_links_names_its_flag(tmp_path, flag
     for path, reason in ((tmp_path / "afile" / "x.png", "Not a directory"), (tmp_path / "loop1" / "x.png", "links")):
         with pytest.raises(ic.InputError, match=f"^{flag} {path}: .*{reason}"):
             ic._check_output_path(flag, path)
+
+
+@pytest.mark.parametrize("labels", ["/dev/stdin", "/proc/self/fd/0"])
+def test_a_list_and_labels_both_from_stdin_are_refused_whatever_stdin_is_called(jpeg_set, labels):
+    # Only "- -" was refused: --labels /dev/stdin read the list's own lines as labels, and the
+    # error then blamed line 1 of the labels.
+    stdin = subprocess.run(
+        [sys.executable, "-m", "imagenet_classification", "--input-flist", "-", "--labels", labels, "--no-pretrained"],
+        input=jpeg_set.read_text(), capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert stdin.returncode == 2, stdin.stderr
+    assert f"error: --input-flist - and --labels {labels} cannot both read stdin" in stdin.stderr
+    assert not ic._reads_stdin(jpeg_set) and ic._reads_stdin(Path("-")) and not ic._reads_stdin(None)
