@@ -2493,7 +2493,10 @@ def _torch_loader_batches(loader: torch.utils.data.DataLoader | Iterator, device
             _forget_workers(batches)
             message = f"the DataLoader failed: a worker's connection broke ({type(e).__name__}: {e})"
             raise RunStopped(message, "loader") from None
-        yield _Batch(images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths, failures)
+        decoded_by = {"pil": len(paths)} if paths else {}
+        yield _Batch(
+            images.to(device, non_blocking=True), labels.to(device, non_blocking=True), paths, failures, 0, decoded_by
+        )
 
 
 def _forget_workers(batches: Iterator) -> None:
@@ -4392,7 +4395,7 @@ def _print_drain(result: RunResult, file: TextIO | None) -> None:
     print(line + "; list more images (repeating the list is fine)", file=file)
 
 
-def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
+def _print_summary(result: RunResult, file: TextIO | None = None, pil_loader: bool = False) -> None:
     if result.warmup_included and result.frames_timed:  # none: no FPS to include it in (the lines below say why)
         print("WARNING: the batches that ran the model were not more than the warm-up: FPS includes it", file=file)
     over = result.fps_max_overstatement
@@ -4434,7 +4437,7 @@ def _print_summary(result: RunResult, file: TextIO | None = None) -> None:
     if on_gpu:
         counts = ", ".join(f"{backend} {count}" for backend, count in sorted(on_gpu.items()))
         print(f"  decoded on the GPU, per backend: {counts}", file=file)
-    if by_pil := result.decoder_backends.get("pil", 0):
+    if (by_pil := result.decoder_backends.get("pil", 0)) and not pil_loader:  # --loader torch: PIL's by design
         share = by_pil / sum(result.decoder_backends.values())
         line = f"  {_images(by_pil)} ({share:.1%}) decoded by PIL, not FFmpeg: not JPEG or PNG, an animated PNG, "
         print(f"{line}a CMYK or arithmetic-coded JPEG, or a small one", file=file)
@@ -4515,7 +4518,7 @@ def _print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
 
 
 def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
-    _print_summary(report.result, file)
+    _print_summary(report.result, file, report.config.get("loader") == "torch")
     if report.pipeline_stats is not None:
         _print_pipeline_stats(report.pipeline_stats, file)
     if report.parity is not None:

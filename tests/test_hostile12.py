@@ -18,7 +18,7 @@ import timm
 import torch
 
 import imagenet_classification as ic
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TINY, run_main
 
 # --- Arguments --------------------------------------------------------------------------------------
 
@@ -309,3 +309,16 @@ def test_a_list_and_labels_both_from_stdin_are_refused_whatever_stdin_is_called(
     assert stdin.returncode == 2, stdin.stderr
     assert f"error: --input-flist - and --labels {labels} cannot both read stdin" in stdin.stderr
     assert not ic._reads_stdin(jpeg_set) and ic._reads_stdin(Path("-")) and not ic._reads_stdin(None)
+
+
+# --- What the results say ---------------------------------------------------------------------------
+
+
+def test_the_dataloaders_images_are_counted_as_pils_without_the_fallback_line(jpeg_set, tmp_path, capfd):
+    # --loader torch wrote decoder_backends {}: every image was decoded by PIL, and nothing said by what.
+    results = tmp_path / "r.json"
+    run = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "-b", "10",
+                   "--loader", "torch", "-j", "1", "--max-samples", "20", "--results-file", results)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert json.loads(results.read_text())["decoder_backends"] == {"pil": 20}
+    assert "decoded by PIL" not in run.stdout  # the fallback line is the FFmpeg path's
