@@ -3191,8 +3191,8 @@ def benchmark(
                 raise RunInterrupted(held[0])
     if held:  # the run had ended: its result is whole, and the signal stops what would follow
         raise RunInterrupted(held[0], loop.result)
-    if loop.result.warmup_included and warmup_batches:  # the command line's summary says it itself
-        _warn_warmup_included(loop.window.warmed, warmup_batches)
+    if loop.result.warmup_included and (warmup_batches or not loop.window.batches):  # the CLI's summary says it
+        _warn_warmup_included(loop.window.warmed, warmup_batches)  # no batch at all: with no warm-up too
     return loop.result
 
 

@@ -322,3 +322,13 @@ def test_the_dataloaders_images_are_counted_as_pils_without_the_fallback_line(jp
     assert run.returncode == 0, run.stderr
     assert json.loads(results.read_text())["decoder_backends"] == {"pil": 20}
     assert "decoded by PIL" not in run.stdout  # the fallback line is the FFmpeg path's
+
+
+def test_a_used_up_iterator_is_said_without_a_warm_up_too():
+    # benchmark(iterator_used_up, model, warmup_batches=0) gave classified=0, fps=0.0 and no word.
+    bundle = ic.get_model("test_efficientnet", "cpu", pretrained=False, transform=ic.EvalTransform(size=32))
+    used = iter([(torch.zeros((2, 3, 32, 32), dtype=torch.uint8), torch.zeros((2, 1), dtype=torch.int64))])
+    ic.benchmark(used, bundle, warmup_batches=0)
+    with pytest.warns(ic.WarmupIncluded, match=r"the loader yielded none \(an iterator used up already\?\)"):
+        result = ic.benchmark(used, bundle, warmup_batches=0)
+    assert result.classified == 0
