@@ -481,6 +481,10 @@ def _class_table() -> tuple[tuple[str, str], ...]:
         raise InputError(f"{CLASS_TSV}: cannot read the class table ({e})") from None
     if [row[0] for row in rows] != [str(i) for i in range(NUM_CLASSES)] or any(len(row) != 3 for row in rows):
         raise InputError(f"{CLASS_TSV}: not the {NUM_CLASSES} classes as 'index<TAB>wnid<TAB>name' lines")
+    wnids = [wnid for _, wnid, _ in rows]
+    if not all(re.fullmatch(r"n\d{8}", wnid) for wnid in wnids) or any(a >= b for a, b in itertools.pairwise(wnids)):
+        # A class's index is its WordNet ID's place in sorted order: two swapped rows mislabel both classes.
+        raise InputError(f"{CLASS_TSV}: its WordNet IDs are not {NUM_CLASSES} distinct IDs (n and 8 digits) in order")
     return tuple((wnid, name.strip()) for _, wnid, name in rows)
 
 

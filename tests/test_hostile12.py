@@ -332,3 +332,25 @@ def test_a_used_up_iterator_is_said_without_a_warm_up_too():
     with pytest.warns(ic.WarmupIncluded, match=r"the loader yielded none \(an iterator used up already\?\)"):
         result = ic.benchmark(used, bundle, warmup_batches=0)
     assert result.classified == 0
+
+
+# --- The class table --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("edit", ["swap", "duplicate", "not_an_id"])
+def test_a_class_table_whose_ids_are_out_of_order_or_repeated_is_refused(tmp_path, edit):
+    # Two swapped WordNet IDs (rows 281 and 282) were taken: both classes mislabelled, silently. A
+    # repeated one remapped its class, and the error that followed blamed the file list.
+    rows = (ROOT / "imagenet_class.tsv").read_text(encoding="utf-8").splitlines()
+    fields = [row.split("\t") for row in rows]
+    if edit == "swap":
+        fields[281][1], fields[282][1] = fields[282][1], fields[281][1]
+    elif edit == "duplicate":
+        fields[282][1] = fields[281][1]
+    else:
+        fields[5][1] = "n0144076"
+    shutil.copy(ROOT / "imagenet_classification.py", tmp_path)
+    (tmp_path / "imagenet_class.tsv").write_text("\n".join("\t".join(f) for f in fields) + "\n", encoding="utf-8")
+    code = "import imagenet_classification as ic\ntry:\n    ic.get_mappings()\nexcept ic.InputError as e:\n    print(e)"
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "its WordNet IDs are not 1000 distinct IDs (n and 8 digits) in order" in run.stdout, run.stderr
