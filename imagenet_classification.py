@@ -1048,7 +1048,7 @@ def _pretrained_config(model_name: str) -> dict:
     source, _, model_id = model_name.partition(":") if ":" in model_name else ("", "", model_name)
     try:
         if source == "hf-hub":
-            config = _hub.load_model_config_from_hf(model_id)[0]
+            config = _hub_config(model_id)
         elif source == "local-dir":
             config = _hub.load_model_config_from_path(model_id)[0]
         elif source or not model_name or not timm.is_model(model_name):
@@ -1065,6 +1065,26 @@ def _pretrained_config(model_name: str) -> dict:
     except (OSError, ValueError, KeyError, TypeError) as e:  # unreachable hub, bad config.json
         raise InputError(f"{model_name}: cannot read its config ({type(e).__name__}: {e})", "--model") from None
     return config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+
+
+def _hub_config(model_id: str) -> dict:
+    """An ``hf-hub:`` model's config; with the hub out of reach, from its cache alone (InputError if
+    not there), in seconds: not after huggingface_hub's half minute of retries."""
+    from huggingface_hub import constants
+    from timm.models import _hub
+
+    offline = constants.HF_HUB_OFFLINE
+    unreachable = _hub_unreachable({"hf_hub_id": model_id})
+    constants.HF_HUB_OFFLINE = offline or unreachable is not None
+    try:
+        return _hub.load_model_config_from_hf(model_id)[0]
+    except OSError:
+        if not unreachable:
+            raise
+        message = f"hf-hub:{model_id}: cannot read its config (the model hub is out of reach ({unreachable}), "
+        raise InputError(message + "and it is not in its cache)", "--model") from None
+    finally:
+        constants.HF_HUB_OFFLINE = offline
 
 
 def _check_imagenet_head(model_name: str, num_classes: int | None) -> None:

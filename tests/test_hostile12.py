@@ -354,3 +354,18 @@ def test_a_class_table_whose_ids_are_out_of_order_or_repeated_is_refused(tmp_pat
     code = "import imagenet_classification as ic\ntry:\n    ic.get_mappings()\nexcept ic.InputError as e:\n    print(e)"
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "its WordNet IDs are not 1000 distinct IDs (n and 8 digits) in order" in run.stdout, run.stderr
+
+
+def test_an_hf_hub_model_with_the_hub_out_of_reach_is_one_line_at_once(jpeg_set, tmp_path):
+    # hf-hub:… names went past the one-connection check: 30 s of huggingface_hub's retries, each
+    # printed twice, then a LocalEntryNotFoundError paragraph.
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "0"}
+    cmd = [sys.executable, "-m", "imagenet_classification", "--input-flist", str(jpeg_set), "--prefix",
+           f"{jpeg_set.parent}/", "--no-pretrained",
+           "-m", "hf-hub:timm/test_efficientnet.r160_in1k"]  # fmt: skip
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "error: --model: hf-hub:timm/test_efficientnet.r160_in1k: cannot read its config (the model hub is out of "
+        "reach (127.0.0.1: Connection refused), and it is not in its cache)"
+    ]
