@@ -3415,13 +3415,7 @@ def _loader_failed(error: BaseException) -> RunStopped:
     causes = [e.__cause__ or e for e in getattr(error, "exceptions", ())]
     cause = next((e for e in causes if hasattr(e, "_while_decoding")), None)
     if cause is None:
-        # A dead worker: SPDL can no longer read its queue (a connection refused or reset, an EOF), or
-        # its pool's monitor saw it exit (BrokenExecutor: "A worker process exited unexpectedly.").
-        from concurrent.futures import BrokenExecutor
-
-        died = (*_WORKER_GONE, BrokenExecutor)
-        lost = next((e for c in causes for e in _chain(c) if isinstance(e, died)), None)
-        if lost is not None:
+        if (lost := _worker_death(error)) is not None:
             return _decode_worker_died(f"{type(lost).__name__}: {lost}")
         why = f"{type(causes[0]).__name__}: {causes[0]}" if causes else str(error)
         return RunStopped(f"the loading pipeline failed: {why} (the log above says where)", "loader")
@@ -3429,6 +3423,16 @@ def _loader_failed(error: BaseException) -> RunStopped:
     if isinstance(cause, MemoryError):
         return RunStopped(f"out of memory while decoding {path}; fewer --num-threads need less", "loader")
     return RunStopped(f"the loading pipeline failed on {path}: {type(cause).__name__}: {cause}", "loader")
+
+
+def _worker_death(error: BaseException) -> BaseException | None:
+    """What says a ``--decode-processes`` worker died, in ``error``'s chain or its group's: SPDL can no
+    longer read its queue (a connection refused or reset, an EOF), or its pool's monitor saw it exit
+    (BrokenExecutor: "A worker process exited unexpectedly."); None if nothing does."""
+    from concurrent.futures import BrokenExecutor
+
+    died = (*_WORKER_GONE, BrokenExecutor)
+    return next((e for c in (error, *getattr(error, "exceptions", ())) for e in _chain(c) if isinstance(e, died)), None)
 
 
 def _chain(error: BaseException) -> Iterator[BaseException]:
@@ -5544,12 +5548,22 @@ def _held_status(held: list[int]) -> int:
     return status
 
 
+def _no_worker_death_traceback(record: logging.LogRecord) -> bool:
+    """False for SPDL's tracebacks of a ``--decode-processes`` worker's death (150 lines, a task's
+    each): the run's one error line says it, and ``--debug`` shows them."""
+    error = record.exc_info[1] if record.name.startswith("spdl") and record.exc_info else None
+    return error is None or _worker_death(error) is None
+
+
 def _init_logging(debug: bool = False, spdl_stats: bool = False) -> None:
     fmt = "%(asctime)s [%(levelname)s] %(message)s"
     logging.basicConfig(format=fmt, level=logging.DEBUG if debug else logging.INFO, force=True)
     _LG.addFilter(_printable_record)  # added once, however often this runs
     if not (debug or spdl_stats):
         logging.getLogger("spdl.pipeline").setLevel(logging.WARNING)
+    if not debug:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_no_worker_death_traceback)
     # Logged only where torch finds no CUDA runtime, i.e. on a CPU run, when compiling: noise there.
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 

@@ -189,6 +189,7 @@ def test_a_decode_worker_killed_stops_the_run_with_one_line_that_says_so(tmp_pat
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and len(errors) == 1, stderr[-3000:]
     assert errors[0].startswith("error: the loading pipeline failed: a --decode-processes worker died (")
+    assert "Traceback" not in stderr, stderr[-3000:]  # SPDL's, 150 lines of them, before that one line
     assert "(PARTIAL RUN)" in stdout
     result = read_json(out)
     assert result["partial"] is True and result["classified"] + result["not_reached"] == 6000
