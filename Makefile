@@ -87,4 +87,4 @@ format: $(VENV)/.installed
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) $(DEMO) .pytest_cache build/mutate
+	rm -rf $(VENV) $(DEMO) .pytest_cache .hypothesis .ruff_cache build/mutate

@@ -294,6 +294,8 @@ from compare_loaders import steady_loader_rate
 rates = [steady_loader_rate(__import__("pathlib").Path({flist!r}), {threads}, 32, 5, 4) for _ in range({passes})]
 print(statistics.median(rates), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
+# The child's steady_loader_rate needs 11 batches of 32: 5 of warm-up, 2 to time between, 4 at the end.
+SCALING_MIN = 10 * 32 + 1
 
 
 def scaling_check(flist: Path, threads: int, repeats: int, sizes: tuple[int, int] = (1000, 8000)) -> dict:
@@ -309,8 +311,12 @@ def scaling_check(flist: Path, threads: int, repeats: int, sizes: tuple[int, int
             sub.write_text("\n".join((lines * (n // len(lines) + 1))[:n]) + "\n")
             code = SCALING_CHILD.format(root=str(ROOT), bench=str(ROOT / "bench"), flist=str(sub), threads=threads,
                                         passes=max(1, max(sizes) // n))  # fmt: skip
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-            rate, rss = out.split()
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+            if proc.returncode:  # its own error (without nanobind's leak report), not a bare CalledProcessError
+                tail = "\n".join(proc.stderr.split("\nnanobind:")[0].strip().splitlines()[-5:])
+                raise SystemExit(f"compare_loaders: the scaling check over {n} images failed "
+                                 f"(exit status {proc.returncode}):\n{tail}")  # fmt: skip
+            rate, rss = proc.stdout.split()
             runs[n].append((float(rate), int(rss)))
     return {
         n: {"fps": statistics.median(r for r, _ in rs), "peak_rss_kib": statistics.median(m for _, m in rs)}
@@ -354,12 +360,15 @@ def main() -> None:
         nargs=2,
         default=[1000, 8000],
         metavar=("SMALL", "LARGE"),
-        help="the two list lengths of the scaling check (default 1000 8000)",
+        help=f"the two list lengths of the scaling check, each at least {SCALING_MIN} (default 1000 8000)",
     )
     parser.add_argument("--no-plot", action="store_false", dest="plot", help="skip the PNG (no matplotlib needed)")
     parser.add_argument("--mix", choices=sorted(MIXES), default="default",
                         help="the set's sizes and kinds: default, or imagenet (see bench/README.md)")  # fmt: skip
     args = parser.parse_args()
+    if min(args.scaling_sizes) < SCALING_MIN:
+        parser.error(f"argument --scaling-sizes: {min(args.scaling_sizes)}: at least {SCALING_MIN} images "
+                     "(11 batches of 32: 5 of warm-up, 2 to time between, 4 at the end)")  # fmt: skip
     out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
