@@ -1167,7 +1167,10 @@ class EvalTransform:
             raise InputError(message, "--model")
         if test := [k for k in ("test_input_size", "test_crop_pct") if config.get(k) and cfg[k[5:]] == config[k]]:
             _LG.info("Transform: the config's %s, as timm's validate.py evaluates.", " and ".join(test))
-        _check_fixed_size(config, width)
+        fixed = (config.get("test_input_size") or config.get("input_size") or (0,))[-1]
+        if config.get("fixed_input_size") and width != fixed:  # e.g. ViT's and Swin's patch grids, built for it
+            message = f"its input size is fixed at {fixed} x {fixed}: the model refuses a {width} x {height} image"
+            raise InputError(message, "--img-size")
         short = math.floor(width / cfg["crop_pct"]) if _within(cfg["crop_pct"], 1e-6) else 0
         if short * short > MAX_IMAGE_PIXELS:  # checked here too, to name the flag that sets it
             message = f"{width} / {cfg['crop_pct']} resizes each image's shorter side to {short} pixels: "
@@ -1216,15 +1219,6 @@ class EvalTransform:
         # in_range=full (JPEG and PNG are): else swscale sets up again on the first frame (2x the cost).
         scale = f"scale={out_w}:{out_h}:flags={flags}:in_range=full"
         return f"{region}{scale},format=gbrp,{crop},format=rgb24"
-
-
-def _check_fixed_size(config: Mapping, size: int) -> None:
-    """InputError if a timm config's model takes images of one size only (ViT's and Swin's patch
-    grids, built for it), and it is not ``size``."""
-    fixed = (config.get("test_input_size") or config.get("input_size") or (0,))[-1]
-    if config.get("fixed_input_size") and size != fixed:
-        message = f"its input size is fixed at {fixed} x {fixed}: the model refuses a {size} x {size} image"
-        raise InputError(message, "--img-size")
 
 
 def _channel_reasons(mean: object, std: object) -> list[str]:
@@ -2924,8 +2918,6 @@ def get_model(
         _load_checkpoint(model, Path(checkpoint))
     if not isinstance(transform, EvalTransform):
         transform = EvalTransform.from_model(model, transform)
-    if not getattr(model, "dynamic_img_size", False):  # a ViT built to take any size (test_vit is)
-        _check_fixed_size(model.pretrained_cfg, transform.size)  # a transform made apart from the config too
     model = model.eval().to(device=device, dtype=dtype)
     preprocessing = Preprocessing(transform.mean, transform.std).to(device)
     if compile:
@@ -3261,7 +3253,8 @@ def _check_run_arguments(
             raise TypeError(f"{name}={call!r}: expected a function, or None")
 
 
-_HELD: list[list[int]] = []  # while not empty, _interrupt holds a signal in its last list instead of raising
+_HELD = threading.local()  # .lists, each thread's: while the main thread's is not empty, _interrupt (which
+# runs there) holds a signal in its last list instead of raising; another thread's run keeps its own
 
 
 @contextlib.contextmanager
@@ -3269,16 +3262,17 @@ def _uninterrupted() -> Iterator[list[int]]:
     """Counts updated together: a signal (the command line's, or a notebook's Ctrl-C) waits, in the list
     yielded, to the end of the block, for the caller to raise; a second ends the command line's process."""
     held: list[int] = []
+    stack = _HELD.__dict__.setdefault("lists", [])
     default = threading.current_thread() is threading.main_thread()  # only there can a handler be set
     default = default and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     if default:  # a notebook's: KeyboardInterrupt wherever the code is
         signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
     try:
-        _HELD.append(held)  # inside the try: a KeyboardInterrupt before it leaves no stale list on the stack
+        stack.append(held)  # inside the try: a KeyboardInterrupt before it leaves no stale list on the stack
         yield held
     finally:
-        if _HELD and _HELD[-1] is held:
-            _HELD.pop()
+        if stack and stack[-1] is held:
+            stack.pop()
         if default:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -4057,7 +4051,7 @@ def _unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str |
         if len(word) < 2 or word[0] != "-" or re.fullmatch(r"-\d.*", word) or name in known or word[:2] in known:
             continue
         near = difflib.get_close_matches(name, [k for k in known if k.startswith("--")], n=3, cutoff=0.6)
-        return f"{name}: no such flag" + (f" (did you mean {' or '.join(near)}?)" if near else "")
+        return f"unrecognized arguments: {name}" + (f" (did you mean {' or '.join(near)}?)" if near else "")
     return None
 
 
@@ -5533,8 +5527,8 @@ def _interrupt(signum: int, _frame: object) -> None:
     """A signal of ``_SIGNALS``: RunInterrupted where the run is, its partial result reported; a second ends it."""
     for s in _SIGNALS:
         signal.signal(s, signal.SIG_DFL)
-    if _HELD:
-        _HELD[-1].append(signum)
+    if held := getattr(_HELD, "lists", None):
+        held[-1].append(signum)
         return
     raise RunInterrupted(signum)
 

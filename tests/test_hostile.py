@@ -81,7 +81,7 @@ def test_a_signal_during_the_breakdown_keeps_the_finished_run(dataset, tmp_path)
 def test_a_signal_while_the_libraries_load_is_one_line(dataset):
     proc = subprocess.Popen(_cli("--input-flist", dataset, *FAST), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
-    time.sleep(0.3)  # importing torch and SPDL takes seconds
+    time.sleep(1.0)  # importing torch and SPDL takes seconds; before 0.1 s (or 0.3 on a loaded machine) Python starts
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130
