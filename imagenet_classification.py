@@ -3350,7 +3350,9 @@ class _Loop:
                 message = f"the model gives {logits.shape[-1]} classes, not ImageNet-1k's {NUM_CLASSES} of the labels:"
                 warnings.warn(f"{message} its top-1 and top-5 compare indices of two different sets", stacklevel=4)
             if self.kept is not None:  # on the device until the run ends
-                probs, classes = logits.softmax(dim=-1).topk(min(5, logits.shape[-1]), dim=-1)
+                # Ranked by the logits, as Classification counts: probabilities that underflow to 0 tie.
+                classes = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+                probs = logits.softmax(dim=-1).gather(-1, classes)
                 kept = (classes, probs, labels.view(-1), finite, tuple(getattr(batch, "paths", ())))
         with _uninterrupted() as held:  # the batch counted whole: never hits without their images
             if n:

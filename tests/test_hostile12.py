@@ -387,3 +387,22 @@ def test_runs_in_two_threads_leave_no_held_signal_behind_for_the_next_run():
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
+
+
+def test_the_predictions_rank_as_the_counts_do_when_probabilities_underflow():
+    # The rows ranked the softmax, the counts the logits: with a gap of 300 every probability but one
+    # is 0, and the rows' top 5 were arbitrary zeros: top5_correct 4, the rows' correct5 summing to 0.
+    transform = ic.EvalTransform(size=8)
+
+    class Peaked(torch.nn.Module):
+        def forward(self, x):
+            logits = torch.full((x.shape[0], 1000), -300.0)
+            logits[:, 7], logits[:, 900] = 200.0, 0.0
+            return logits + 0 * x.mean()
+
+    bundle = ic.ModelBundle(ic.Preprocessing(transform.mean, transform.std), Peaked().eval(), ic.Classification(),
+                            torch.float32, transform)  # fmt: skip
+    images = torch.zeros((4, 3, 8, 8), dtype=torch.uint8)
+    result = ic.benchmark([(images, torch.full((4, 1), 900))], bundle, warmup_batches=0, predictions=True)
+    assert result.top5_correct == 4 == sum(row["correct5"] for row in result.predictions)
+    assert all(row["top5"][:2] == [7, 900] for row in result.predictions)
