@@ -2034,6 +2034,10 @@ def _gpu_decode_func(
         with torch.cuda.device(device), torch.cuda.stream(local.stream):
             batch = decode_batch(items)
         local.stream.synchronize()
+        # Freed by the main thread, a batch's memory would go back to this stream's pool at once, the model's
+        # kernels on the default stream still reading it: the allocator now waits for that stream's work.
+        for tensor in batch:
+            tensor.record_stream(torch.cuda.default_stream(device))
         return batch
 
     return decode_batch_gpu
@@ -3045,7 +3049,7 @@ class _TimingWindow:
         if not self.cuda:
             return time.monotonic()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))  # record() alone: the current device's, maybe another
         return event
 
     def add(self, frames: int) -> None:
