@@ -5603,13 +5603,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(AttributeError, ValueError):  # a name that is not UTF-8, rather than stop there
             stream.reconfigure(errors="backslashreplace")
     args = _parse_args(argv)
-    command = (*_program(), *(sys.argv[1:] if argv is None else argv))
+    with _own_logging_and_warnings():
+        return _main(args, (*_program(), *(sys.argv[1:] if argv is None else argv)), start_time)
+
+
+@contextlib.contextmanager
+def _own_logging_and_warnings() -> Iterator[None]:
+    """The run's logging and warnings filters, and a notebook's own put back after it (its log file
+    not closed, as ``basicConfig(force=True)`` would close it)."""
+    root, names = logging.getLogger(), ("spdl.pipeline", "torch.utils.cpp_extension")
+    handlers, level, levels = root.handlers[:], root.level, {name: logging.getLogger(name).level for name in names}
+    for handler in handlers:
+        root.removeHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+            handler.close()
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+        for name, was in levels.items():
+            logging.getLogger(name).setLevel(was)
+
+
+def _main(args: argparse.Namespace, command: tuple[str, ...], start_time: str) -> int:
     _init_logging(args.debug, spdl_stats=args.stats_interval is not None)
     warnings.filterwarnings("ignore", category=WarmupIncluded)  # the summary's first line says it
     # SPDL's native library installs glog's crash handler, SIGTERM included, when it first loads:
     # load it now, so that the handler installed after it is the one that runs.
     spdl.io.utils.get_ffmpeg_versions()
-    previous = {s: signal.signal(s, _interrupt) for s in _SIGNALS}
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
+    previous = {s: signal.signal(s, _interrupt) for s in _SIGNALS} if in_main_thread else {}
     config = None
     try:
         shard = _shard_from_env()

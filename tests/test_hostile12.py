@@ -406,3 +406,34 @@ def test_the_predictions_rank_as_the_counts_do_when_probabilities_underflow():
     result = ic.benchmark([(images, torch.full((4, 1), 900))], bundle, warmup_batches=0, predictions=True)
     assert result.top5_correct == 4 == sum(row["correct5"] for row in result.predictions)
     assert all(row["top5"][:2] == [7, 900] for row in result.predictions)
+
+
+# --- main() in a notebook ---------------------------------------------------------------------------
+
+
+def test_main_in_a_notebook_puts_back_its_logging_and_warnings_and_runs_in_a_thread(jpeg_set, tmp_path):
+    # main() closed the notebook's log file (basicConfig(force=True)), left the root logger at INFO with
+    # its own handler, and kept its filter hiding benchmark's WarmupIncluded warnings for good. Called
+    # from a thread, it raised "signal only works in main thread" without running.
+    log = tmp_path / "mine.log"
+    code = f"""
+import logging, threading, warnings
+import imagenet_classification as ic
+logging.basicConfig(filename={str(log)!r}, level=logging.WARNING)
+args = ["--input-flist", {str(jpeg_set)!r}, "--prefix", {f"{jpeg_set.parent}/"!r}, "--max-samples", "8",
+        "--model", "test_efficientnet", "--no-pretrained", "--device", "cpu", "-j", "2", "--img-size", "32"]
+filters = list(warnings.filters)
+assert ic.main(args) == 0
+assert warnings.filters == filters, "filters changed"
+root = logging.getLogger()
+assert root.level == logging.WARNING and [type(h).__name__ for h in root.handlers] == ["FileHandler"]
+logging.getLogger("mine").warning("still written")
+status = []
+thread = threading.Thread(target=lambda: status.append(ic.main(args)))
+thread.start()
+thread.join()
+print("statuses", status)
+"""
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "statuses [0]" in run.stdout, run.stderr[-3000:]
+    assert "still written" in log.read_text()
