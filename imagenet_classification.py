@@ -2945,7 +2945,8 @@ class RunResult:
     held a NaN or an infinity (never a hit). ``loader_lead``: batches the loader can hold ahead of
     the model; ``loader_min_fps``: a rate it reached in the window. ``drained_batches`` and
     ``fps_while_loading``: see :py:func:`_add_drain`. ``predictions``: one row per image classified,
-    when asked for (not in :py:meth:`to_dict`).
+    when asked for (not in :py:meth:`to_dict`), in the order the batches came (the loader's threads
+    finish them out of list order: sort by ``path`` to compare two runs row by row).
     """
 
     listed: int | None

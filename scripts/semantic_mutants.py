@@ -79,7 +79,7 @@ MUTANTS: list[SemanticMutant] = [
     M("issue #25: --sweep recommends the largest setting within 5 % of the best, not the smallest",
       "return next(p for p in measured if", "return next(p for p in reversed(measured) if", SWEEP),
     M("issue #25: predictions' probs are the raw logits, not softmax probabilities",
-      "probs, classes = logits.softmax(dim=-1).topk(", "probs, classes = logits.topk(", PREDICTIONS),
+      "probs = logits.softmax(dim=-1).gather(", "probs = logits.gather(", PREDICTIONS),
     # --- Parity ------------------------------------------------------------------------------
     M("parity's top-1 of the loader and of the reference swapped",
       "hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (a, b))",
@@ -95,7 +95,7 @@ MUTANTS: list[SemanticMutant] = [
       "ours.update(zip([p for p, _ in items[start : start + batch_size]], batch[0].cpu(), strict=False))", PARITY),
     # --- Predictions after failures, in every loader, and their files ------------------------
     M("predictions' softmax taken over the batch, not over the classes",
-      "logits.softmax(dim=-1).topk(", "logits.softmax(dim=0).topk(", PREDICTIONS),
+      "logits.softmax(dim=-1).gather(", "logits.softmax(dim=0).gather(", PREDICTIONS),
     M("predictions' correct1 read off the last of the top 5 (an ascending sort)",
       '"correct1": ok and top[0] == label', '"correct1": ok and top[-1] == label', PREDICTIONS),
     M("predictions' probabilities rounded to 2 places", "round(x, 6) for x in p", "round(x, 2) for x in p",
