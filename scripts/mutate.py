@@ -167,7 +167,10 @@ GROUPS: dict[str, Group] = {
             "test_a_run_states_its_loaders_lead_and_the_bound",
             "test_torchrun_per_rank_figures",
         )
-        + ["tests/test_page_cache.py::test_the_disk_in_the_verdict_by_hand"],
+        + [
+            "tests/test_page_cache.py::test_the_disk_in_the_verdict_by_hand",
+            "tests/test_hostile12.py::test_the_dataloaders_images_are_counted_as_pils_without_the_fallback_line",
+        ],
         [
             *_OLD_CLI_RUN,
             "tests/test_bad_input.py::test_all_bad_list_reports_zero_classified",
@@ -196,6 +199,7 @@ GROUPS: dict[str, Group] = {
         )
         + [
             "tests/test_decode.py::test_geometry_matches_torchvision",
+            "tests/test_hostile12.py::test_the_transform_is_the_test_time_one_timm_validates_with",
             "tests/test_decode.py::test_transform_follows_model_config",
             "tests/test_decode.py::test_resize_region_is_used_for_imagenets_common_sizes",
             "tests/test_decode.py::test_resize_region_samples_where_the_whole_frame_would",
