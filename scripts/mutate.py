@@ -263,7 +263,7 @@ GROUPS: dict[str, Group] = {
 
 # The edits of issue #18's mutation check that no test caught then: (name, group, text, edited text).
 KNOWN_EDITS = [
-    ("top-k with k=4", "classification", "logits.topk(min(5,", "logits.topk(min(4,"),
+    ("top-k with k=4", "classification", "top = logits.topk(min(5,", "top = logits.topk(min(4,"),
     (
         "top5 rate returns the top-1 rate",
         "results",
