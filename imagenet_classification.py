@@ -5386,8 +5386,8 @@ def _run(config: _RunConfig) -> _RunReport:
         model = _build_model(config)
         if config.parity and shard.rank == 0:
             report.parity = _run_parity(config, model)
-        what = "evicting them from" if config.cold_cache else "how much is in"  # after the reads above
-        _LG.info("Page cache: %s files listed, %s the page cache.", len(config.my_images), what)
+        what = "evicting" if config.cold_cache else "measuring how much is in memory of"  # after the reads above
+        _LG.info("Page cache: %s the %s listed files.", what, len(config.my_images))
         elsewhere = _listed_first_elsewhere(config.images, shard) if shard.world_size > 1 else frozenset()
         page_cache = _examine_page_cache(config.my_images.paths, config.cold_cache, elsewhere, config.max_image_bytes)
         stopped_cleanly = _run_loop(config, model, report)
