@@ -1070,19 +1070,57 @@ def _pretrained_config(model_name: str) -> dict:
 def _hub_config(model_id: str) -> dict:
     """An ``hf-hub:`` model's config; with the hub out of reach, from its cache alone (InputError if
     not there), in seconds: not after huggingface_hub's half minute of retries."""
-    from huggingface_hub import constants
     from timm.models import _hub
 
+    with _offline_if_unreachable(model_id) as unreachable:
+        try:
+            return _hub.load_model_config_from_hf(model_id)[0]
+        except OSError:
+            if not unreachable:
+                raise
+            message = f"hf-hub:{model_id}: cannot read its config (the model hub is out of reach ({unreachable}), "
+            raise InputError(message + "and it is not in its cache)", "--model") from None
+
+
+HUB_CHECK_S = 3.0  # seconds to wait for the model hub's server before calling it out of reach
+
+
+def _hub_unreachable(hub_id: str | None) -> str | None:
+    """Why the Hugging Face hub does not answer one connection attempt; None when it does, the weights
+    come from elsewhere (no ``hub_id``), ``HF_HUB_OFFLINE`` is set, or a proxy stands between."""
+    import socket
+    import urllib.parse
+
+    from huggingface_hub import constants
+
+    proxied = any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+    if not hub_id or constants.HF_HUB_OFFLINE or proxied:
+        return None
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    try:
+        host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)  # ValueError: a port 'abc'
+    except ValueError:
+        host = None
+    if host is None:
+        return f"HF_ENDPOINT={constants.ENDPOINT!r} is no URL"
+    try:
+        socket.create_connection((host, port), timeout=HUB_CHECK_S).close()
+    except OSError as e:
+        return f"{host}: {e.strerror or e}"
+    return None
+
+
+@contextlib.contextmanager
+def _offline_if_unreachable(hub_id: str | None) -> Iterator[str | None]:
+    """Yield why the model hub is out of reach (see :py:func:`_hub_unreachable`); while it is, the
+    hub's cache alone is read, as with HF_HUB_OFFLINE=1, without half a minute of retries."""
+    from huggingface_hub import constants
+
     offline = constants.HF_HUB_OFFLINE
-    unreachable = _hub_unreachable({"hf_hub_id": model_id})
+    unreachable = _hub_unreachable(hub_id)
     constants.HF_HUB_OFFLINE = offline or unreachable is not None
     try:
-        return _hub.load_model_config_from_hf(model_id)[0]
-    except OSError:
-        if not unreachable:
-            raise
-        message = f"hf-hub:{model_id}: cannot read its config (the model hub is out of reach ({unreachable}), "
-        raise InputError(message + "and it is not in its cache)", "--model") from None
+        yield unreachable
     finally:
         constants.HF_HUB_OFFLINE = offline
 
@@ -2793,34 +2831,6 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> None:
         raise fail(str(e).splitlines()[-1].strip()) from None
 
 
-HUB_CHECK_S = 3.0  # seconds to wait for the model hub's server before calling it out of reach
-
-
-def _hub_unreachable(config: dict) -> str | None:
-    """Why the Hugging Face hub does not answer one connection attempt; None when it does, the weights
-    come from elsewhere, ``HF_HUB_OFFLINE`` is set, or a proxy stands between."""
-    import socket
-    import urllib.parse
-
-    from huggingface_hub import constants
-
-    proxied = any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
-    if not config.get("hf_hub_id") or constants.HF_HUB_OFFLINE or proxied:
-        return None
-    url = urllib.parse.urlsplit(constants.ENDPOINT)
-    try:
-        host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)  # ValueError: a port 'abc'
-    except ValueError:
-        host = None
-    if host is None:
-        return f"HF_ENDPOINT={constants.ENDPOINT!r} is no URL"
-    try:
-        socket.create_connection((host, port), timeout=HUB_CHECK_S).close()
-    except OSError as e:
-        return f"{host}: {e.strerror or e}"
-    return None
-
-
 def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
     import timm
     from huggingface_hub import constants
@@ -2829,29 +2839,24 @@ def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
     _check_imagenet_head(model_name, config.get("num_classes"))
     hub_log = logging.getLogger("huggingface_hub")
     hub_log.propagate = not hub_log.handlers
-    unreachable = _hub_unreachable(config) if pretrained else None
-    offline = constants.HF_HUB_OFFLINE
-    # A hub out of reach: the cache alone, as HF_HUB_OFFLINE=1, without a minute of retries.
-    constants.HF_HUB_OFFLINE = offline or unreachable is not None
-    try:
-        model = timm.create_model(model_name, pretrained=pretrained)
-    except OSError as e:  # the hub is out of reach and the weights are not in its cache
-        if offline:
-            where = "HF_HUB_OFFLINE is set"
-        elif unreachable:
-            where = f"the model hub is out of reach ({unreachable})"
-        else:  # huggingface_hub's messages run to many lines
-            where = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-        message = f"{model_name}: cannot get its pretrained weights ({where}, and they are not in its cache)"
-        raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
-    except Exception as e:  # e.g. no pretrained weights, a corrupt cached file (SafetensorError), a bad config
-        first = str(e).splitlines()[0] if str(e) else ""
-        if not pretrained:  # the model itself: a local-dir config naming no architecture timm has
-            raise InputError(f"{model_name}: cannot build it ({type(e).__name__}: {first})", "--model") from None
-        message = f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: {first})"
-        raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
-    finally:
-        constants.HF_HUB_OFFLINE = offline
+    with _offline_if_unreachable(config.get("hf_hub_id") if pretrained else None) as unreachable:
+        try:
+            model = timm.create_model(model_name, pretrained=pretrained)
+        except OSError as e:  # the hub is out of reach and the weights are not in its cache
+            if unreachable:  # (then HF_HUB_OFFLINE was not set: it is now, for this call)
+                where = f"the model hub is out of reach ({unreachable})"
+            elif constants.HF_HUB_OFFLINE:
+                where = "HF_HUB_OFFLINE is set"
+            else:  # huggingface_hub's messages run to many lines
+                where = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+            message = f"{model_name}: cannot get its pretrained weights ({where}, and they are not in its cache)"
+            raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
+        except Exception as e:  # e.g. no pretrained weights, a corrupt cached file (SafetensorError), a bad config
+            first = str(e).splitlines()[0] if str(e) else ""
+            if not pretrained:  # the model itself: a local-dir config naming no architecture timm has
+                raise InputError(f"{model_name}: cannot build it ({type(e).__name__}: {first})", "--model") from None
+            message = f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: {first})"
+            raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
     _check_imagenet_head(model_name, getattr(model, "num_classes", None))
     stem = next((m for m in model.modules() if isinstance(m, torch.nn.Conv2d)), None)  # timm's stems come first
     if stem is not None and stem.in_channels != 3:  # e.g. in_chans=1 in a local-dir config's model_args
