@@ -4943,6 +4943,7 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     protected = _protected_folders()
     seen: set[str] = set()
     links: list[str] | None = None
+    every: Sequence[str] = ()
     for flag, path in outputs:
         if path is None:
             continue
@@ -4954,10 +4955,11 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         listed = False
         if target not in inputs | seen and os.path.exists(target):  # a file not there yet is no listed image
             if links is None:  # a link's target may have any name: an lstat per listed image, once
-                links = [p for p in images.paths if os.path.islink(p)]
+                every = _every_listed_path(args, images)
+                links = [p for p in every if os.path.islink(p)]
             # Otherwise a path's real one ends in its own name: only those of the target's name can lead there.
             name = os.path.basename(target)
-            named = (p for p in images.paths if os.path.basename(p) == name)
+            named = (p for p in every if os.path.basename(p) == name)
             listed = any(os.path.realpath(p) == target for p in itertools.chain(named, links))
             code = (getattr(m, "__file__", None) for m in list(sys.modules.values()))  # what this process runs
             listed = listed or any(os.path.realpath(p) == target for p in code if p)
@@ -4969,6 +4971,24 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         raise InputError(f"--predictions-file {args.predictions_file}: the name must end in .csv or .jsonl")
     if args.plot is not None and not str(args.plot).lower().endswith(".png"):
         raise InputError(f"--plot {args.plot}: the name must end in .png")
+
+
+def _every_listed_path(args: argparse.Namespace, images: ImageList) -> Sequence[str]:
+    """Every path the list or folder names, past the cut too (--max-samples, --trace): the run reads
+    only the first ones, but no output may replace an image the user listed. The list is read again
+    to its end or its first bad line; standard input, read once, gives those read."""
+    if args.max_samples is None and args.trace is None:
+        return images.paths
+    every = list(images.paths)
+    try:
+        if args.data_dir is not None:
+            every += _image_files(str(args.data_dir))
+        elif str(args.input_flist) != "-":
+            for _, text in _rows(args.input_flist, "--input-flist"):  # the path: all, or all before a label
+                every += [args.prefix + text, args.prefix + text.rsplit(None, 1)[0]]
+    except (InputError, OSError):  # a line or folder the run never reaches: no error of this run's
+        pass
+    return every
 
 
 def _mapped_files() -> list[str]:
