@@ -3900,16 +3900,17 @@ class _Parity:
     both decoded: mean absolute pixel differences (0-255), the shares whose top-1 and top-5 agree."""
 
     images: int
-    mad_mean: float
-    mad_max: float
+    mad_mean: float | None  # None: no image compared
+    mad_max: float | None
     worst: str | None
-    top1_agree: float
-    top5_agree: float
-    top1_loader: float
-    top1_reference: float
+    top1_agree: float | None
+    top5_agree: float | None
+    top1_loader: float | None
+    top1_reference: float | None
     loader_only: int = 0  # images only one side decoded, or neither (bad images): not compared
     reference_only: int = 0
     neither: int = 0
+    not_finite: int = 0  # images compared whose logits, on either side, hold a NaN or infinity: no agreement, no hit
 
     def summary(self) -> str:
         """Counts, not rounded shares: 4998 of 5000 agreeing is not "100.0 %"."""
@@ -3918,7 +3919,7 @@ class _Parity:
             line += ": no image that both decoded, nothing compared"
         else:
             shares = (self.top1_agree, self.top5_agree, self.top1_loader, self.top1_reference)
-            agree1, agree5, here, there = (round(share * n) for share in shares)
+            agree1, agree5, here, there = (round((share or 0.0) * n) for share in shares)
             line += (
                 f" on {_images(n)}: pixels differ by {self.mad_mean:.2f} on average (worst {self.mad_max:.2f}, 0-255); "
                 f"top-1 agrees on {agree1} of {n}, top-5 on {agree5}; top-1 correct: {here} here vs {there} there"
@@ -3926,16 +3927,20 @@ class _Parity:
         sides = ((self.loader_only, "only the loader"), (self.reference_only, "only timm's transform"))
         for count, who in (*sides, (self.neither, "neither side")):
             line += f"; {_images(count)} {who} decoded, not compared" if count else ""
+        if self.not_finite:
+            line += f"; {self.not_finite} of the {n} got NaN or infinite logits, counted as disagreeing and wrong"
         return line
 
 
 def _top5(model: ModelBundle, images: list[Tensor], batch_size: int) -> Tensor:
-    """The model's five top classes of each uint8 ``3 x S x S`` image: int64 ``N x 5`` on the CPU."""
+    """The model's five top classes of each uint8 ``3 x S x S`` image: int64 ``N x 5`` on the CPU; a
+    row of -1 where a logit is NaN or infinite (topk ranks NaN first: all-NaN rows would agree)."""
     device, tops = _model_device(model), [torch.empty(0, 5, dtype=torch.int64)]  # no image: 0 x 5
     with torch.inference_mode():
         for start in range(0, len(images), batch_size):
-            batch = torch.stack(images[start : start + batch_size]).to(device)
-            tops.append(_logits(model, batch).topk(5, dim=-1).indices.cpu())
+            logits = _logits(model, torch.stack(images[start : start + batch_size]).to(device))
+            top = logits.topk(5, dim=-1).indices
+            tops.append(top.masked_fill(~logits.isfinite().all(dim=-1, keepdim=True), -1).cpu())
     return torch.cat(tops)
 
 
@@ -3965,7 +3970,8 @@ def _measure_parity(
     reference: dict[str, Tensor] = {}
     for path, _ in items:
         with contextlib.suppress(ImageDecodeError), _pil_errors(path):
-            with Image.open(io.BytesIO(_read_image_bytes(path, max_bytes))) as image:  # the run's limit
+            with Image.open(io.BytesIO(_read_image_bytes(path, max_bytes))) as image:  # the run's limits
+                _check_size(path, image.size, t)  # a 20000 x 1 strip: gigabytes resized
                 reference[path] = timm_transform(image.convert("RGB"))
     paths = [path for path, _ in items if path in ours and path in reference]
     mads = [(ours[p].float() - reference[p].float()).abs().mean().item() for p in paths]
@@ -3975,13 +3981,15 @@ def _measure_parity(
     truth = torch.tensor([labels[p] for p in paths], dtype=torch.int64)
     n = len(paths)
     worst = paths[mads.index(max(mads))] if mads else None
-    agree1 = int((a[:, 0] == b[:, 0]).sum())
-    agree5 = sum(set(x.tolist()) == set(y.tolist()) for x, y in zip(a, b, strict=True))
+    finite = (a[:, 0] >= 0) & (b[:, 0] >= 0)  # -1: a NaN or infinite logit, no agreement
+    agree1 = int(((a[:, 0] == b[:, 0]) & finite).sum())
+    agree5 = sum(ok and set(x.tolist()) == set(y.tolist()) for x, y, ok in zip(a, b, finite.tolist(), strict=True))
     hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (a, b))
-    shares = [count / n if n else 0.0 for count in (sum(mads), agree1, agree5, hits_ours, hits_ref)]
+    shares = [count / n if n else None for count in (agree1, agree5, hits_ours, hits_ref)]
     only = (len(ours.keys() - reference.keys()), len(reference.keys() - ours.keys()))
     neither = len(dict(items).keys() - ours.keys() - reference.keys())
-    return _Parity(n, shares[0], max(mads, default=0.0), worst, *shares[1:], *only, neither)
+    mad_mean = sum(mads) / n if n else None
+    return _Parity(n, mad_mean, max(mads, default=None), worst, *shares, *only, neither, n - int(finite.sum()))
 
 
 def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:

@@ -4,12 +4,12 @@ found (2026-12-06). Each test fails on the code before it."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
+import torch
 
 import imagenet_classification as ic
-from tests.conftest import make_jpeg_set
+from tests.conftest import make_jpeg_set, write_jpeg
 
 # --- Outputs ----------------------------------------------------------------------------------------
 
@@ -35,3 +35,44 @@ def test_no_output_replaces_a_listed_image_past_the_cut(tmp_path, cut):
     )
     shutil.copy(victim, tmp_path / "r.json")
     ic._check_files(args, ic._read_images(args))
+
+
+# --- Parity -----------------------------------------------------------------------------------------
+
+
+class _NaNModel(torch.nn.Module):
+    """Logits all NaN: topk ranks NaN first, so both sides' top 5 was classes 0-4, 'agreeing'."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full((x.shape[0], 1000), float("nan"))
+
+
+def test_parity_counts_nan_logits_as_neither_agreeing_nor_correct(tmp_path):
+    # Class 0 is the label here: NaN logits were "top-1 agrees on 2 of 2; top-1 correct: 2 here vs 2 there".
+    paths = [write_jpeg(tmp_path / f"g{i}.JPEG", (64, 48), (200, 30, 30), seed=i) for i in range(2)]
+    items = [(str(p), 0) for p in paths]
+    transform = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False).transform
+    model = ic.ModelBundle(
+        ic.Preprocessing(transform.mean, transform.std), _NaNModel(), ic.Classification(), torch.float32, transform
+    )
+    decode = ic.get_decode_func("cpu", transform, policy=ic.BadImagePolicy(skip=True))
+    parity = ic._measure_parity(items, decode, model, batch_size=2)
+    assert (parity.images, parity.top1_agree, parity.top5_agree, parity.top1_loader, parity.top1_reference) == (
+        2, 0.0, 0.0, 0.0, 0.0,
+    )  # fmt: skip
+    assert parity.not_finite == 2 and "2 of the 2 got NaN or infinite logits" in parity.summary()
+
+
+def test_parity_with_nothing_compared_gives_no_scores_and_its_reference_keeps_the_pixel_limit(tmp_path):
+    # A strip whose resize is over the pixel limit: the loader refuses it, but timm's transform resized
+    # it (a 20000 x 1 strip took gigabytes) and parity said "only timm's transform decoded".
+    # With no image compared, the results file's scores were 0.0: as if every prediction disagreed.
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    short = model.transform.resize_short
+    strip = write_jpeg(tmp_path / "strip.JPEG", (ic.MAX_IMAGE_PIXELS // short**2 + 64, 1), (90, 90, 90))
+    decode = ic.get_decode_func("cpu", model.transform, policy=ic.BadImagePolicy(skip=True))
+    parity = ic._measure_parity([(str(strip), 0)], decode, model, batch_size=2)
+    assert (parity.images, parity.reference_only, parity.neither) == (0, 0, 1)
+    scores = ("mad_mean", "mad_max", "top1_agree", "top5_agree", "top1_loader", "top1_reference")
+    assert {name: getattr(parity, name) for name in scores} == dict.fromkeys(scores)
+    assert parity.summary().startswith("Parity with timm's reference transform: no image that both decoded")
