@@ -3372,10 +3372,10 @@ class _Loop:
             if kept is not None:
                 self.kept.append(kept)
             self.result.classified += n
-            self.window.add(n)
             self.result.decoder_fallbacks += getattr(batch, "fallbacks", 0)  # of the images classified, as theirs
             for backend, count in getattr(batch, "decoded_by", {}).items():
                 self.result.decoder_backends[backend] = self.result.decoder_backends.get(backend, 0) + count
+            self.window.add(n)  # last: the warm-up's end waits on the peers under torchrun, and raises if one stopped
         if held:
             raise RunInterrupted(held[0])
 
@@ -3763,7 +3763,7 @@ def _rank_share(result: RunResult, rank: int, device: torch.device) -> dict:
     return {**entry, "device": str(device), **counts, **flags, **lists}
 
 
-def _job_total(shares: list[dict], listed: int | None, mine: RunResult, world_size: int) -> RunResult:
+def _job_total(shares: list[dict], listed: int | None, mine: RunResult) -> RunResult:
     """The job's result from the ranks' shares: each count summed exactly; FPS the timed images over the
     longest rank's window, of the ranks past the warm-up if any is (a stopped job's may not all be)."""
     timed = [s for s in shares if not s["warmup_included"]] or shares  # windows of one kind, never mixed
@@ -3777,8 +3777,8 @@ def _job_total(shares: list[dict], listed: int | None, mine: RunResult, world_si
     for s in shares:
         for backend, count in s["decoder_backends"].items():
             job.decoder_backends[backend] = job.decoder_backends.get(backend, 0) + count
-    if mine.loader_lead is not None:  # every rank's loader holds as many batches ahead
-        job.loader_lead = mine.loader_lead * world_size
+    if mine.loader_lead is not None:  # every timed rank's loader holds as many batches ahead
+        job.loader_lead = mine.loader_lead * len(timed)
     return job
 
 
@@ -3789,7 +3789,7 @@ def _reduce_results(result: RunResult, shard: _Shard, device: torch.device) -> t
     shares: list = [None] * shard.world_size
     extra = {"predictions": result.predictions, "page_cache": result.page_cache}  # gathered, never in the store
     dist.all_gather_object(shares, {**_rank_share(result, shard.rank, device), **extra})
-    total = _job_total(shares, sum(s["listed"] for s in shares), result, shard.world_size)
+    total = _job_total(shares, sum(s["listed"] for s in shares), result)
     total.partial = any(s["partial"] for s in shares)
     rows = [s["predictions"] for s in shares]
     total.predictions = None if None in rows else [row for r in rows for row in r]
@@ -3866,6 +3866,7 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
     not the signal or lost peer it reached rank 0 as."""
     result, shard = outcome.result, config.shard
     share = _rank_share(result, shard.rank, config.device)
+    share["page_cache"] = asdict(result.page_cache) if result.page_cache is not None else None  # for a stopped job
     if shard.world_size == 1:
         return [{k: share[k] for k in _RANK_KEYS}]
     if outcome.error is None:
@@ -3883,8 +3884,11 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
     if shard.rank != 0:
         return [{k: share[k] for k in _RANK_KEYS}]
     shares = [share, *_stopped_peers(shard, _PEER_WORD_S)]  # a rank still running: its images not reached
-    outcome.result = _job_total(shares, len(config.images), result, shard.world_size)
+    outcome.result = _job_total(shares, len(config.images), result)
     outcome.result.partial = True
+    caches = [s.get("page_cache") for s in shares]  # examined before the loop: known if every rank gave word
+    if len(caches) == shard.world_size and None not in caches:
+        outcome.result.page_cache = _PageCache.total([_PageCache(**cache) for cache in caches])
     outcome.result.predictions = result.predictions  # rank 0's: the others' stay with them
     cause = min(shares, key=lambda s: _FOLLOWED.get(s["stopped_by"], 0))  # the first, on a tie: this rank
     outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {cause['stop_reason']}"
@@ -5147,9 +5151,10 @@ def _preflight(
     # Capped at rank 0's shard, the largest: every rank the same settings (_agree_on_job compares them).
     threads, processes = _capped_workers(args, shard.size_of(len(images), rank=0))
     _check_open_files(max(sweep["num-threads"]) if sweep else threads, processes)
-    batch_size = min(args.batch_size, len(images))  # the results say the size that ran (a rank's shard: the CSV's)
+    batch_size = min(args.batch_size, shard.size_of(len(images), rank=0))  # the results say the size that ran
     if batch_size < args.batch_size:
-        _LG.info("--batch-size %d capped at %d, the images listed.", args.batch_size, batch_size)
+        whose = "the images listed" if shard.world_size == 1 else "the images of rank 0's share, the largest"
+        _LG.info("--batch-size %d capped at %d, %s.", args.batch_size, batch_size, whose)
     torch_loader = args.loader == "torch"
     check_decoder = CHECK_DECODER_IMAGES if args.check_decoder is None else args.check_decoder
     if device.type == "cpu" and decoder == "ffmpeg":

@@ -82,6 +82,8 @@ def test_failing_rank_stops_every_rank(demo_photos, lite0_checkpoint, tmp_path):
     assert [p.returncode for p in procs] == [1, 1], outputs
     assert f"error: rank 1: cannot decode {flist.parent / lines[1]}" in outputs[1][1]
     assert "error: rank 0: another rank stopped" in outputs[0][1]
+    cache = read_json(tmp_path / "r0.json")["page_cache"]  # every rank's, examined before the stop: not lost
+    assert cache is not None and cache["files"] + cache["repeats"] + cache["skipped"] == 19
 
 
 def test_max_bad_is_the_jobs_limit_not_each_ranks(tmp_path):
@@ -123,3 +125,4 @@ def test_a_list_shorter_than_the_ranks_or_their_threads_runs(tmp_path):
         assert (result["listed"], result["classified"], result["not_reached"]) == (count, count, 0)
         assert sorted(r["classified"] for r in result["ranks"]) == sorted([(count + 1) // 2, count // 2])
         assert result["config"]["num_threads"] == min(2, (count + 1) // 2)
+        assert result["config"]["batch_size"] == (count + 1) // 2  # rank 0's share, not the 3 listed

@@ -76,3 +76,38 @@ def test_parity_with_nothing_compared_gives_no_scores_and_its_reference_keeps_th
     scores = ("mad_mean", "mad_max", "top1_agree", "top5_agree", "top1_loader", "top1_reference")
     assert {name: getattr(parity, name) for name in scores} == dict.fromkeys(scores)
     assert parity.summary().startswith("Parity with timm's reference transform: no image that both decoded")
+
+
+# --- torchrun ---------------------------------------------------------------------------------------
+
+
+def test_a_batch_stopped_at_the_warmups_barrier_keeps_its_decoder_counts():
+    # The barrier that opens the FPS window (a peer stopped: RunStopped) ran before the batch's decoder
+    # counts: its images counted as classified, but their backend and fallbacks were lost.
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    size = model.transform.size
+    batch = ic._Batch(torch.zeros(2, 3, size, size, dtype=torch.uint8), torch.zeros(2, 1, dtype=torch.int64),
+                      fallbacks=1, decoded_by={"hardware": 1, "cpu": 1})  # fmt: skip
+
+    calls = []
+
+    def peer_stopped() -> None:  # the run's start clock passes; the warm-up's end finds a peer stopped
+        calls.append(1)
+        if len(calls) == 2:
+            raise ic.RunStopped("another rank stopped", "peer")
+
+    with pytest.raises(ic.RunStopped) as stopped:
+        ic.benchmark([batch], model, warmup_batches=1, sync_clocks=peer_stopped)
+    result = stopped.value.result
+    assert (result.classified, result.decoder_fallbacks, result.decoder_backends) == (2, 1, {"hardware": 1, "cpu": 1})
+
+
+def test_a_stopped_jobs_loader_lead_is_that_of_the_ranks_it_times():
+    # One rank of two timed (the other stopped in its warm-up): the slack for the batches its loader
+    # held ahead was doubled, as if both loaders' leads were in the window.
+    cpu = torch.device("cpu")
+    past = ic.RunResult(9, classified=9, frames_timed=7, elapsed_s=0.025, batches=6, batches_timed=5, loader_lead=3)
+    within = ic.RunResult(8, classified=2, frames_timed=2, elapsed_s=0.015, batches=1, batches_timed=1,
+                          warmup_included=True, partial=True, loader_lead=3)  # fmt: skip
+    job = ic._job_total([ic._rank_share(past, 0, cpu), ic._rank_share(within, 1, cpu)], 17, past)
+    assert job.loader_lead == 3

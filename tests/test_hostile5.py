@@ -227,10 +227,10 @@ def test_a_stopped_jobs_fps_never_mixes_one_ranks_warmup_with_anothers_window():
     within = ic.RunResult(8, classified=2, failed=1, frames_timed=2, elapsed_s=0.015, batches=1, batches_timed=1,
                           warmup_included=True, partial=True)  # fmt: skip
     shares = [ic._rank_share(past, 0, cpu), ic._rank_share(within, 1, cpu)]
-    job = ic._job_total(shares, 17, past, 2)
+    job = ic._job_total(shares, 17, past)
     assert (job.frames_timed, job.elapsed_s, job.batches_timed, job.warmup_included) == (7, 0.025, 5, False)
     assert (job.classified, job.failed, job.not_reached, job.batches) == (11, 1, 5, 7)  # every count summed
-    both_within = ic._job_total([shares[1], shares[1]], 16, within, 2)
+    both_within = ic._job_total([shares[1], shares[1]], 16, within)
     assert (both_within.frames_timed, both_within.elapsed_s, both_within.warmup_included) == (4, 0.015, True)
 
 
