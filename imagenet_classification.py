@@ -3851,6 +3851,55 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
     return [found[rank] for rank in sorted(found)]
 
 
+_PROGRESS_KEY = "imagenet_classification/progress/"  # + rank: its batches so far, in the job's store
+
+
+def _posting_progress(rank: int, progress: Callable[[int, Tensor], None] | None) -> Callable[[int, Tensor], None]:
+    """``benchmark``'s progress callback for a torchrun rank: ``progress``, and at most once a second
+    the rank's batches so far in the job's store, where a rank that has ended sees it is still going."""
+    import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
+
+    store, batches, posted = c10d._get_default_store(), itertools.count(1), [-math.inf]
+
+    def post(classified: int, top1: Tensor) -> None:
+        if progress is not None:
+            progress(classified, top1)
+        count = next(batches)
+        if time.monotonic() - posted[0] >= 1.0:
+            posted[0] = time.monotonic()
+            with contextlib.suppress(RuntimeError, ValueError):
+                store.set(f"{_PROGRESS_KEY}{rank}", str(count))
+
+    return post
+
+
+def _wait_for_peers(shard: _Shard, still_s: float) -> None:
+    """Wait for every other rank to leave its share in the job's store, as long as each still running
+    makes progress: a healthy rank may end minutes after this one (its images larger, its disk slower),
+    past any collective's time-out. RunStopped (``peer``) for a rank that stopped, or that made no
+    progress for ``still_s``."""
+    import torch.distributed.distributed_c10d as c10d
+
+    store, peers = c10d._get_default_store(), set(range(shard.world_size)) - {shard.rank}
+    seen: dict[int, bytes | None] = {}
+    since = time.monotonic()
+    while peers:
+        for rank in sorted(peers):
+            if store.check([f"{_STOPPED_KEY}{rank}"]):
+                share = json.loads(store.get(f"{_STOPPED_KEY}{rank}"))
+                if share["stopped_by"] != "finished":
+                    raise RunStopped(f"another rank stopped (rank {rank}: {share['stop_reason']})", "peer")
+                peers.discard(rank)
+        keys = {rank: f"{_PROGRESS_KEY}{rank}" for rank in peers}
+        now = {rank: store.get(key) if store.check([key]) else None for rank, key in keys.items()}
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif time.monotonic() - since > still_s:
+            names = ", ".join(map(str, sorted(peers)))
+            raise RunStopped(f"another rank stopped (rank {names}: no batch for {still_s:g} s)", "peer")
+        time.sleep(0.05)
+
+
 def _post_share(share: dict) -> None:
     """This rank's share, left in the job's store for a rank 0 that stops (the store gone too: no word)."""
     import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
@@ -3869,10 +3918,12 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
     share["page_cache"] = asdict(result.page_cache) if result.page_cache is not None else None  # for a stopped job
     if shard.world_size == 1:
         return [{k: share[k] for k in _RANK_KEYS}]
-    if outcome.error is None:
+    finished = outcome.error is None  # its shard: the share it leaves says so, whatever stops the job after
+    if finished:
         _post_share({**share, "stop_reason": None, "stopped_by": "finished"})  # for a rank 0 that stops
         try:
             with _peer_stops():  # a peer stopped before the final reduction
+                _wait_for_peers(shard, config.timeout + _PEER_WORD_S)  # its batches posted at most 1 s apart
                 outcome.result, ranks = _reduce_results(result, shard, config.device)
             return ranks
         except (RunStopped, RunInterrupted) as e:  # RunInterrupted: torchrun ends the others once one stopped
@@ -3880,7 +3931,8 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
         result.partial = True
     own = _explain(outcome.error, config)[0]
     share.update(stop_reason=own, stopped_by=getattr(outcome.error, "kind", "interrupted"))
-    _post_share(share)
+    if not finished:
+        _post_share(share)
     if shard.rank != 0:
         return [{k: share[k] for k in _RANK_KEYS}]
     shares = [share, *_stopped_peers(shard, _PEER_WORD_S)]  # a rank still running: its images not reached
@@ -5316,7 +5368,9 @@ def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> boo
     warmup = _warmup_for_all_ranks(shard, len(config.images), config.batch_size, config.warmup_batches)
     options = {"listed": len(images), "warmup_batches": warmup, "policy": policy, "progress": progress}
     options |= {"predictions": config.predictions_file is not None, "loader_lead": config.loader_lead}
-    options["sync_clocks"] = _barrier if shard.world_size > 1 else None  # the FPS window opens on every rank at once
+    if shard.world_size > 1:
+        options["sync_clocks"] = _barrier  # the FPS window opens on every rank at once
+        options["progress"] = _posting_progress(shard.rank, progress)  # for the ranks that end before this one
     loader = None
     try:
         with _open_loader(config, images, policy) as loader:

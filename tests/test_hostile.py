@@ -629,10 +629,10 @@ def test_ranks_that_read_different_lists_stop_before_the_run(dataset, tmp_path):
         _one_line_error(proc, "the ranks read different lists (images rank 0: 12, rank 1: 15): was it still being "
                         "written?")  # fmt: skip
         assert "Model test_efficientnet" not in proc.stderr and not Path(f"{tmp_path / 'r.json'}.{rank}").exists()
-    procs = _ranks([dataset, dataset], tmp_path / "r.json", per_rank=([], ["--batch-size", "8"]))
+    procs = _ranks([dataset, dataset], tmp_path / "r.json", per_rank=([], ["--batch-size", "5"]))
     for proc in procs:  # the same list, other flags: the warm-ups and shards would not match
         assert proc.returncode == 2, proc.stderr
-        _one_line_error(proc, "the ranks were given different settings (batch_size: rank 0: 4, rank 1: 8)")
+        _one_line_error(proc, "the ranks were given different settings (batch_size: rank 0: 4, rank 1: 5)")
 
 
 def test_a_rank_that_never_joins_is_one_line_and_a_results_file(dataset, tmp_path):

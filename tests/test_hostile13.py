@@ -4,12 +4,14 @@ found (2026-12-06). Each test fails on the code before it."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import imagenet_classification as ic
-from tests.conftest import make_jpeg_set, write_jpeg
+from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, write_jpeg
 
 # --- Outputs ----------------------------------------------------------------------------------------
 
@@ -111,3 +113,24 @@ def test_a_stopped_jobs_loader_lead_is_that_of_the_ranks_it_times():
                           warmup_included=True, partial=True, loader_lead=3)  # fmt: skip
     job = ic._job_total([ic._rank_share(past, 0, cpu), ic._rank_share(within, 1, cpu)], 17, past)
     assert job.loader_lead == 3
+
+
+def test_a_rank_that_ends_later_than_the_timeout_is_waited_for(tmp_path):
+    # Rank 1's images are large, rank 0's small: rank 0 ended seconds first and its final gather gave
+    # up after --timeout, failing a healthy job ("another rank stopped"). --timeout is the most
+    # seconds without a batch: a rank still classifying is waited for.
+    big = write_jpeg(tmp_path / "big.JPEG", (4000, 3000), (90, 120, 150))
+    small = [write_jpeg(tmp_path / f"s{i}.JPEG", (64, 48), (200, 30, 30), seed=i) for i in range(64)]
+    lines = [f"{p} n01440764" for pair in zip(small, [big] * 64, strict=True) for p in pair]  # odd lines: rank 1
+    flist = tmp_path / "uneven.flist"
+    flist.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r.json"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd = [*launcher, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), *TINY, "--num-threads",
+           "1", "--no-compile", "--batch-size", "4", "--warmup-batches", "0", "--timeout", "2", "--results-file",
+           str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    result = read_json(out)
+    assert (result["classified"], result["partial"]) == (128, False)
+    assert max(r["elapsed_s"] for r in result["ranks"]) - min(r["elapsed_s"] for r in result["ranks"]) > 2
