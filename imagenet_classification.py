@@ -4210,7 +4210,9 @@ class _Sweep:
     def recommended(self) -> _SweepPoint | None:
         """The smallest candidate run end to end within ``SWEEP_TOLERANCE`` of the best such run (the
         bound says too little where loader and model share the cores); else the smallest candidate.
-        None when there is no candidate."""
+        None when there is no candidate, or the sweep stopped: a ranking of some settings is no answer."""
+        if self.error is not None:
+            return None
         measured = [p for p in self.candidates if p.e2e_fps is not None]
         if not measured:
             return self.candidates[0] if self.candidates else None
@@ -4280,7 +4282,7 @@ def _sweep_timed(
             model.batch_size = point.batch_size
         batches = _SWEEP_WARMUP + _SWEEP_LEADS * settings.loader_lead
         images = config.my_images.head(max(len(images), point.batch_size * batches))
-        point.short_window = point.short_window or math.ceil(len(images) / point.batch_size) < batches
+        short = math.ceil(len(images) / point.batch_size) < batches  # said once the pass has run
     with _open_loader(settings, images, policy) as loader:
         try:
             with _out_of_memory_stops(settings.device, settings.batch_size):
@@ -4293,8 +4295,8 @@ def _sweep_timed(
                     failures[:] = [ImageDecodeError(f["path"], f["reason"]) for f in run.failures]
                 if config.device.type == "cpu" and loader.stats is not None:  # else a larger lead, a faster setting
                     _add_drain(run, loader.stats.loader_end())
-                    if run.fps_while_loading is None and run.drained_batches:  # the model's rate, mostly
-                        point.short_window = True
+                    short = short or (run.fps_while_loading is None and run.drained_batches)  # the model's, mostly
+                point.short_window = point.short_window or bool(short)
                 return run.fps if run.fps_while_loading is None else run.fps_while_loading
         except RunInterrupted:
             loader.stop_at_once = True  # not waiting for the queued batches
@@ -4371,7 +4373,9 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
         skip = ["--skip-bad"] if sweep.failures and "--skip-bad" not in command else []
         print(f"  {shlex.join(_with_settings([*command, *skip], best))}", file=file)
-    elif sweep.points:  # else: stopped before any setting was measured
+    elif sweep.error is not None:
+        print("No setting to recommend: the sweep stopped before it measured them all", file=file)
+    elif sweep.points:
         print("No setting to recommend: no setting decoded an image", file=file)
 
 

@@ -591,6 +591,7 @@ def test_a_signal_during_the_sweep_keeps_the_settings_measured(dataset, tmp_path
     assert "error: interrupted by SIGTERM; the settings measured before it are below (PARTIAL SWEEP)" in stderr
     sweep = read_json(out)["sweep"]
     assert sweep["partial"] is True and sweep["stop_reason"] == "interrupted by SIGTERM"
+    assert sweep["recommended"] is None and "No setting to recommend: the sweep stopped" in stdout
     assert [(p["num_threads"], p["batch_size"]) for p in sweep["points"]][:2] == [(1, 2), (1, 4)]
     assert "threads  batch  queue" in stdout and re.search(r"\n +1 +4 +16 ", stdout)
 

@@ -3,6 +3,8 @@ found (2026-12-06). Each test fails on the code before it."""
 
 from __future__ import annotations
 
+import csv
+import io
 import shutil
 import subprocess
 import sys
@@ -134,3 +136,20 @@ def test_a_rank_that_ends_later_than_the_timeout_is_waited_for(tmp_path):
     result = read_json(out)
     assert (result["classified"], result["partial"]) == (128, False)
     assert max(r["elapsed_s"] for r in result["ranks"]) - min(r["elapsed_s"] for r in result["ranks"]) > 2
+
+
+# --- A sweep that stopped ---------------------------------------------------------------------------
+
+
+def test_a_sweep_that_stopped_recommends_nothing(tmp_path):
+    # Stopped after two of its settings, the sweep still printed "The smallest setting within 5 % of the
+    # best" and a command line, wrote recommended=True in its CSV and circled it in the plot.
+    points = [ic._SweepPoint(1, 8, 4, 100.0, 300.0), ic._SweepPoint(2, 8, 4, 190.0, 300.0)]
+    sweep = ic._Sweep(points, 64, error=ic.RunStopped("no batch for 2 s (--timeout)", "stalled"))
+    assert sweep.recommended is None and sweep.to_dict()["recommended"] is None
+    out = io.StringIO()
+    ic._print_sweep(sweep, ["imagenet_classification.py", "--input-flist", "l"], out)
+    assert "No setting to recommend: the sweep stopped before it measured them all" in out.getvalue()
+    assert "--num-threads" not in out.getvalue()
+    ic._write_sweep(tmp_path / "s.csv", sweep, {})
+    assert [row["recommended"] for row in csv.DictReader((tmp_path / "s.csv").open())] == ["False", "False"]
