@@ -4440,7 +4440,8 @@ def _plot_sweep(sweep: _Sweep, path: Path | str, title: str) -> bool:
         ax.yaxis.set(major_locator=LogLocator(subs=(1, 2, 5)), major_formatter=ScalarFormatter())
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None, top=max(rates, default=1) * 1.3)
-    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s", title=title)
+    ax.set(xlabel="decode threads (in all processes)", ylabel="images/s")
+    ax.set_title(title, parse_math=False)  # a model's folder may hold a $
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     _save(fig, plt, ax, path)
     return True
@@ -4675,7 +4676,8 @@ def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
     if timed and end > warm:
         fps = timed / (end - warm)
         ax.hlines(fps, warm, end, color="black", linestyle="--", label=f"FPS window: {fps:,.1f} images/s")
-    ax.set(xlabel="seconds since the start", ylabel="images/s", title=title or "The run, batch by batch")
+    ax.set(xlabel="seconds since the start", ylabel="images/s")
+    ax.set_title(title or "The run, batch by batch", parse_math=False)  # a model's folder may hold a $
     ax.set_ylim(bottom=0)
     handles = ax.get_legend_handles_labels()[0]
     if occupancy := timeline.get("sink_occupancy"):
@@ -5526,7 +5528,7 @@ def _write_outputs(outputs: Sequence[tuple[str, Path | None, Callable[[Path], bo
             errors.append(f"{path}: cannot write {what} there ({e.strerror or e}){above}")
         except Exception as e:  # e.g. matplotlib on data it cannot draw: this file alone is lost, not the run's
             _LG.debug("writing %s failed", path, exc_info=True)
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            reason = f"{type(e).__name__}: {next((line for line in str(e).splitlines() if line.strip()), '')}"
             errors.append(f"{path}: not written ({reason}; --debug shows where)")
     for line in errors:
         _say(f"error: {line}")

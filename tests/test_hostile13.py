@@ -153,3 +153,25 @@ def test_a_sweep_that_stopped_recommends_nothing(tmp_path):
     assert "--num-threads" not in out.getvalue()
     ic._write_sweep(tmp_path / "s.csv", sweep, {})
     assert [row["recommended"] for row in csv.DictReader((tmp_path / "s.csv").open())] == ["False", "False"]
+
+
+def test_a_plot_title_with_a_dollar_sign_is_drawn_as_typed(tmp_path):
+    # A model from a folder named with a $ (local-dir:/models/$v2^$) put mathtext in the title: the plot
+    # raised ValueError and was lost, with an empty reason ("not written (ValueError: ; ...").
+    points = [ic._SweepPoint(1, 8, 4, 100.0, 300.0), ic._SweepPoint(2, 8, 4, 190.0, 300.0)]
+    assert ic._plot_sweep(ic._Sweep(points, 64), tmp_path / "s.png", "Sweep of local-dir:/models/$v2^$ on cpu")
+    window = ic._TimingWindow(torch.device("cpu"), warmup_batches=1)
+    for _ in range(3):
+        window.add(4)
+    window.close()
+    assert ic._plot_timeline(window.timeline(), tmp_path / "t.png", "local-dir:/m/$x^$ on cpu\nFPS 1.0")
+    assert (tmp_path / "s.png").stat().st_size and (tmp_path / "t.png").stat().st_size
+
+
+def test_a_file_not_written_says_the_first_line_of_its_reason_that_has_words(tmp_path, capsys):
+    def mathtext(path):
+        raise ValueError("\nv2^\n   ^\nParseFatalException: Expected token")
+
+    assert ic._write_outputs([("the plot", tmp_path / "p.png", mathtext)]) == [
+        f"{tmp_path / 'p.png'}: not written (ValueError: v2^; --debug shows where)"
+    ]
