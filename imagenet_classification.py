@@ -3202,7 +3202,7 @@ def benchmark(
     with _stopped_runs(loop.result), torch.inference_mode():
         try:
             batches = iter(loader)
-            while (batch := _next_batch(batches)) is not _END:
+            while (batch := _next_batch(batches, loop.result.classified + len(failures) == listed)) is not _END:
                 _record_batch(batch, failures)
                 _check_delivered(loop.result.classified + len(failures) + len(batch[1]), listed, ended=False)
                 policy.check(failures, listed)
@@ -3319,7 +3319,7 @@ def _as_stop(error: BaseException) -> RunStopped | RunInterrupted | None:
     if stuck_on is None:
         where = "the decode stage is decoding no image (waiting for the list source, or in a decode function's code)"
     else:
-        where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.0f} s"
+        where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.1f} s"
     return RunStopped(f"no batch within the loader's time-out: {where}", "stalled", where=where)
 
 
@@ -3454,11 +3454,17 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 _END = object()  # a loader's end: None is a batch, which the loop refuses, naming it
 
 
-def _next_batch(batches: Iterator) -> Any:
+def _next_batch(batches: Iterator, complete: bool = False) -> Any:
     """The loader's next batch, or _END. An error of a notebook's own loader (an OSError of its dataset)
-    as RunStopped, the partial result kept: ``bad_image`` for an ImageDecodeError, else ``loader``."""
+    as RunStopped, the partial result kept: ``bad_image`` for an ImageDecodeError, else ``loader``.
+    ``complete``: every listed image delivered, so that a time-out waits on the stream's end alone
+    (SPDL's covers it too: a --timeout shorter than the pipeline takes to end) and is the end."""
     try:
         return next(batches, _END)
+    except TimeoutError:
+        if complete:
+            return _END
+        raise
     except ImageDecodeError as e:
         raise RunStopped(f"cannot decode {e.path}: {e.reason}", "bad_image", "--skip-bad skips such images") from e
     except Exception as e:

@@ -175,3 +175,21 @@ def test_a_file_not_written_says_the_first_line_of_its_reason_that_has_words(tmp
     assert ic._write_outputs([("the plot", tmp_path / "p.png", mathtext)]) == [
         f"{tmp_path / 'p.png'}: not written (ValueError: v2^; --debug shows where)"
     ]
+
+
+def test_a_time_out_after_every_listed_image_is_the_loaders_end():
+    # SPDL's iterator time-out covers the wait for the stream's end too: with --timeout 0.05 a run that
+    # had classified all 8 of 8 images stopped as "no batch for 0.05 s" and was marked PARTIAL RUN.
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    size = model.transform.size
+
+    def loader(batches: int):
+        for _ in range(batches):
+            yield ic._Batch(torch.zeros(4, 3, size, size, dtype=torch.uint8), torch.zeros(4, 1, dtype=torch.int64))
+        raise TimeoutError  # as SPDL's get_iterator(timeout=...) raises it
+
+    result = ic.benchmark(loader(2), model, listed=8, warmup_batches=0)
+    assert (result.classified, result.partial) == (8, False)
+    with pytest.raises(ic.RunStopped, match="no batch within the loader's time-out") as stopped:
+        ic.benchmark(loader(1), model, listed=8, warmup_batches=0)  # 4 of 8: a stall
+    assert stopped.value.kind == "stalled" and stopped.value.result.classified == 4
