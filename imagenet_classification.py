@@ -4555,7 +4555,7 @@ def _print_summary(result: RunResult, file: TextIO | None = None, pil_loader: bo
     for failure in result.failures[:10]:
         print(_printable(f"  failed: {failure['path']}: {failure['reason']}"), file=file)
     if len(result.failures) > 10:
-        print(f"  ... and {len(result.failures) - 10} more (all in the results file)", file=file)
+        print(f"  ... and {len(result.failures) - 10} more (a JSON --results-file lists them all)", file=file)
 
 
 def _page_cache_lines(cache: _PageCache) -> list[str]:
@@ -4604,7 +4604,9 @@ def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
         print(f"{line}{b.shared_fps:.1f} images/s", file=file)
 
 
-def _print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
+def _print_pipeline_stats(stats: dict, file: TextIO | None = None, timed: bool = True) -> None:
+    """SPDL's stages, and the sink queue's verdict: none without an image ``timed`` in the FPS window
+    (its one get may be the stream's end, waited for: no pace of the loader's)."""
     stages = []
     for stage in stats["stages"]:
         failed = f" ({stage['failures']} failed)" if stage["failures"] else ""
@@ -4614,7 +4616,7 @@ def _print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
     else:  # --decode-processes: the decode stage's tasks run, and are timed, in the worker processes
         print("SPDL stages: none timed in this process (the decode stage runs in worker processes)", file=file)
     sink = stats["sink_queue"]
-    if not sink["items"]:
+    if not sink["items"] or not timed:
         print("SPDL sink queue: no batch was taken in the FPS window", file=file)
         return
     verdict = "loader and model ran at about the same pace"
@@ -4629,7 +4631,7 @@ def _print_pipeline_stats(stats: dict, file: TextIO | None = None) -> None:
 def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
     _print_summary(report.result, file, report.config.get("loader") == "torch")
     if report.pipeline_stats is not None:
-        _print_pipeline_stats(report.pipeline_stats, file)
+        _print_pipeline_stats(report.pipeline_stats, file, report.result.frames_timed > 0)
     if report.parity is not None:
         print(report.parity.summary(), file=file)
     if report.breakdown is not None:

@@ -193,3 +193,14 @@ def test_a_time_out_after_every_listed_image_is_the_loaders_end():
     with pytest.raises(ic.RunStopped, match="no batch within the loader's time-out") as stopped:
         ic.benchmark(loader(1), model, listed=8, warmup_batches=0)  # 4 of 8: a stall
     assert stopped.value.kind == "stalled" and stopped.value.result.classified == 4
+
+
+def test_no_sink_queue_verdict_without_an_image_in_the_fps_window():
+    # Every image failed: the sink's one get in the window was the stream's end, waited for, and the
+    # summary said "the model waited for batches: loading is the bottleneck".
+    stats = {"stages": [], "sink_queue": {"items": 1, "occupancy": 0.0, "ave_get_wait_s": 0.2}}
+    report = ic._RunReport(ic.RunResult(listed=4, failed=4), {}, {}, [], pipeline_stats=stats)
+    out = io.StringIO()
+    ic._print_report(report, out)
+    assert "SPDL sink queue: no batch was taken in the FPS window" in out.getvalue()
+    assert "bottleneck" not in out.getvalue()

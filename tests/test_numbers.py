@@ -1007,7 +1007,7 @@ def test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_fi
     assert (written["top1"], written["top5"], written["world_size"]) == (1 / 3, 2 / 3, 1)
 
 
-@pytest.mark.parametrize("failed, more", [(10, None), (11, "  ... and 1 more (all in the results file)")])
+@pytest.mark.parametrize("failed, more", [(10, None), (11, "  ... and 1 more (a JSON --results-file lists them all)")])
 def test_summary_lists_ten_failures_then_counts_the_rest(failed, more):
     result = RunResult(listed=failed)
     result.record_failures([ImageDecodeError(f"{i}.JPEG", "empty file (0 bytes)") for i in range(failed)])
