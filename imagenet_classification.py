@@ -5007,7 +5007,8 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     outputs = [("--results-file", args.results_file), ("--predictions-file", args.predictions_file)]
     outputs.append(("--plot", args.plot))
     if args.trace is not None:
-        _check_output_path("--trace", args.trace)  # a file name, PATH.json and PATH.pftrace beside it
+        if args.trace.name in ("", ".", "..") or str(args.trace) == "-":  # PATH itself may be a folder: unwritten
+            raise InputError(f"--trace {args.trace}: not a file name (PATH.json and PATH.pftrace are written)")
         outputs += [("--trace", Path(f"{args.trace}{suffix}")) for suffix in (".json", ".pftrace")]
     if all(path is None for _, path in outputs):  # nothing written: no input to look up (/proc/self/maps)
         return

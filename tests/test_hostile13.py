@@ -204,3 +204,16 @@ def test_no_sink_queue_verdict_without_an_image_in_the_fps_window():
     ic._print_report(report, out)
     assert "SPDL sink queue: no batch was taken in the FPS window" in out.getvalue()
     assert "bottleneck" not in out.getvalue()
+
+
+def test_trace_may_name_a_folder_beside_which_its_two_files_go(tmp_path, jpeg_set):
+    # --trace runs/t writes runs/t.json and runs/t.pftrace: a folder runs/t, never written, was refused
+    # as "not a regular file".
+    (tmp_path / "t").mkdir()
+    args = ic._parse_args(
+        ["--input-flist", str(jpeg_set), "--prefix", f"{jpeg_set.parent}/", "--trace", str(tmp_path / "t")]
+    )
+    ic._check_files(args, ic._read_images(args))
+    (tmp_path / "t.json").mkdir()  # one of its files: refused
+    with pytest.raises(ic.InputError, match="t.json: not a regular file"):
+        ic._check_files(args, ic._read_images(args))
