@@ -4334,6 +4334,8 @@ def _sweep_command(config: _RunConfig) -> int:
             ("the plot", config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
         ]
         not_written = _write_outputs(outputs)
+        if config.plot is not None and not sweep.points:
+            _say(f"note: {config.plot} not drawn: the sweep stopped before its first setting")
         if config.plot is None:
             _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
     lost = not_written or not printed
@@ -5591,6 +5593,8 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         not_written = _write_outputs(outputs) if shard.rank == 0 else []
     if config.plot is not None and not ran and shard.rank == 0:
         _say(f"note: {config.plot} not drawn: the run stopped before its first batch")
+    if config.trace is not None and trace is None and shard.rank == 0:
+        _say(f"note: {config.trace}.json and .pftrace not written: the run stopped before its loop began")
     return status or (EXIT_FAILED if not_written or not printed else 0)
 
 

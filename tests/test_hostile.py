@@ -637,9 +637,11 @@ def test_ranks_that_read_different_lists_stop_before_the_run(dataset, tmp_path):
 
 
 def test_a_rank_that_never_joins_is_one_line_and_a_results_file(dataset, tmp_path):
-    (proc,) = _ranks([dataset], tmp_path / "r.json", timeout="2", world_size=2)  # rank 1 never starts
+    trace = tmp_path / "t"  # and the trace, not begun, is said to be missing (it was not written without a word)
+    (proc,) = _ranks([dataset], tmp_path / "r.json", "--trace", trace, timeout="2", world_size=2)  # rank 1 never starts
     assert proc.returncode == 1, proc.stderr
     _one_line_error(proc, "the job's other ranks did not join within 2 s")
+    assert f"note: {trace}.json and .pftrace not written: the run stopped before its loop began" in proc.stderr
     result = read_json(f"{tmp_path / 'r.json'}.0")
     assert result["world_size"] == 2 and result["listed"] == 12 and result["not_reached"] == 12 and result["partial"]
 
