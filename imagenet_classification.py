@@ -2171,41 +2171,57 @@ def _nvimgcodec_check(device: torch.device) -> str:
 
 @dataclass
 class _DecoderCheck:
-    """A decoder against FFmpeg on the CPU: its images' mean absolute differences (0-255).
-    ``fallbacks``: images it left to FFmpeg on the CPU, the reference itself: not compared."""
+    """A decoder against FFmpeg on the CPU: its images' mean absolute differences (0-255; None: none
+    compared). ``fallbacks``: images it left to FFmpeg on the CPU, the reference itself: not compared;
+    ``only_decoder``, ``only_reference``, ``neither``: images one side, or neither, could decode."""
 
     decoder: str
     images: int
-    mad_mean: float
-    mad_max: float
+    mad_mean: float | None
+    mad_max: float | None
     worst: str | None
     tolerance: float = DECODER_TOLERANCE
     fallbacks: int = 0
+    only_decoder: int = 0
+    only_reference: int = 0
+    neither: int = 0
 
 
 def _check_decoder(
-    decode: _DecodeFunc, items: Sequence[tuple[str, int]], transform: EvalTransform, decoder: str
+    decode: _DecodeFunc,
+    items: Sequence[tuple[str, int]],
+    transform: EvalTransform,
+    decoder: str,
+    max_image_bytes: int = MAX_IMAGE_MB << 20,
 ) -> _DecoderCheck:
-    """``decode``'s pixels against FFmpeg's on the CPU, image by image (those either cannot decode
-    left out); InputError if one differs by more than the tolerance."""
-    reference = get_decode_func("cpu", transform)
+    """``decode``'s pixels against FFmpeg's on the CPU (under the same file size limit), image by
+    image, each path once; those only one side, or neither, can decode counted, not compared.
+    InputError if one differs by more than the tolerance."""
+    reference = get_decode_func("cpu", transform, max_image_bytes=max_image_bytes)
     mads: dict[str, float] = {}
-    fallbacks = 0
-    for item in items:
-        try:
-            theirs, (ours, _) = decode([item]), reference([item])
-        except ImageDecodeError:
-            continue
-        left = getattr(theirs, "fallbacks", 0)  # decoded by the reference itself: a difference of 0
-        fallbacks += left
-        if len(theirs[0]) and len(ours) and not left:
-            mads[item[0]] = (theirs[0][0].cpu().float() - ours[0].float()).abs().mean().item()
+    counts = {"fallbacks": 0, "only_decoder": 0, "only_reference": 0, "neither": 0}
+    for item in dict(items).items():  # a path listed twice is one image
+        decoded = []
+        for side in (decode, reference):
+            try:
+                batch = side([item])
+            except ImageDecodeError:
+                batch = None
+            decoded.append(batch if batch is not None and len(batch[0]) else None)
+        theirs, ours = decoded
+        if theirs is None or ours is None:
+            side = "neither" if theirs is ours else "only_reference" if theirs is None else "only_decoder"
+            counts[side] += 1
+        elif getattr(theirs, "fallbacks", 0):  # decoded by the reference itself: a difference of 0
+            counts["fallbacks"] += 1
+        else:
+            mads[item[0]] = (theirs[0][0].cpu().float() - ours[0][0].float()).abs().mean().item()
     worst = max(mads, key=mads.__getitem__, default=None)
-    mad_mean = sum(mads.values()) / len(mads) if mads else 0.0
-    check = _DecoderCheck(decoder, len(mads), mad_mean, max(mads.values(), default=0.0), worst, fallbacks=fallbacks)
-    if check.mad_max <= check.tolerance:
+    mad_mean = sum(mads.values()) / len(mads) if mads else None
+    check = _DecoderCheck(decoder, len(mads), mad_mean, max(mads.values(), default=None), worst, **counts)
+    if worst is None or mads[worst] <= check.tolerance:
         return check
-    message = f"{decoder} decodes {worst} with a mean absolute difference of {check.mad_max:.1f} (0-255) "
+    message = f"{decoder} decodes {worst} with a mean absolute difference of {mads[worst]:.1f} (0-255) "
     message += f"from FFmpeg on the CPU, more than {check.tolerance:g}"
     if decoder == "ffmpeg":
         raise InputError(message, "--device")
@@ -5453,14 +5469,25 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
 def _check_run_decoder(config: _RunConfig) -> _DecoderCheck | None:
     if not config.check_decoder:  # off, or FFmpeg on the CPU: the reference itself (_preflight)
         return None
-    decode = get_decode_func(config.device, config.transform, config.decoder, max_image_bytes=config.max_image_bytes)
-    check = _check_decoder(decode, list(config.images.head(config.check_decoder)), config.transform, config.decoder)
-    line = "Decoder check: %s against FFmpeg on the CPU, %d images, mean absolute difference %.2f (worst %.2f); "
-    line += "%d it left to the CPU, not compared."
-    _LG.info(line, config.decoder, check.images, check.mad_mean, check.mad_max, check.fallbacks)
-    if check.fallbacks and not check.images:
-        nothing = "Decoder check: %s left the first %d images to the CPU, all of them: it checked nothing"
-        _LG.warning(nothing, config.decoder, check.fallbacks)
+    limit = config.max_image_bytes
+    decode = get_decode_func(config.device, config.transform, config.decoder, max_image_bytes=limit)
+    distinct = dict(zip(config.images.paths, config.images.labels, strict=True))  # N images: a repeat is not one more
+    items = list(itertools.islice(distinct.items(), config.check_decoder))
+    check = _check_decoder(decode, items, config.transform, config.decoder, limit)
+    uncompared = [
+        (check.fallbacks, "it left to the CPU"),
+        (check.only_decoder, f"only {config.decoder} decoded (FFmpeg refuses them: a run with it classifies them)"),
+        (check.only_reference, "only FFmpeg decoded"),
+        (check.neither, "neither decoded"),
+    ]
+    left_out = "; ".join(f"{_images(n)} {why}" for n, why in uncompared if n)
+    if not check.images:
+        _LG.warning("Decoder check: %s against FFmpeg on the CPU compared no image: %s.", config.decoder, left_out)
+        return check
+    line = "Decoder check: %s against FFmpeg on the CPU, %s, mean absolute difference %.2f (worst %.2f)%s."
+    more = f"; not compared: {left_out}" if left_out else ""
+    log = _LG.warning if check.only_decoder else _LG.info
+    log(line, config.decoder, _images(check.images), check.mad_mean, check.mad_max, more)
     return check
 
 

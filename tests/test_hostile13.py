@@ -217,3 +217,23 @@ def test_trace_may_name_a_folder_beside_which_its_two_files_go(tmp_path, jpeg_se
     (tmp_path / "t.json").mkdir()  # one of its files: refused
     with pytest.raises(ic.InputError, match="t.json: not a regular file"):
         ic._check_files(args, ic._read_images(args))
+
+
+# --- The decoder check ------------------------------------------------------------------------------
+
+
+def test_the_decoder_check_counts_what_one_side_alone_decoded_and_each_path_once(tmp_path):
+    # An image listed twice was compared twice; an image only the checked decoder took (here: over the
+    # run's --max-image-mb, which the reference ignored) or that neither took vanished without a count,
+    # and a check that compared nothing gave differences of 0.0, as if perfect.
+    transform = ic.EvalTransform()
+    small = write_jpeg(tmp_path / "small.JPEG", (64, 48), (200, 30, 30))
+    big = write_jpeg(tmp_path / "big.JPEG", (900, 700), (20, 200, 30), quality=100)
+    (tmp_path / "text.JPEG").write_text("not an image")
+    limit = big.stat().st_size - 1
+    items = [(str(small), 0), (str(small), 0), (str(big), 1), (str(tmp_path / "text.JPEG"), 2)]
+    permissive = ic.get_decode_func("cpu", transform)  # no limit of the run's: it decodes big.JPEG
+    check = ic._check_decoder(permissive, items, transform, "ffmpeg", max_image_bytes=limit)
+    assert (check.images, check.only_decoder, check.only_reference, check.neither) == (1, 1, 0, 1)
+    nothing = ic._check_decoder(permissive, items[3:], transform, "ffmpeg", max_image_bytes=limit)
+    assert (nothing.images, nothing.mad_mean, nothing.mad_max, nothing.neither) == (0, None, None, 1)

@@ -120,7 +120,8 @@ def test_the_decoder_check_leaves_out_the_images_the_decoder_left_to_the_cpu(dem
     assert check.worst.rsplit("/", 1)[-1] in ("baseline.JPEG", "progressive.JPEG", "grey.JPEG")
     alone = ic._check_decoder(decode, [item for item in items if "cmyk" in item[0] or "png" in item[0]], transform,
                               "nvjpeg")  # fmt: skip
-    assert (alone.images, alone.fallbacks, alone.worst, alone.mad_max) == (0, 2, None, 0.0)
+    assert (alone.images, alone.fallbacks, alone.worst, alone.mad_max) == (0, 2, None, None)
+    assert (check.only_decoder, check.only_reference, check.neither) == (0, 0, 2)  # no-scan.JPEG, missing.JPEG
 
 
 @pytest.mark.parametrize("library", ["nvimgcodec", "torchvision"])
