@@ -3989,6 +3989,8 @@ class _Parity:
     reference_only: int = 0
     neither: int = 0
     not_finite: int = 0  # images compared whose logits, on either side, hold a NaN or infinity: no agreement, no hit
+    deep: list[str] = field(default_factory=list)  # 16-bit images compared: PIL's RGB conversion clips them
+    requested: int | None = None  # --parity N: more than the list's distinct images gives fewer
 
     def summary(self) -> str:
         """Counts, not rounded shares: 4998 of 5000 agreeing is not "100.0 %"."""
@@ -4007,19 +4009,23 @@ class _Parity:
             line += f"; {_images(count)} {who} decoded, not compared" if count else ""
         if self.not_finite:
             line += f"; {self.not_finite} of the {n} got NaN or infinite logits, counted as disagreeing and wrong"
-        return line
+        if self.deep:
+            line += f"; {_images(len(self.deep))} of 16 bits per sample, which timm's reference clips in its RGB "
+            line += f"conversion (PIL), so that they differ there, not here (the first: {self.deep[0]})"
+        if self.requested is not None and self.requested > n + self.loader_only + self.reference_only + self.neither:
+            line += f"; {self.requested} asked for, the list has no more distinct images"
+        return _printable(line)
 
 
-def _top5(model: ModelBundle, images: list[Tensor], batch_size: int) -> Tensor:
-    """The model's five top classes of each uint8 ``3 x S x S`` image: int64 ``N x 5`` on the CPU; a
-    row of -1 where a logit is NaN or infinite (topk ranks NaN first: all-NaN rows would agree)."""
-    device, tops = _model_device(model), [torch.empty(0, 5, dtype=torch.int64)]  # no image: 0 x 5
+def _top5(model: ModelBundle, images: list[Tensor]) -> Tensor:
+    """The model's five top classes of each uint8 ``3 x S x S`` image, one batch: int64 ``N x 5`` on the
+    CPU; a row of -1 where a logit is NaN or infinite (topk ranks NaN first: all-NaN rows would agree)."""
+    if not images:
+        return torch.empty(0, 5, dtype=torch.int64)
     with torch.inference_mode():
-        for start in range(0, len(images), batch_size):
-            logits = _logits(model, torch.stack(images[start : start + batch_size]).to(device))
-            top = logits.topk(5, dim=-1).indices
-            tops.append(top.masked_fill(~logits.isfinite().all(dim=-1, keepdim=True), -1).cpu())
-    return torch.cat(tops)
+        logits = _logits(model, torch.stack(images).to(_model_device(model)))
+        top = logits.topk(5, dim=-1).indices
+        return top.masked_fill(~logits.isfinite().all(dim=-1, keepdim=True), -1).cpu()
 
 
 def _measure_parity(
@@ -4031,43 +4037,53 @@ def _measure_parity(
 ) -> _Parity:
     """Decode ``items`` with the loader's ``decode`` (made with a skipping policy) and as timm's validation
     does (``Image.open(...).convert("RGB")``, its eval transform), and compare the pixels (uint8
-    ``3 x S x S``) and the model's predictions on the images both decoded."""
+    ``3 x S x S``) and the model's predictions on the images both decoded, a batch at a time."""
     import timm.data
     from PIL import Image
 
-    ours: dict[str, Tensor] = {}
-    for start in range(0, len(items), batch_size):
-        batch = decode(items[start : start + batch_size])
-        ours.update(zip(batch.paths, batch[0].cpu(), strict=True))
     t = model.transform
     # use_prefetcher: timm's eval transform up to the crop, then a uint8 tensor (no float, no normalisation)
     size = (3, t.size, t.size)
     timm_transform = timm.data.create_transform(
         input_size=size, crop_pct=t.crop_pct, crop_mode=t.crop_mode, interpolation=t.interpolation, use_prefetcher=True
     )
-    reference: dict[str, Tensor] = {}
-    for path, _ in items:
-        with contextlib.suppress(ImageDecodeError), _pil_errors(path):
-            with Image.open(io.BytesIO(_read_image_bytes(path, max_bytes))) as image:  # the run's limits
-                _check_size(path, image.size, t)  # a 20000 x 1 strip: gigabytes resized
-                reference[path] = timm_transform(image.convert("RGB"))
-    paths = [path for path, _ in items if path in ours and path in reference]
-    mads = [(ours[p].float() - reference[p].float()).abs().mean().item() for p in paths]
-    a = _top5(model, [ours[p] for p in paths], batch_size)
-    b = _top5(model, [reference[p] for p in paths], batch_size)
-    labels = dict(items)
-    truth = torch.tensor([labels[p] for p in paths], dtype=torch.int64)
-    n = len(paths)
-    worst = paths[mads.index(max(mads))] if mads else None
+    mads: dict[str, float] = {}
+    no_image = torch.empty(0, 5, dtype=torch.int64)
+    tops = [(no_image, no_image, torch.empty(0, dtype=torch.int64))]  # each batch's top 5 here, there; its labels
+    sides = {(True, False): "loader_only", (False, True): "reference_only", (False, False): "neither"}
+    counts = dict.fromkeys(sides.values(), 0)
+    deep: list[str] = []  # 16-bit images: PIL's RGB conversion clips them, FFmpeg scales them
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        batch = decode(chunk)
+        ours = dict(zip(batch.paths, batch[0].cpu(), strict=True))
+        reference: dict[str, Tensor] = {}
+        for path, _ in chunk:
+            with contextlib.suppress(ImageDecodeError), _pil_errors(path):
+                with Image.open(io.BytesIO(_read_image_bytes(path, max_bytes))) as image:  # the run's limits
+                    _check_size(path, image.size, t)  # a 20000 x 1 strip: gigabytes resized
+                    if image.mode.startswith("I") or image.mode == "F":  # I;16, I;16B, I (a 16-bit PNG)
+                        deep.append(path)
+                    reference[path] = timm_transform(image.convert("RGB"))
+        for path, _ in chunk:
+            if (key := (path in ours, path in reference)) in sides:
+                counts[sides[key]] += 1
+        paths, label_of = [path for path, _ in chunk if path in ours and path in reference], dict(chunk)
+        mads.update((p, (ours[p].float() - reference[p].float()).abs().mean().item()) for p in paths)
+        labels = torch.tensor([label_of[p] for p in paths], dtype=torch.int64)
+        tops.append((_top5(model, [ours[p] for p in paths]), _top5(model, [reference[p] for p in paths]), labels))
+    a, b, truth = (torch.cat(column) for column in zip(*tops, strict=True))
+    n = len(truth)
+    worst = max(mads, key=mads.__getitem__, default=None)
     finite = (a[:, 0] >= 0) & (b[:, 0] >= 0)  # -1: a NaN or infinite logit, no agreement
     agree1 = int(((a[:, 0] == b[:, 0]) & finite).sum())
     agree5 = sum(ok and set(x.tolist()) == set(y.tolist()) for x, y, ok in zip(a, b, finite.tolist(), strict=True))
     hits_ours, hits_ref = (int((top[:, 0] == truth).sum()) for top in (a, b))
     shares = [count / n if n else None for count in (agree1, agree5, hits_ours, hits_ref)]
-    only = (len(ours.keys() - reference.keys()), len(reference.keys() - ours.keys()))
-    neither = len(dict(items).keys() - ours.keys() - reference.keys())
-    mad_mean = sum(mads) / n if n else None
-    return _Parity(n, mad_mean, max(mads, default=None), worst, *shares, *only, neither, n - int(finite.sum()))
+    mad_mean = sum(mads.values()) / n if n else None
+    mad_max = mads[worst] if worst is not None else None
+    deep = [path for path in deep if path in mads]
+    return _Parity(n, mad_mean, mad_max, worst, *shares, **counts, not_finite=n - int(finite.sum()), deep=deep)
 
 
 def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
@@ -4085,8 +4101,15 @@ def _run_parity(config: _RunConfig, model: ModelBundle) -> _Parity:
         decode = get_decode_func(
             config.device, config.transform, config.decoder, policy, max_image_bytes=config.max_image_bytes
         )
-    items = list(itertools.islice(dict.fromkeys(config.images), config.parity))  # N images: a repeat is not one more
-    return _measure_parity(items, decode, model, min(config.batch_size, config.parity), config.max_image_bytes)
+    distinct = list(dict.fromkeys(config.images))  # N images: a repeat is not one more
+    n = min(config.parity, len(distinct))
+    if n < config.parity:
+        _LG.info("--parity %d: the list has %d distinct images, all compared.", config.parity, n)
+    # Spread over the list, not its first N (in a sorted list, one class): the i-th of N evenly spaced.
+    items = [distinct[i * len(distinct) // n] for i in range(n)]
+    parity = _measure_parity(items, decode, model, min(config.batch_size, n), config.max_image_bytes)
+    parity.requested = config.parity
+    return parity
 
 
 # --- Tuning: the loader's settings swept, the end-to-end rate of the best ones ---

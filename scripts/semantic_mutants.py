@@ -66,8 +66,8 @@ M = SemanticMutant
 MUTANTS: list[SemanticMutant] = [
     # --- The six of issue #25 ---------------------------------------------------------------
     M("issue #25: parity compares the loader with itself (reference logits from the loader's images)",
-      "b = _top5(model, [reference[p] for p in paths], batch_size)",
-      "b = _top5(model, [ours[p] for p in paths], batch_size)", PARITY),
+      "_top5(model, [reference[p] for p in paths]), labels))",
+      "_top5(model, [ours[p] for p in paths]), labels))", PARITY),
     M("issue #25: after a bad image, decode_batch_ffmpeg names each row by its neighbour's path",
       "_label_tensor(labels, device), paths, failures, 0, decoded_by)",
       "_label_tensor(labels, device), [p for p, _ in items][: len(labels)], failures, 0, decoded_by)", PREDICTIONS),

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import imagenet_classification as ic
-from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, write_jpeg
+from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_main, write_jpeg
 
 # --- Outputs ----------------------------------------------------------------------------------------
 
@@ -237,3 +237,38 @@ def test_the_decoder_check_counts_what_one_side_alone_decoded_and_each_path_once
     assert (check.images, check.only_decoder, check.only_reference, check.neither) == (1, 1, 0, 1)
     nothing = ic._check_decoder(permissive, items[3:], transform, "ffmpeg", max_image_bytes=limit)
     assert (nothing.images, nothing.mad_mean, nothing.mad_max, nothing.neither) == (0, None, None, 1)
+
+
+def test_parity_spreads_its_sample_over_the_list_and_says_when_it_has_fewer_than_asked(tmp_path, capfd):
+    # The sample was the list's first N: in a list sorted by class, one class (here: the first four,
+    # all unreadable, so nothing compared). Asked for more than the list holds, it said nothing.
+    flist = make_jpeg_set(tmp_path, 8, sizes=((64, 48),))
+    lines = sorted(flist.read_text().splitlines(), key=lambda line: line.split("/")[1])  # by class
+    for line in lines[:4]:
+        (tmp_path / line).write_text("not an image")
+    flist.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r.json"
+    common = ["--input-flist", flist, "--prefix", f"{tmp_path}/", *TINY, "--no-compile", "--skip-bad"]
+    proc = run_main(capfd, *common, "--parity", "2", "--results-file", out)
+    assert proc.returncode == 0, proc.stderr
+    parity = read_json(out)["parity"]
+    assert (parity["images"], parity["neither"], parity["requested"]) == (1, 1, 2)
+    proc = run_main(capfd, *common, "--parity", "50", "--results-file", out)
+    parity = read_json(out)["parity"]
+    assert (parity["images"], parity["neither"], parity["requested"]) == (4, 4, 50)
+    assert "; 50 asked for, the list has no more distinct images" in proc.stdout
+
+
+def test_parity_names_the_16_bit_images_its_reference_clips(tmp_path):
+    # A 16-bit grey PNG: PIL's convert("RGB") clips its samples to 255 (white), FFmpeg scales them, and
+    # the difference was shown as the loader's.
+    import numpy as np
+    from PIL import Image
+
+    ramp = (np.linspace(0, 60000, 64 * 48).reshape(48, 64)).astype(np.uint16)
+    Image.fromarray(ramp).save(tmp_path / "deep.png")
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    decode = ic.get_decode_func("cpu", model.transform, policy=ic.BadImagePolicy(skip=True))
+    parity = ic._measure_parity([(str(tmp_path / "deep.png"), 0)], decode, model)
+    assert parity.images == 1 and parity.deep == [str(tmp_path / "deep.png")] and parity.mad_max > 50
+    assert "1 image of 16 bits per sample, which timm's reference clips" in parity.summary()

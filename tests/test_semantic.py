@@ -447,7 +447,8 @@ def test_results_file_holds_every_reported_figure(tmp_path):
                               "read_mb_s": None, "read_resident": None, "read_cold": False}  # fmt: skip
     assert r["parity"] == {"images": 4, "mad_mean": 1.5, "mad_max": 3.0, "worst": "w.JPEG", "top1_agree": 0.75,
                            "top5_agree": 0.5, "top1_loader": 1.0, "top1_reference": 0.75, "loader_only": 0,
-                           "reference_only": 0, "neither": 0, "not_finite": 0}  # fmt: skip
+                           "reference_only": 0, "neither": 0, "not_finite": 0, "deep": [],
+                           "requested": None}  # fmt: skip
 
 
 # --- The breakdown's loader-alone rate leaves out its warm-up ----------------------------------
