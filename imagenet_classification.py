@@ -3966,6 +3966,13 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
     outcome.result.predictions = result.predictions  # rank 0's: the others' stay with them
     cause = min(shares, key=lambda s: _FOLLOWED.get(s["stopped_by"], 0))  # the first, on a tie: this rank
     outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {cause['stop_reason']}"
+    heard = {s["rank"] for s in shares}
+    silent = "no word from it (it died, or was still running): its images counted as not reached"
+    shares += [
+        {**dict.fromkeys(_RANK_KEYS), "rank": r, "stop_reason": silent}
+        for r in range(shard.world_size)
+        if r not in heard
+    ]
     return [{k: s[k] for k in (*_RANK_KEYS, "stop_reason")} for s in sorted(shares, key=lambda s: s["rank"])]
 
 
@@ -4900,7 +4907,10 @@ def _run_title(report: _RunReport) -> str:
         workers = f"{c['decode_processes']} processes x {workers}"
     settings = f"batch {c['batch_size']}, {c['loader']} {c['decoder']} x {workers}"
     head = f"{c['model']} on {c['device']} ({c['dtype']}, {compiled}), {settings}"
-    return f"{head}\nFPS {r.fps:,.1f}, top-1 {'n/a' if r.top1 is None else f'{r.top1:.1%}'} of {r.classified}"
+    tail = f"FPS {r.fps:,.1f}, top-1 {'n/a' if r.top1 is None else f'{r.top1:.1%}'} of {r.classified}"
+    if (world := report.world_size or len(report.ranks)) > 1:  # the timeline is rank 0's alone
+        tail += f", {world} ranks: the job's figures; the curve is rank 0's"
+    return f"{head}\n{tail}"
 
 
 def _in_list_order(rows: list, images: ImageList, path: Callable[[Any], str] = lambda row: row["path"]) -> list:

@@ -644,6 +644,8 @@ def test_a_rank_that_never_joins_is_one_line_and_a_results_file(dataset, tmp_pat
     assert f"note: {trace}.json and .pftrace not written: the run stopped before its loop began" in proc.stderr
     result = read_json(f"{tmp_path / 'r.json'}.0")
     assert result["world_size"] == 2 and result["listed"] == 12 and result["not_reached"] == 12 and result["partial"]
+    silent = result["ranks"][1]  # a rank with no word has its entry too, saying so
+    assert silent["rank"] == 1 and silent["classified"] is None and silent["stop_reason"].startswith("no word from it")
 
 
 def test_rank_0s_results_file_gives_the_job_that_a_rank_stopped(dataset, tmp_path):

@@ -272,3 +272,13 @@ def test_parity_names_the_16_bit_images_its_reference_clips(tmp_path):
     parity = ic._measure_parity([(str(tmp_path / "deep.png"), 0)], decode, model)
     assert parity.images == 1 and parity.deep == [str(tmp_path / "deep.png")] and parity.mad_max > 50
     assert "1 image of 16 bits per sample, which timm's reference clips" in parity.summary()
+
+
+def test_a_jobs_plot_title_says_its_curve_is_rank_0s():
+    # Under torchrun the title gave the job's FPS and accuracy over rank 0's timeline, unlabelled.
+    config = {"compile": None, "num_threads": 2, "loader": "spdl", "decode_processes": 0, "batch_size": 4,
+              "decoder": "ffmpeg", "model": "m", "device": "cpu", "dtype": "float32"}  # fmt: skip
+    result = ic.RunResult(listed=8, classified=8, frames_timed=8, elapsed_s=1.0)
+    job = ic._RunReport(result, config, {}, [{"rank": 0}, {"rank": 1}])
+    assert ic._run_title(job).endswith(", 2 ranks: the job's figures; the curve is rank 0's")
+    assert "rank" not in ic._run_title(ic._RunReport(result, config, {}, [{"rank": 0}]))
