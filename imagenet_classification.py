@@ -5529,6 +5529,8 @@ def _build_model(config: _RunConfig) -> ModelBundle:
     pad_to = None if config.sweep else max(1, min(config.batch_size, len(config.my_images)))  # 0: a rank with none
     settings = {"pretrained": config.pretrained, "checkpoint": config.checkpoint, "transform": config.transform}
     settings |= {"compile": config.compile or False, "dtype": config.dtype, "batch_size": pad_to}
+    if not config.pretrained and config.checkpoint is None:  # random weights: the same on every rank, and run
+        torch.manual_seed(0)
     model = get_model(config.model, config.device, **settings)
     dtype = f"{str(config.dtype).removeprefix('torch.')} ({config.dtype_reason})"
     run = f"{config.loader} loader, decoder {config.decoder}, {len(config.my_images)} images listed"

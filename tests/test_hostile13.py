@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -282,3 +283,16 @@ def test_a_jobs_plot_title_says_its_curve_is_rank_0s():
     job = ic._RunReport(result, config, {}, [{"rank": 0}, {"rank": 1}])
     assert ic._run_title(job).endswith(", 2 ranks: the job's figures; the curve is rank 0's")
     assert "rank" not in ic._run_title(ic._RunReport(result, config, {}, [{"rank": 0}]))
+
+
+def test_random_weights_are_the_same_in_every_run(jpeg_set, tmp_path, capfd):
+    # --no-pretrained drew new weights in each process: two runs (or two torchrun ranks) classified
+    # with different models.
+    rows = []
+    for name in ("a", "b"):
+        out = tmp_path / f"{name}.jsonl"
+        proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
+                        "--max-samples", "4", "--predictions-file", out)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        rows.append([json.loads(line)["top5"] for line in out.read_text().splitlines()])
+    assert rows[0] == rows[1]
