@@ -5355,7 +5355,8 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
     # Not SPDL's auto_stop: its one timeout is set as it starts, and an interrupt's stop cannot wait.
     pipeline.start()
     batches = pipeline.get_iterator(timeout=config.timeout)
-    loader = _Loader(_received(batches, config.device, in_processes) if in_processes else batches, stats)
+    delivered = _received(batches, config.device, in_processes) if in_processes else batches
+    loader = _Loader(_ending_once_complete(delivered, len(images)), stats)
     try:
         yield loader
     finally:
@@ -5363,6 +5364,24 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
         if in_processes:  # free the pool's queues now: the process ends with os._exit, and
             loader.batches = batches = pipeline = iter(())  # multiprocessing's resource tracker would
             gc.collect()  # then warn of their semaphores as leaked
+
+
+def _ending_once_complete(batches: Iterator, listed: int) -> Iterator:
+    """The loader's batches, ended by a time-out once they hold every listed image (classified or
+    failed): SPDL's iterator time-out covers the wait for the stream's end too, which a --timeout
+    of 0.05 s is shorter than. The run, the sweep's passes and the breakdown's loader alone alike."""
+    delivered = 0
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except TimeoutError:
+            if delivered >= listed:
+                return
+            raise
+        delivered += len(batch[1]) + len(getattr(batch, "failures", ()))
+        yield batch
 
 
 def _stop_pipeline(pipeline: Pipeline, at_once: bool, in_processes: bool) -> bool:

@@ -296,3 +296,17 @@ def test_random_weights_are_the_same_in_every_run(jpeg_set, tmp_path, capfd):
         assert proc.returncode == 0, proc.stderr
         rows.append([json.loads(line)["top5"] for line in out.read_text().splitlines()])
     assert rows[0] == rows[1]
+
+
+def test_the_loaders_time_out_after_its_last_image_ends_it_for_every_pass():
+    # The sweep's and the breakdown's loader-alone passes iterate the loader without benchmark: there
+    # a time-out waiting for the stream's end stopped a complete pass as stalled.
+    def batches(count: int):
+        for _ in range(count):
+            yield ic._Batch(torch.zeros(3, 3, 8, 8, dtype=torch.uint8), torch.zeros(3, 1, dtype=torch.int64),
+                            failures=[ic.ImageDecodeError("bad.JPEG", "not an image")])  # fmt: skip
+        raise TimeoutError
+
+    assert len(list(ic._ending_once_complete(batches(2), listed=8))) == 2  # 6 classified, 2 failed: all 8
+    with pytest.raises(TimeoutError):
+        list(ic._ending_once_complete(batches(1), listed=8))  # 4 of 8: a stall
