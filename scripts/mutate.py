@@ -55,7 +55,7 @@ MODULE = "imagenet_classification.py"
 SEMANTIC = "semantic"  # the group of hand-written mutants (scripts/semantic_mutants.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_checks import out_file  # noqa: E402
+from cli_checks import out_file, whole  # noqa: E402
 from semantic_mutants import MUTANTS as SEMANTIC_MUTANTS  # noqa: E402
 
 
@@ -139,6 +139,8 @@ GROUPS: dict[str, Group] = {
             "tests/test_hostile12.py::test_the_predictions_rank_as_the_counts_do_when_probabilities_underflow",
             "tests/test_hostile12.py::test_a_notebook_model_of_another_class_count_is_warned_of_and_its_predictions_kept",
             "tests/test_hostile12.py::test_a_used_up_iterator_is_said_without_a_warm_up_too",
+            "tests/test_hostile13.py::test_a_batch_stopped_at_the_warmups_barrier_keeps_its_decoder_counts",
+            "tests/test_hostile13.py::test_a_time_out_after_every_listed_image_is_the_loaders_end",
             *_RUN_AT_LIMIT,
         ],
         [
@@ -170,6 +172,8 @@ GROUPS: dict[str, Group] = {
         + [
             "tests/test_page_cache.py::test_the_disk_in_the_verdict_by_hand",
             "tests/test_hostile12.py::test_the_dataloaders_images_are_counted_as_pils_without_the_fallback_line",
+            "tests/test_hostile13.py::test_a_stopped_jobs_loader_lead_is_that_of_the_ranks_it_times",
+            "tests/test_hostile13.py::test_no_sink_queue_verdict_without_an_image_in_the_fps_window",
         ],
         [
             *_OLD_CLI_RUN,
@@ -982,11 +986,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"run only these groups ({SEMANTIC}: the hand-written semantic mutants)")  # fmt: skip
     parser.add_argument("--tests", choices=("now", "before"), default="now",
                         help="before: each group's tests as they were before issue #18 (tests_before)")  # fmt: skip
-    parser.add_argument("--jobs", type=int, default=2, help="workers run at once (default 2)")
+    parser.add_argument("--jobs", type=whole(1), default=2, help="workers run at once (default 2)")
     parser.add_argument("--all", action="store_true", help="also run the mutants argued equivalent")
-    parser.add_argument("--sample", type=int, default=1, metavar="N",
+    parser.add_argument("--sample", type=whole(1), default=1, metavar="N",
                         help="run only every N-th mutant of each group (a quicker estimate; default: all)")  # fmt: skip
-    parser.add_argument("--list", action="store_true", help="list the mutants and stop")
+    parser.add_argument("--list", action="store_true", help="list the mutants (hand edits, semantic ones) and stop")
     parser.add_argument("--report", type=Path, default=ROOT / "build" / "mutate" / "report.json")
     args = parser.parse_args(argv)
     if not args.list:
@@ -1010,6 +1014,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in mutants:
             print(f"#{m.id} {m.group} {m.target} line {m.line}: {m.description}"
                   + (" (argued equivalent)" if m.status == "equivalent" else ""))  # fmt: skip
+        for e in edits:
+            print(f"hand edit {e.group} line {e.line}: {e.description}" + (" (error)" if e.status == "error" else ""))
         for m in semantic:
             print(f"semantic line {m.line}: {m.description}" + (f" ({m.status})" if m.status != "pending" else ""))
         print(f"{len(mutants)} mutants, {len(edits)} hand edits, {len(semantic)} semantic mutants")

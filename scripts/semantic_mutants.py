@@ -6,7 +6,8 @@ the module and runs only its ``tests``, stopping at the first failure: a failure
 ``old`` snippet found no time or more than once is reported as an ERROR (the module changed:
 re-anchor the snippet), never skipped in silence. Keep snippets short and specific.
 
-``python scripts/mutate.py --only semantic --jobs 1`` runs this group alone (``make mutate-semantic``).
+``python scripts/mutate.py --only semantic --jobs 1`` runs this group alone (``make mutate-semantic``);
+so does ``python scripts/semantic_mutants.py`` (``--list``: list them and stop; ``--help``: the rest).
 """
 
 from __future__ import annotations
@@ -87,12 +88,13 @@ MUTANTS: list[SemanticMutant] = [
     M("parity's reference resized bilinearly whatever the model's interpolation",
       "interpolation=t.interpolation, use_prefetcher", 'interpolation="bilinear", use_prefetcher', PARITY),
     M("parity's denominator counts the images the loader could not decode",
-      "n = len(paths)\n    worst", "n = len(items)\n    worst", PARITY),
+      "n = len(truth)\n    worst", "n = len(items)\n    worst", PARITY),
     M("parity names the image that differs least as the worst",
-      "worst = paths[mads.index(max(mads))]", "worst = paths[mads.index(min(mads))]", PARITY),
+      "worst = max(mads, key=mads.__getitem__, default=None)\n    finite",
+      "worst = min(mads, key=mads.__getitem__, default=None)\n    finite", PARITY),
     M("parity pairs the loader's images with the batch's items, not the paths it decoded",
-      "ours.update(zip(batch.paths, batch[0].cpu(), strict=True))",
-      "ours.update(zip([p for p, _ in items[start : start + batch_size]], batch[0].cpu(), strict=False))", PARITY),
+      "ours = dict(zip(batch.paths, batch[0].cpu(), strict=True))",
+      "ours = dict(zip([p for p, _ in chunk], batch[0].cpu(), strict=False))", PARITY),
     # --- Predictions after failures, in every loader, and their files ------------------------
     M("predictions' softmax taken over the batch, not over the classes",
       "logits.softmax(dim=-1).gather(", "logits.softmax(dim=0).gather(", PREDICTIONS),
@@ -228,3 +230,29 @@ MUTANTS: list[SemanticMutant] = [
     M("the recommended command line keeps a --batch-size=N of the sweep's command",
       'name = word.split("=")[0]', "name = word", SWEEP),
 ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """This group alone, run by ``scripts/mutate.py`` (``--only semantic``) with these options."""
+    import argparse
+
+    from cli_checks import whole
+    from mutate import ROOT
+    from mutate import main as mutate
+
+    parser = argparse.ArgumentParser(description="Run the semantic mutants alone, as make mutate-semantic does.")
+    parser.add_argument("--list", action="store_true", help="list the mutants (their lines in the module) and stop")
+    parser.add_argument("--jobs", type=whole(1), default=1, help="workers run at once (default 1)")
+    parser.add_argument("--all", action="store_true", help="also run the mutants argued equivalent")
+    parser.add_argument("--tests", choices=("now", "before"), default="now",
+                        help="before: without tests/test_semantic.py, which issue #25 added")  # fmt: skip
+    parser.add_argument("--report", default=str(ROOT / "build" / "mutate" / "report.json"))
+    args = parser.parse_args(argv)
+    forwarded = ["--only", "semantic", "--jobs", str(args.jobs), "--tests", args.tests, "--report", args.report]
+    return mutate(forwarded + ["--list"] * args.list + ["--all"] * args.all)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
