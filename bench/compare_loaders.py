@@ -14,6 +14,9 @@ published: see bench/README.md, "A realistic mix"), then measures, interleaved a
   large, a common size or one of its own), one thread: FFmpeg decode alone against the loader's
   decode + resize + crop of each image, one right after the other.
 
+Every image of the set is decoded once first, as the loader decodes it: one that fails is left
+out of every measurement, and their count is printed (``left_out`` in the results).
+
 Writes ``OUT/results.json`` and ``OUT/loaders.png`` and prints the ratios. Usage::
 
     python bench/compare_loaders.py --out bench/out --images 2000 --repeats 5
@@ -145,6 +148,43 @@ def _save_default(image: Image.Image, path: Path, rng: random.Random) -> None:
     size = rng.choice(SIZES)
     crop = image.crop((left, top, left + cw, top + ch)).resize(size, Image.Resampling.BICUBIC)
     crop.save(path, quality=rng.choice([70, 80, 85, 90, 95]))
+
+
+WARMUP_BATCHES = 5  # left out of each loader's timing (measure_loader's warm-up)
+
+
+def min_images(batch_size: int = 32, warmup: int = WARMUP_BATCHES) -> int:
+    """The fewest images that give a loader its warm-up batches and one batch to time."""
+    return (warmup + 1) * batch_size
+
+
+def check_image_count(parser: argparse.ArgumentParser, images: int, batch_size: int = 32) -> None:
+    """``parser.error`` unless a set of ``images`` fills the loader's warm-up batches and one to time
+    (fewer would time the warm-up, or nothing)."""
+    if images < (need := min_images(batch_size)):
+        parser.error(f"argument --images: {images}: at least {need} images ({WARMUP_BATCHES} warm-up batches "
+                     f"of {batch_size} and 1 to time)")  # fmt: skip
+
+
+def decodable(flist: Path, batch_size: int = 32) -> tuple[Path, list[ic.ImageDecodeError]]:
+    """The set's images that the module's decode function decodes, each decoded once (as the
+    loader does, bad images skipped) before anything is timed: ``(flist, [])`` if all do; else a
+    list of those that do, beside it (``<name>.decodable.flist``), and the error of each one left
+    out, their count printed. The loaders and yardsticks then time the same good images."""
+    lines = flist.read_text().splitlines()
+    decode = ic.get_decode_func("cpu", ic.EvalTransform(), policy=ic.BadImagePolicy(skip=True))
+    bad: list[ic.ImageDecodeError] = []
+    for start in range(0, len(lines), batch_size):
+        bad += decode([(f"{flist.parent}/{line}", 0) for line in lines[start : start + batch_size]]).failures
+    if not bad:
+        return flist, []
+    failed = {e.path for e in bad}
+    good = [line for line in lines if f"{flist.parent}/{line}" not in failed]
+    kept = flist.with_name(f"{flist.stem}.decodable.flist")
+    kept.write_text("".join(f"{line}\n" for line in good))
+    print(f"compare_loaders: left out {len(bad)} of the set's {len(lines)} images, which do not decode "
+          f"(the first: {bad[0]}); timing the other {len(good)}, listed in {kept}", file=sys.stderr)  # fmt: skip
+    return kept, bad
 
 
 def decode_only_rate(paths: list[str], threads: int = 1, as_loader: bool = False) -> float:
@@ -369,15 +409,21 @@ def main() -> None:
     if min(args.scaling_sizes) < SCALING_MIN:
         parser.error(f"argument --scaling-sizes: {min(args.scaling_sizes)}: at least {SCALING_MIN} images "
                      "(11 batches of 32: 5 of warm-up, 2 to time between, 4 at the end)")  # fmt: skip
+    if args.scaling_sizes[0] >= args.scaling_sizes[1]:
+        parser.error("argument --scaling-sizes: {} {}: SMALL must be less than LARGE".format(*args.scaling_sizes))
+    check_image_count(parser, args.images, args.batch_size)
     out_folder(parser, "--out", args.out)
-    flist = make_image_set(args.out / "images", args.images, mix=args.mix)
+    flist, left_out = decodable(make_image_set(args.out / "images", args.images, mix=args.mix), args.batch_size)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
+    if len(paths) < min_images(args.batch_size):
+        parser.error(f"argument --images: {args.images}: only {len(paths)} of them decode, and the loaders need "
+                     f"{min_images(args.batch_size)} ({WARMUP_BATCHES} warm-up batches and 1 to time)")  # fmt: skip
     threads = list(range(1, args.max_threads + 1))
     by_threads = lambda: {str(t): [] for t in threads}  # noqa: E731
-    results = {"images": args.images, "mix": args.mix, "threads": threads, "decode_only": by_threads(),
-               "decode_only_as_loader": by_threads(),
+    results = {"images": len(paths), "left_out": [str(e) for e in left_out], "mix": args.mix, "threads": threads,
+               "decode_only": by_threads(), "decode_only_as_loader": by_threads(),
                "loaders": {"spdl": by_threads(), "torch": by_threads()}}  # fmt: skip
-    warmup = 5
+    warmup = WARMUP_BATCHES
     for repeat in range(args.repeats):  # interleaved, so drifts hit every loader alike
         for t in threads:
             results["decode_only"][str(t)].append(decode_only_rate(paths[: 1000 * t], t))

@@ -6,9 +6,9 @@ named; then without its parser, one packet per file; then as the loader decodes)
 + resize + crop with each filter chain this project has used (a new filter graph per image,
 then graphs cached per size, resizing packed RGB, 4:4:4 YUV or planar RGB, then only the
 region the crop needs, then each decoding step above; the last row is the current path). The
-yardstick is measured just before every row and each row is reported as the median of its
-ratios to those. Each chain also gets its largest mean absolute difference from PIL (decode,
-bicubic resize, crop) on the real demo photos.
+yardstick is measured just before every row and each row is reported with that yardstick's
+median and one ratio, the median of its per-round ratios to those. Each chain also gets its
+largest mean absolute difference from PIL (decode, bicubic resize, crop) on the real demo photos.
 
 Part 2, the whole loader (files read from disk): SPDL's ``aggregate`` stage versus batches
 formed in the source (the current ``get_pipeline``), at 1..N threads. The loader against the
@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
 from cli_checks import out_folder  # noqa: E402
-from compare_loaders import make_image_set  # noqa: E402
+from compare_loaders import check_image_count, make_image_set  # noqa: E402
 from make_demo_data import make_demo_data  # noqa: E402
 from spdl.pipeline import PipelineBuilder  # noqa: E402
 
@@ -160,14 +160,37 @@ def loader_rate(flist: Path, threads: int, in_source: bool, warmup: int = 5) -> 
         return ic.measure_loader(pipeline.get_iterator(timeout=120), torch.device("cpu"), warmup)
 
 
+def part1_lines(rates: dict[str, list[float]], beside: dict[str, list[float]], mads: dict[str, float],
+                images: int) -> list[str]:  # fmt: skip
+    """Part 1's table: each row's median rate, the median of the yardstick measured just before
+    it, and one ratio: the median over the rounds of the row's rate over that yardstick (paired,
+    so a drift of the machine's speed cancels out; the ratio of the two medians can differ)."""
+    lines = [f"Part 1, one thread ({images} images); ratio: median over the rounds of the row's rate / the "
+             "yardstick's measured just before it",
+             f"  {'':76s} images/s  yardstick beside it  ratio  max MAD vs PIL"]  # fmt: skip
+    for name, row in rates.items():
+        yardstick = beside.get(name, row)  # the yardstick's own row: all its measurements
+        ratio = statistics.median(r / y for r, y in zip(row, yardstick, strict=True))
+        mad = f"{mads[name]:.2f}" if name in mads else "-"
+        lines.append(f"  {name:76s} {statistics.median(row):6.0f}   {statistics.median(yardstick):12.0f}"
+                     f"         {ratio:5.2f}  {mad}")  # fmt: skip
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--images", type=ic._count, default=2000, help="images in the generated set")
-    parser.add_argument("--per-image", type=ic._count, default=500, help="images timed per chain in part 1")
+    parser.add_argument("--per-image", type=ic._count, help="images timed per chain in part 1 (default 500, "
+                        "or --images if fewer; at most --images)")  # fmt: skip
     parser.add_argument("--repeats", type=ic._count, default=5)
     parser.add_argument("--max-threads", type=ic._count, default=os.cpu_count())
     args = parser.parse_args()
+    check_image_count(parser, args.images)  # part 2's loader: 5 warm-up batches of 32 and 1 to time
+    if args.per_image is None:
+        args.per_image = min(500, args.images)
+    elif args.per_image > args.images:
+        parser.error(f"argument --per-image: {args.per_image}: more than the set's --images {args.images}")
     out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images)
     datas = [(flist.parent / line).read_bytes() for line in flist.read_text().splitlines()[: args.per_image]]
@@ -193,10 +216,7 @@ def main() -> None:
     # drift of the machine's speed during the run cancels out.
     ratios = {name: statistics.median(r / y for r, y in zip(part1[name], beside[name], strict=True)) for name in ROWS}
     mads = {name: pil_mad(photo_paths, _graphs(name), decoding) for name, (chain, _, decoding) in ROWS.items() if chain}
-    print(f"Part 1, one thread ({args.per_image} images):{' ' * 34}images/s  vs yardstick  max MAD vs PIL")
-    for name, rates in part1.items():
-        mad = f"{mads[name]:.2f}" if name in mads else "-"
-        print(f"  {name:76s} {statistics.median(rates):6.0f}   {ratios.get(name, 1.0):5.2f}   {mad}")
+    print("\n".join(part1_lines(part1, beside, mads, len(datas))))
     print("Part 2, the loader (SPDL pipeline, batches of 32):")
     for t in threads:
         aggs, srcs = (part2[f"{w}, {t} thread(s)"] for w in ("aggregate stage", "in source"))
@@ -205,7 +225,8 @@ def main() -> None:
         print(f"  {t} thread(s): aggregate stage {agg:6.0f}, batched in source {src:6.0f} images/s: {ratio:.2f}x")
     out = {
         "decode_paths": part1,
-        "vs_yardstick": ratios,
+        "vs_yardstick": ratios,  # the median of the per-round ratios
+        "yardstick_beside": {name: statistics.median(v) for name, v in beside.items()},
         "pil_mad": mads,
         "loader": part2,
         "env": ic._environment(torch.device("cpu")),

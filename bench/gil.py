@@ -40,6 +40,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -57,7 +58,7 @@ if os.environ.get("GIL_BENCH_MODULE"):  # a child sampling another version of th
 
 import torch  # noqa: E402
 from cli_checks import out_folder  # noqa: E402
-from compare_loaders import decode_only_rate, make_image_set  # noqa: E402
+from compare_loaders import check_image_count, decode_only_rate, make_image_set  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -108,6 +109,16 @@ def child_loop(flist: Path, seconds: float, threads: int) -> None:
     stop.set()
     for thread in pool:
         thread.join()
+
+
+class PySpyFailed(Exception):
+    """py-spy could not sample the child: how it ended and the last lines it wrote to stderr."""
+
+
+def _stop_child(child: subprocess.Popen, reader: threading.Thread) -> None:
+    child.kill()
+    child.wait()
+    reader.join()
 
 
 def _images_between(ticks: list[tuple[float, int]], start: float, end: float) -> float:
@@ -252,11 +263,26 @@ def sample(flist: Path, seconds: float, rate: int, threads: int = 1, module: Pat
            "--format", "raw", "-r", str(rate), "-d", str(seconds), "-p", str(child.pid)]  # fmt: skip
     switches0 = _voluntary_switches(child.pid)
     start = time.monotonic()
-    runs = [subprocess.Popen([*spy, flag, "-o", f"{out}.{flag[2:]}"], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL) for flag in ("--gil", "--idle")]  # fmt: skip
+    flags, errors = ("--gil", "--idle"), [tempfile.TemporaryFile("w+") for _ in range(2)]
+    try:
+        runs = [subprocess.Popen([*spy, flag, "-o", f"{out}.{flag[2:]}"], stdout=subprocess.DEVNULL, stderr=error)
+                for flag, error in zip(flags, errors, strict=True)]  # fmt: skip
+    except OSError as e:
+        _stop_child(child, reader)
+        raise PySpyFailed(f"py-spy ({spy[0]}) cannot be run: {e.strerror or e}") from None
     for run in runs:
         run.wait()
     end = time.monotonic()
+    for flag, run, error in zip(flags, runs, errors, strict=True):
+        if run.returncode:
+            _stop_child(child, reader)
+            for suffix in ("gil", "idle"):
+                Path(f"{out}.{suffix}").unlink(missing_ok=True)
+            error.seek(0)
+            said = " | ".join([line.strip() for line in error.read().splitlines() if line.strip()][-3:])
+            raise PySpyFailed(f"py-spy record {flag} failed (exit status {run.returncode}): {said or 'no message'}")
+    for error in errors:
+        error.close()
     switches = _voluntary_switches(child.pid) - switches0
     releases = None
     if event:  # perf counts while its `sleep` runs: the images of the count_s seconds before it ends
@@ -374,7 +400,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child_loop(args.child, args.seconds, args.threads)
+    if args.seconds < 1:  # py-spy samples whole seconds: int(seconds) would be 0
+        parser.error(f"argument --seconds: {args.seconds:g}: at least 1 (py-spy samples whole seconds)")
+    if args.targets:
+        check_image_count(parser, args.images)  # the loader's 5 warm-up batches of 32 and 1 to time
     out_folder(parser, "--out", args.out)
+    try:
+        measure(args)
+    except PySpyFailed as e:  # one line, no usage: the arguments were fine
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Everything after the arguments' checks: the sampling, the targets, ``gil.json``."""
     sets = {name: make_image_set(args.out / "images", args.images, mix=name) for name in ("imagenet", "default")}
     results: dict = {"sampled": {}, "env": ic._environment(torch.device("cpu"))}
     before = _module_at(args.before, args.out) if args.before else None

@@ -2,7 +2,7 @@
 torchvision's ``ImageFolder`` listing (``make_dataset``), on the same tree, in one run.
 
 Builds (once) a tree of empty files laid out as ImageNet's ``train/``: 1000 class folders named
-by WordNet ID, ``--files`` files in all. Usage::
+by WordNet ID, ``--files`` files in all (a tree made before with another count is refused). Usage::
 
     python bench/list_folder.py --root /tmp/imagenet-tree --files 1281167
 """
@@ -21,10 +21,20 @@ sys.path.insert(0, str(ROOT))
 import imagenet_classification as ic  # noqa: E402
 
 
+def tree_files(root: Path) -> int | None:
+    """The files of a tree :py:func:`make_tree` made whole in ``root`` (its ``.complete`` holds
+    their count; counted for one made before it did), or None."""
+    if not (root / ".complete").is_file():
+        return None
+    text = (root / ".complete").read_text().strip()
+    return int(text) if text.isdigit() else sum(len(os.listdir(d)) for d in os.scandir(root) if d.is_dir())
+
+
 def make_tree(root: Path, files: int) -> None:
     """Empty files under 1000 WordNet-ID folders, as many in each (the last ones one more), in a
-    folder this made (``.complete`` once whole) or a new or empty one: never beside real images."""
-    if (root / ".complete").exists():
+    folder this made (``.complete`` once whole, holding the count) or a new or empty one: never
+    beside real images."""
+    if tree_files(root) is not None:
         return
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         sys.exit(f"error: --root {root}: not an empty folder; this fills it with empty .JPEG files, so give a new one")
@@ -35,7 +45,7 @@ def make_tree(root: Path, files: int) -> None:
         count = files // len(wnids) + (i >= len(wnids) - files % len(wnids))
         for j in range(count):
             (folder / f"{wnid}_{j}.JPEG").touch()
-    (root / ".complete").touch()
+    (root / ".complete").write_text(f"{files}\n")
 
 
 def main() -> None:
@@ -43,6 +53,9 @@ def main() -> None:
     parser.add_argument("--root", type=Path, required=True, help="a new folder, filled with empty .JPEG files")
     parser.add_argument("--files", type=ic._count, default=1_281_167, help="files in all (default: ImageNet's train)")
     args = parser.parse_args()
+    if (made := tree_files(args.root)) not in (None, args.files):
+        parser.error(f"argument --files: {args.files}: --root {args.root} holds a tree of {made} files made "
+                     f"before; give --files {made}, or a new --root")  # fmt: skip
     make_tree(args.root, args.files)
     os.sync()
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset

@@ -49,7 +49,14 @@ import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
 from cli_checks import out_folder  # noqa: E402
-from compare_loaders import MIXES, decode_only_rate, loader_rate, make_image_set, per_kind_rates  # noqa: E402
+from compare_loaders import (  # noqa: E402
+    MIXES,
+    check_image_count,
+    decode_only_rate,
+    loader_rate,
+    make_image_set,
+    per_kind_rates,
+)
 
 import imagenet_classification as ic  # noqa: E402
 
@@ -99,22 +106,34 @@ def _planar_filter(transform: ic.EvalTransform, width: int, height: int) -> str:
 
 
 class _PrebuiltCache(ic._FilterGraphCache):
-    """A bound, not a path: the current graphs, all set up before the clock starts (by
-    :py:meth:`prebuild`), so that no image pays for setting up a graph."""
+    """A bound, not a path: the current graphs of every size in the set (:py:meth:`prebuild`),
+    set up before the clock starts, so that no image pays for setting up a graph. Each thread
+    has graphs of its own (a graph takes one thread's frames at a time), kept across caches:
+    the calling thread's are set up by :py:meth:`prebuild`, a loader thread's at its first
+    image, in the loader's warm-up batches (with up to 5 threads, one batch each)."""
 
-    graphs: dict = {}
+    keys: tuple = ()  # (width, height, pixel format) of every image in the set
+    _threads = threading.local()
 
     @classmethod
     def prebuild(cls, paths: list[str]) -> None:
-        transform = ic.EvalTransform()
+        keys = {}
         for path in paths:
             frames = ic._decode_frames(Path(path).read_bytes())
-            key = (frames.width, frames.height, frames.pix_fmt)
-            if key not in cls.graphs:
-                cls.graphs[key] = ic._filter_graph(*key, transform.ffmpeg_filter(key[0], key[1]))
+            keys[(frames.width, frames.height, frames.pix_fmt)] = None
+        cls.keys, cls._threads = tuple(keys), threading.local()
+        cls._graphs(ic.EvalTransform())
+
+    @classmethod
+    def _graphs(cls, transform: ic.EvalTransform) -> dict:
+        """This thread's graphs, every one of :py:attr:`keys`, set up at its first call."""
+        if not hasattr(cls._threads, "graphs"):
+            cls._threads.graphs = {key: ic._filter_graph(*key, transform.ffmpeg_filter(key[0], key[1]))
+                                   for key in cls.keys}  # fmt: skip
+        return cls._threads.graphs
 
     def apply(self, frames: spdl.io.ImageFrames) -> spdl.io.VideoFrames:
-        graph = self.graphs[(frames.width, frames.height, frames.pix_fmt)]
+        graph = self._graphs(self.transform)[(frames.width, frames.height, frames.pix_fmt)]
         graph.add_frames(frames)
         return graph.get_frames()
 
@@ -216,6 +235,8 @@ def pipeline_rates(flist: Path, names: list[str], threads: list[int], repeats: i
         repeats of the loader's rate and of its ratios to the two yardsticks.
     """
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
+    if "all prebuilt" in names:
+        _PrebuiltCache.prebuild(paths)
     runs: dict = {name: {t: [] for t in threads} for name in names}
     for _ in range(repeats):
         for t in threads:
@@ -270,6 +291,8 @@ def main() -> None:
     parser.add_argument("--pipeline-variants", nargs="+", choices=list(VARIANTS), default=["before", "current"])
     parser.add_argument("--max-threads", type=ic._count, default=2)
     args = parser.parse_args()
+    if args.pipeline_repeats:
+        check_image_count(parser, args.images)  # the loader's 5 warm-up batches of 32 and 1 to time
     out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from cli_checks import out_folder  # noqa: E402
+from cli_checks import out_folder, whole  # noqa: E402
 from PIL import Image  # noqa: E402
 
 # The real photographs among scikit-image's bundled images (not the synthetic ones: colour
@@ -83,16 +83,18 @@ def make_parity_set(root: Path, colour_crops: int = 40, grey_crops: int = 10, se
             _crop_to_shape(image, size, rng).save(root / name, **_save_options(rng))
             names.append(name)
     flist = root / "parity_set.flist"
-    flist.write_text("\n".join(names) + "\n")
+    flist.write_text("".join(f"{name}\n" for name in names))
     return flist
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("root", type=Path)
-    parser.add_argument("--colour-crops", type=int, default=40, help="crops per colour photo")
-    parser.add_argument("--grey-crops", type=int, default=10, help="crops per greyscale photo")
+    parser.add_argument("--colour-crops", type=whole(0), default=40, help="crops per colour photo")
+    parser.add_argument("--grey-crops", type=whole(0), default=10, help="crops per greyscale photo")
     args = parser.parse_args()
+    if args.colour_crops == args.grey_crops == 0:
+        parser.error("arguments --colour-crops and --grey-crops: both 0: no JPEG to write")
     out_folder(parser, "root", args.root)
     flist = make_parity_set(args.root, args.colour_crops, args.grey_crops)
     print(f"wrote {len(flist.read_text().splitlines())} JPEGs and {flist}")

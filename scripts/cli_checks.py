@@ -1,11 +1,12 @@
-"""Checks of the paths that the programs in scripts/ and bench/ take, done right after parsing:
-a bad one ends the program with argparse's one-line ``error: argument NAME: PATH: why`` (exit 2),
-not with a traceback, and before any slow work."""
+"""Checks of the paths and counts that the programs in scripts/ and bench/ take, done right after
+parsing: a bad one ends the program with argparse's one-line ``error: argument NAME: VALUE: why``
+(exit 2), not with a traceback, and before any slow work."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -36,3 +37,19 @@ def out_file(parser: argparse.ArgumentParser, name: str, path: Path) -> Path:
     if why := _why_no_folder(path.parent):
         parser.error(f"argument {name}: {path}: its folder {path.parent}: {why}")
     return path
+
+
+def whole(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number, ``low`` or more; otherwise argparse's one-line
+    ``error: argument NAME: VALUE: expected ...`` (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"{text}: expected a whole number, {low} or more")
+        return value
+
+    return parse

@@ -15,7 +15,7 @@ import argparse
 import random
 from pathlib import Path
 
-from cli_checks import out_folder
+from cli_checks import out_folder, whole
 from PIL import Image
 
 # scikit-image photo -> the ImageNet class it shows (WordNet ID).
@@ -67,19 +67,19 @@ def make_demo_data(root: Path, variants: int = 8, seed: int = 0) -> Path:
             out.save(root / rel, quality=rng.choice([75, 85, 90, 95]))
             lines.append(str(rel))
     flist = root / "val.flist"
-    flist.write_text("\n".join(lines) + "\n")
+    flist.write_text("".join(f"{line}\n" for line in lines))
     return flist
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("root", type=Path)
-    parser.add_argument("--variants", type=int, default=8, help="images per photo")
+    parser.add_argument("--variants", type=whole(1), default=8, help="images per photo")
     args = parser.parse_args()
     out_folder(parser, "root", args.root)
     out_folder(parser, "root", args.root / "val")
     flist = make_demo_data(args.root, args.variants)
-    print(f"wrote {sum(1 for _ in open(flist))} images and {flist}")
+    print(f"wrote {len(flist.read_text().splitlines())} images and {flist}")
 
 
 if __name__ == "__main__":

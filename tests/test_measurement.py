@@ -131,7 +131,7 @@ def test_bench_script_runs_and_writes_its_outputs(tmp_path):
 def test_decode_paths_script_compares_every_variant(tmp_path):
     # A small run of bench/decode_paths.py; its PIL agreement figures are real, so check them.
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "decode_paths.py"), "--out", str(tmp_path), "--images", "64",
+        [sys.executable, str(ROOT / "bench" / "decode_paths.py"), "--out", str(tmp_path), "--images", "192",
          "--per-image", "32", "--repeats", "1", "--max-threads", "1"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
