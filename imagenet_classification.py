@@ -3638,14 +3638,20 @@ def measure_loader(
     failures: list[ImageDecodeError] | None = None,
 ) -> float:
     """Images/s of a loader iterated alone, in :py:func:`benchmark`'s window (a WarmupIncluded warning
-    if it holds the warm-up); the bad images its batches left out added to the list ``failures``."""
+    if it holds the warm-up); the bad images its batches left out added to the list ``failures``.
+    A stalled or failed loader raises RunStopped, as in :py:func:`benchmark`."""
     if failures is not None and not isinstance(failures, list):  # += on a tuple would keep none of them
         raise TypeError(f"failures={failures!r}: expected a list to add the bad images to, or None")
     window = _TimingWindow(_resolve_device(str(device)), warmup_batches)  # InputError: "meta", no CUDA
-    for batch in batches:
-        window.add(batch[0].shape[0])
-        if failures is not None:
-            failures += getattr(batch, "failures", ())
+    try:
+        for batch in batches:
+            window.add(batch[0].shape[0])
+            if failures is not None:
+                failures += getattr(batch, "failures", ())
+    except BaseException as e:  # a stall, the pipeline's failure: RunStopped, as the run says them
+        if (stop := _as_stop(e)) is None or stop is e:
+            raise
+        raise stop from None
     frames, seconds, warmup_included = window.close()
     if warmup_included and warmup_batches:
         _warn_warmup_included(window.warmed, warmup_batches)
@@ -3745,6 +3751,7 @@ def _init_distributed(device: torch.device, timeout_s: float) -> None:
     except RuntimeError as e:  # DistStoreError: the other ranks did not all come (or the store is gone)
         message = f"the job's other ranks did not join within {timeout_s:g} s ({str(e).splitlines()[0]})"
         raise RunStopped(message, "peer") from None
+    _start_heartbeat(dist.get_rank())
 
 
 def _warmup_for_all_ranks(shard: _Shard, listed: int, batch_size: int, warmup_batches: int) -> int:
@@ -3873,38 +3880,38 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
     return [found[rank] for rank in sorted(found)]
 
 
-_PROGRESS_KEY = "imagenet_classification/progress/"  # + rank: its batches so far, in the job's store
+_ALIVE_KEY = "imagenet_classification/alive/"  # + rank: a count its heartbeat raises each second, in the job's store
 
 
-def _posting_progress(rank: int, progress: Callable[[int, Tensor], None] | None) -> Callable[[int, Tensor], None]:
-    """``benchmark``'s progress callback for a torchrun rank: ``progress``, and at most once a second
-    the rank's batches so far in the job's store, where a rank that has ended sees it is still going."""
+def _start_heartbeat(rank: int) -> None:
+    """Raise this rank's count in the job's store each second, in a thread, while the process group
+    lives: a rank that has ended waits for the others while their processes do (a rank whose loop
+    stalls stops itself at --timeout, and says so in its share)."""
+    import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
 
-    store, batches, posted = c10d._get_default_store(), itertools.count(1), [-math.inf]
+    store = c10d._get_default_store()
 
-    def post(classified: int, top1: Tensor) -> None:
-        if progress is not None:
-            progress(classified, top1)
-        count = next(batches)
-        if time.monotonic() - posted[0] >= 1.0:
-            posted[0] = time.monotonic()
-            with contextlib.suppress(RuntimeError, ValueError):
-                store.set(f"{_PROGRESS_KEY}{rank}", str(count))
+    def beat() -> None:
+        for count in itertools.count():
+            if not dist.is_initialized():
+                return
+            with contextlib.suppress(Exception):  # the store gone with rank 0: the others see no word
+                store.set(f"{_ALIVE_KEY}{rank}", str(count))
+            time.sleep(1.0)
 
-    return post
+    threading.Thread(target=beat, name="imagenet_classification-heartbeat", daemon=True).start()
 
 
-def _wait_for_peers(shard: _Shard, still_s: float) -> None:
+def _wait_for_peers(shard: _Shard, silent_s: float) -> None:
     """Wait for every other rank to leave its share in the job's store, as long as each still running
-    makes progress: a healthy rank may end minutes after this one (its images larger, its disk slower),
-    past any collective's time-out. RunStopped (``peer``) for a rank that stopped, or that made no
-    progress for ``still_s``."""
+    is alive (its heartbeat): a healthy rank may end minutes after this one (its images larger, its
+    disk slower), past any collective's time-out. RunStopped (``peer``) for a rank that stopped, or
+    whose heartbeat stood still for ``silent_s`` (its process ended, or froze)."""
     import torch.distributed.distributed_c10d as c10d
 
     store, peers = c10d._get_default_store(), set(range(shard.world_size)) - {shard.rank}
-    seen: dict[int, bytes | None] = {}
-    since = time.monotonic()
+    beats: dict[int, tuple[bytes | None, float]] = {}  # each peer's last count, and when it changed
     while peers:
         for rank in sorted(peers):
             if store.check([f"{_STOPPED_KEY}{rank}"]):
@@ -3912,14 +3919,14 @@ def _wait_for_peers(shard: _Shard, still_s: float) -> None:
                 if share["stopped_by"] != "finished":
                     raise RunStopped(f"another rank stopped (rank {rank}: {share['stop_reason']})", "peer")
                 peers.discard(rank)
-        keys = {rank: f"{_PROGRESS_KEY}{rank}" for rank in peers}
-        now = {rank: store.get(key) if store.check([key]) else None for rank, key in keys.items()}
-        if now != seen:
-            seen, since = now, time.monotonic()
-        elif time.monotonic() - since > still_s:
-            names = ", ".join(map(str, sorted(peers)))
-            raise RunStopped(f"another rank stopped (rank {names}: no batch for {still_s:g} s)", "peer")
-        time.sleep(0.05)
+                continue
+            key, now = f"{_ALIVE_KEY}{rank}", time.monotonic()
+            count = store.get(key) if store.check([key]) else None
+            if (last := beats.get(rank)) is None or last[0] != count:
+                beats[rank] = (count, now)
+            elif now - last[1] > silent_s:
+                raise RunStopped(f"another rank stopped (rank {rank}: no word from it for {silent_s:g} s)", "peer")
+        time.sleep(0.25)
 
 
 def _post_share(share: dict) -> None:
@@ -3945,15 +3952,17 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
         _post_share({**share, "stop_reason": None, "stopped_by": "finished"})  # for a rank 0 that stops
         try:
             with _peer_stops():  # a peer stopped before the final reduction
-                _wait_for_peers(shard, config.timeout + _PEER_WORD_S)  # its batches posted at most 1 s apart
+                _wait_for_peers(shard, config.timeout + _PEER_WORD_S)
                 outcome.result, ranks = _reduce_results(result, shard, config.device)
             return ranks
         except (RunStopped, RunInterrupted) as e:  # RunInterrupted: torchrun ends the others once one stopped
             outcome.error = e
         result.partial = True
     own = _explain(outcome.error, config)[0]
-    share.update(stop_reason=own, stopped_by=getattr(outcome.error, "kind", "interrupted"))
-    if not finished:
+    if finished:  # its entry stays that of a shard classified whole
+        share.update(stop_reason=None, stopped_by="finished")
+    else:
+        share.update(stop_reason=own, stopped_by=getattr(outcome.error, "kind", "interrupted"))
         _post_share(share)
     if shard.rank != 0:
         return [{k: share[k] for k in _RANK_KEYS}]
@@ -4375,6 +4384,7 @@ def _sweep_command(config: _RunConfig) -> int:
             payload["decoder_check"] = asdict(decoder_check)
         printed = _print_out(_print_sweep, sweep, config.command)
         title = f"Sweep of {config.model} on {config.device}, {sweep.images} images per setting"
+        title += " (PARTIAL SWEEP)" if sweep.error is not None else ""
         outputs = [
             ("the results", config.results_file, lambda path: _write_sweep(path, sweep, payload)),
             ("the plot", config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
@@ -4910,7 +4920,7 @@ def _run_title(report: _RunReport) -> str:
     tail = f"FPS {r.fps:,.1f}, top-1 {'n/a' if r.top1 is None else f'{r.top1:.1%}'} of {r.classified}"
     if (world := report.world_size or len(report.ranks)) > 1:  # the timeline is rank 0's alone
         tail += f", {world} ranks: the job's figures; the curve is rank 0's"
-    return f"{head}\n{tail}"
+    return f"{head}\n{tail}" + (" (PARTIAL RUN)" if r.partial else "")
 
 
 def _in_list_order(rows: list, images: ImageList, path: Callable[[Any], str] = lambda row: row["path"]) -> list:
@@ -5059,7 +5069,7 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     outputs.append(("--plot", args.plot))
     if args.trace is not None:
         if args.trace.name in ("", ".", "..") or str(args.trace) == "-":  # PATH itself may be a folder: unwritten
-            raise InputError(f"--trace {args.trace}: not a file name (PATH.json and PATH.pftrace are written)")
+            _check_output_path("--trace", args.trace)  # its refusal of these
         outputs += [("--trace", Path(f"{args.trace}{suffix}")) for suffix in (".json", ".pftrace")]
     if all(path is None for _, path in outputs):  # nothing written: no input to look up (/proc/self/maps)
         return
@@ -5113,9 +5123,13 @@ def _every_listed_path(args: argparse.Namespace, images: ImageList) -> Sequence[
     try:
         if args.data_dir is not None:
             every += _image_files(str(args.data_dir))
-        elif str(args.input_flist) != "-":
-            for _, text in _rows(args.input_flist, "--input-flist"):  # the path: all, or all before a label
-                every += [args.prefix + text, args.prefix + text.rsplit(None, 1)[0]]
+        elif str(args.input_flist) != "-" and not stat.S_ISFIFO(os.stat(args.input_flist).st_mode):  # read once
+            column = None  # as the first line has it: the path is all of a line, or all before its label
+            for where, text in _rows(args.input_flist, "--input-flist"):
+                parts = text.rsplit(None, 1)
+                if column is None:
+                    column = len(parts) == 2 and _parse_label(parts[1], where) is not None
+                every.append(args.prefix + (parts[0] if column else text))
     except (InputError, OSError):  # a line or folder the run never reaches: no error of this run's
         pass
     return every
@@ -5355,8 +5369,8 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
     # Not SPDL's auto_stop: its one timeout is set as it starts, and an interrupt's stop cannot wait.
     pipeline.start()
     batches = pipeline.get_iterator(timeout=config.timeout)
-    delivered = _received(batches, config.device, in_processes) if in_processes else batches
-    loader = _Loader(_ending_once_complete(delivered, len(images)), stats)
+    delivered = _ending_once_complete(batches, len(images))
+    loader = _Loader(_received(delivered, config.device, in_processes) if in_processes else delivered, stats)
     try:
         yield loader
     finally:
@@ -5453,9 +5467,7 @@ def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> boo
     warmup = _warmup_for_all_ranks(shard, len(config.images), config.batch_size, config.warmup_batches)
     options = {"listed": len(images), "warmup_batches": warmup, "policy": policy, "progress": progress}
     options |= {"predictions": config.predictions_file is not None, "loader_lead": config.loader_lead}
-    if shard.world_size > 1:
-        options["sync_clocks"] = _barrier  # the FPS window opens on every rank at once
-        options["progress"] = _posting_progress(shard.rank, progress)  # for the ranks that end before this one
+    options["sync_clocks"] = _barrier if shard.world_size > 1 else None  # the FPS window opens on every rank at once
     loader = None
     try:
         with _open_loader(config, images, policy) as loader:

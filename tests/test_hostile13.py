@@ -27,7 +27,10 @@ def test_no_output_replaces_a_listed_image_past_the_cut(tmp_path, cut):
     victim = tmp_path / flist.read_text().splitlines()[63]  # the last, in folder order too
     before = victim.read_bytes()
     cut = [str(tmp_path / "t") if word == "TRACE" else word for word in cut]
-    for inputs in (["--input-flist", str(flist), "--prefix", f"{tmp_path}/"], ["--data-dir", str(tmp_path / "val")]):
+    labelled = tmp_path / "labelled.flist"  # Caffe's val.txt form: a label column after each path
+    labelled.write_text("".join(f"{line} 0\n" for line in flist.read_text().splitlines()))
+    lists = [["--input-flist", str(f), "--prefix", f"{tmp_path}/"] for f in (flist, labelled)]
+    for inputs in (*lists, ["--data-dir", str(tmp_path / "val")]):
         args = ic._parse_args([*inputs, *cut, "--results-file", str(victim)])
         images = ic._read_images(args)
         assert str(victim) not in images.paths
@@ -283,6 +286,8 @@ def test_a_jobs_plot_title_says_its_curve_is_rank_0s():
     job = ic._RunReport(result, config, {}, [{"rank": 0}, {"rank": 1}])
     assert ic._run_title(job).endswith(", 2 ranks: the job's figures; the curve is rank 0's")
     assert "rank" not in ic._run_title(ic._RunReport(result, config, {}, [{"rank": 0}]))
+    result.partial = True  # a stopped run's plot says so, as its summary does
+    assert ic._run_title(ic._RunReport(result, config, {}, [{"rank": 0}])).endswith(" (PARTIAL RUN)")
 
 
 def test_random_weights_are_the_same_in_every_run(jpeg_set, tmp_path, capfd):
@@ -310,3 +315,15 @@ def test_the_loaders_time_out_after_its_last_image_ends_it_for_every_pass():
     assert len(list(ic._ending_once_complete(batches(2), listed=8))) == 2  # 6 classified, 2 failed: all 8
     with pytest.raises(TimeoutError):
         list(ic._ending_once_complete(batches(1), listed=8))  # 4 of 8: a stall
+
+
+def test_a_stalled_loader_alone_is_a_run_stopped_not_a_traceback():
+    # The breakdown's and the sweep's loader-alone passes let a time-out (or SPDL's PipelineFailure, an
+    # ExceptionGroup) through measure_loader raw: the run's finished report was lost to a traceback.
+    def stalls():
+        yield ic._Batch(torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.zeros(2, 1, dtype=torch.int64))
+        raise TimeoutError
+
+    with pytest.raises(ic.RunStopped, match="no batch within the loader's time-out") as stopped:
+        ic.measure_loader(stalls(), "cpu", warmup_batches=0)
+    assert stopped.value.kind == "stalled"
