@@ -4402,9 +4402,9 @@ def _write_sweep(path: Path, sweep: _Sweep, payload: dict) -> None:
     if not str(path).lower().endswith(".csv"):
         _write_atomically(path, json.dumps(payload, indent=2) + "\n")
         return
-    best = sweep.recommended
-    rows = [{**asdict(p), "bound_fps": p.bound_fps, "recommended": p is best} for p in sweep.points]
-    columns = [*(f.name for f in dataclass_fields(_SweepPoint)), "bound_fps", "recommended"]
+    best, partial = sweep.recommended, sweep.error is not None  # partial: the sweep stopped before its end
+    rows = [{**asdict(p), "bound_fps": p.bound_fps, "recommended": p is best, "partial": partial} for p in sweep.points]
+    columns = [*(f.name for f in dataclass_fields(_SweepPoint)), "bound_fps", "recommended", "partial"]
     _write_atomically(path, _csv_text(rows, columns))
 
 
