@@ -6,9 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -328,3 +332,36 @@ def test_a_stalled_loader_alone_is_a_run_stopped_not_a_traceback():
     with pytest.raises(ic.RunStopped, match="no batch within the loader's time-out") as stopped:
         ic.measure_loader(stalls(), "cpu", warmup_batches=0)
     assert stopped.value.kind == "stalled"
+
+
+def test_a_frozen_rank_is_given_up_on_not_waited_for_forever(tmp_path):
+    # The rank that ends first waits for the others while their heartbeat goes on: one frozen
+    # (SIGSTOP: its heartbeat stops too) must stop the job at --timeout + 2 s, not hang it.
+    big = write_jpeg(tmp_path / "big.JPEG", (4000, 3000), (90, 120, 150))
+    small = [write_jpeg(tmp_path / f"s{i}.JPEG", (64, 48), (200, 30, 30), seed=i) for i in range(64)]
+    lines = [f"{p} n01440764" for pair in zip(small, [big] * 64, strict=True) for p in pair] * 4  # odd: rank 1
+    flist = tmp_path / "uneven.flist"
+    flist.write_text("\n".join(lines) + "\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), *TINY,
+               "--num-threads", "1", "--no-compile", "--batch-size", "4", "--warmup-batches", "0", "--timeout",
+               "3"]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        while "Page cache:" not in (line := procs[0].stderr.readline()):  # both ranks joined and agreed
+            assert line or procs[0].poll() is None
+        time.sleep(2)  # both past the barrier that opens the window; rank 1 has seconds of large images left
+        procs[1].send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        stdout, stderr = procs[0].communicate(timeout=90)
+        assert procs[0].returncode == 1 and time.monotonic() - started < 60, stderr
+        assert "error: rank 0: another rank stopped" in stderr and "Traceback" not in stderr
+    finally:
+        procs[1].kill()
+        procs[1].communicate()
