@@ -2202,16 +2202,15 @@ def _check_decoder(
     counts = {"fallbacks": 0, "only_decoder": 0, "only_reference": 0, "neither": 0}
     for item in dict(items).items():  # a path listed twice is one image
         decoded = []
-        for side in (decode, reference):
+        for decode_one in (decode, reference):
             try:
-                batch = side([item])
+                batch = decode_one([item])
             except ImageDecodeError:
                 batch = None
             decoded.append(batch if batch is not None and len(batch[0]) else None)
         theirs, ours = decoded
         if theirs is None or ours is None:
-            side = "neither" if theirs is ours else "only_reference" if theirs is None else "only_decoder"
-            counts[side] += 1
+            counts["neither" if theirs is ours else "only_reference" if theirs is None else "only_decoder"] += 1
         elif getattr(theirs, "fallbacks", 0):  # decoded by the reference itself: a difference of 0
             counts["fallbacks"] += 1
         else:
