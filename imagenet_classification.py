@@ -3216,8 +3216,8 @@ def benchmark(
     failures: list[ImageDecodeError] = []  # the one record of the bad images, in the order received
     with _stopped_runs(loop.result), torch.inference_mode():
         try:
-            batches = iter(loader)
-            while (batch := _next_batch(batches, loop.result.classified + len(failures) == listed)) is not _END:
+            batches = iter(loader) if listed is None else _ending_once_complete(iter(loader), listed)
+            while (batch := _next_batch(batches)) is not _END:
                 _record_batch(batch, failures)
                 _check_delivered(loop.result.classified + len(failures) + len(batch[1]), listed, ended=False)
                 policy.check(failures, listed)
@@ -3469,17 +3469,11 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 _END = object()  # a loader's end: None is a batch, which the loop refuses, naming it
 
 
-def _next_batch(batches: Iterator, complete: bool = False) -> Any:
+def _next_batch(batches: Iterator) -> Any:
     """The loader's next batch, or _END. An error of a notebook's own loader (an OSError of its dataset)
-    as RunStopped, the partial result kept: ``bad_image`` for an ImageDecodeError, else ``loader``.
-    ``complete``: every listed image delivered, so that a time-out waits on the stream's end alone
-    (SPDL's covers it too: a --timeout shorter than the pipeline takes to end) and is the end."""
+    as RunStopped, the partial result kept: ``bad_image`` for an ImageDecodeError, else ``loader``."""
     try:
         return next(batches, _END)
-    except TimeoutError:
-        if complete:
-            return _END
-        raise
     except ImageDecodeError as e:
         raise RunStopped(f"cannot decode {e.path}: {e.reason}", "bad_image", "--skip-bad skips such images") from e
     except Exception as e:
@@ -3871,8 +3865,8 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
         store = c10d._get_default_store()
         while len(found) < shard.world_size - 1:
             for rank in set(range(shard.world_size)) - {shard.rank} - set(found):
-                if store.check([f"{_STOPPED_KEY}{rank}"]):
-                    found[rank] = json.loads(store.get(f"{_STOPPED_KEY}{rank}"))
+                if (share := _share_left(store, rank)) is not None:
+                    found[rank] = share
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
@@ -3913,8 +3907,7 @@ def _wait_for_peers(shard: _Shard, silent_s: float) -> None:
     beats: dict[int, tuple[bytes | None, float]] = {}  # each peer's last count, and when it changed
     while peers:
         for rank in sorted(peers):
-            if store.check([f"{_STOPPED_KEY}{rank}"]):
-                share = json.loads(store.get(f"{_STOPPED_KEY}{rank}"))
+            if (share := _share_left(store, rank)) is not None:
                 if share["stopped_by"] != "finished":
                     raise RunStopped(f"another rank stopped (rank {rank}: {share['stop_reason']})", "peer")
                 peers.discard(rank)
@@ -3926,6 +3919,12 @@ def _wait_for_peers(shard: _Shard, silent_s: float) -> None:
             elif now - last[1] > silent_s:
                 raise RunStopped(f"another rank stopped (rank {rank}: no word from it for {silent_s:g} s)", "peer")
         time.sleep(0.25)
+
+
+def _share_left(store: Any, rank: int) -> dict | None:
+    """The share ``rank`` left in the job's store (:py:func:`_post_share`), or None: none yet."""
+    key = f"{_STOPPED_KEY}{rank}"
+    return json.loads(store.get(key)) if store.check([key]) else None
 
 
 def _post_share(share: dict) -> None:
@@ -3943,9 +3942,9 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
     not the signal or lost peer it reached rank 0 as."""
     result, shard = outcome.result, config.shard
     share = _rank_share(result, shard.rank, config.device)
-    share["page_cache"] = asdict(result.page_cache) if result.page_cache is not None else None  # for a stopped job
     if shard.world_size == 1:
         return [{k: share[k] for k in _RANK_KEYS}]
+    share["page_cache"] = asdict(result.page_cache) if result.page_cache is not None else None  # for a stopped job
     finished = outcome.error is None  # its shard: the share it leaves says so, whatever stops the job after
     if finished:
         _post_share({**share, "stop_reason": None, "stopped_by": "finished"})  # for a rank 0 that stops
@@ -5382,7 +5381,8 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
 def _ending_once_complete(batches: Iterator, listed: int) -> Iterator:
     """The loader's batches, ended by a time-out once they hold every listed image (classified or
     failed): SPDL's iterator time-out covers the wait for the stream's end too, which a --timeout
-    of 0.05 s is shorter than. The run, the sweep's passes and the breakdown's loader alone alike."""
+    of 0.05 s is shorter than. The run (a notebook's loader too), the sweep's passes and the
+    breakdown's loader alone alike."""
     delivered = 0
     while True:
         try:
@@ -5393,8 +5393,8 @@ def _ending_once_complete(batches: Iterator, listed: int) -> Iterator:
             if delivered >= listed:
                 return
             raise
-        delivered += len(batch[1]) + len(getattr(batch, "failures", ()))
         yield batch
+        delivered += len(batch[1]) + len(getattr(batch, "failures", ()))  # once taken: the loop checks it first
 
 
 def _stop_pipeline(pipeline: Pipeline, at_once: bool, in_processes: bool) -> bool:
