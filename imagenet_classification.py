@@ -3861,12 +3861,12 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
     found: dict[int, dict] = {}
     deadline = time.monotonic() + wait_s
     # RunInterrupted: torchrun ending this rank while it waits; what was found stands
-    with contextlib.suppress(RuntimeError, ValueError, RunInterrupted):
+    with contextlib.suppress(RuntimeError, ValueError, RunInterrupted, RunStopped):  # RunStopped: the store froze
         store = c10d._get_default_store()
         while len(found) < shard.world_size - 1:
-            for rank in set(range(shard.world_size)) - {shard.rank} - set(found):
-                if (share := _share_left(store, rank)) is not None:
-                    found[rank] = share
+            missing = set(range(shard.world_size)) - {shard.rank} - set(found)
+            shares = _ask_store(lambda missing=missing: {r: _share_left(store, r) for r in missing}, wait_s)
+            found.update((rank, share) for rank, share in shares.items() if share is not None)
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
@@ -3905,15 +3905,19 @@ def _wait_for_peers(shard: _Shard, silent_s: float) -> None:
 
     store, peers = c10d._get_default_store(), set(range(shard.world_size)) - {shard.rank}
     beats: dict[int, tuple[bytes | None, float]] = {}  # each peer's last count, and when it changed
+
+    def look() -> dict[int, tuple[dict | None, bytes | None]]:  # each peer's share, else its heartbeat
+        return {rank: (_share_left(store, rank), _left(store, f"{_ALIVE_KEY}{rank}")) for rank in peers}
+
     while peers:
-        for rank in sorted(peers):
-            if (share := _share_left(store, rank)) is not None:
+        heard = _ask_store(look, silent_s)
+        now = time.monotonic()
+        for rank, (share, count) in sorted(heard.items()):
+            if share is not None:
                 if share["stopped_by"] != "finished":
                     raise RunStopped(f"another rank stopped (rank {rank}: {share['stop_reason']})", "peer")
                 peers.discard(rank)
                 continue
-            key, now = f"{_ALIVE_KEY}{rank}", time.monotonic()
-            count = store.get(key) if store.check([key]) else None
             if (last := beats.get(rank)) is None or last[0] != count:
                 beats[rank] = (count, now)
             elif now - last[1] > silent_s:
@@ -3923,16 +3927,43 @@ def _wait_for_peers(shard: _Shard, silent_s: float) -> None:
 
 def _share_left(store: Any, rank: int) -> dict | None:
     """The share ``rank`` left in the job's store (:py:func:`_post_share`), or None: none yet."""
-    key = f"{_STOPPED_KEY}{rank}"
-    return json.loads(store.get(key)) if store.check([key]) else None
+    share = _left(store, f"{_STOPPED_KEY}{rank}")
+    return None if share is None else json.loads(share)
 
 
-def _post_share(share: dict) -> None:
-    """This rank's share, left in the job's store for a rank 0 that stops (the store gone too: no word)."""
+def _left(store: Any, key: str) -> bytes | None:
+    """The value of ``key`` in the job's store, or None: none yet (a get would wait for one)."""
+    return store.get(key) if store.check([key]) else None
+
+
+def _post_share(share: dict, wait_s: float) -> None:
+    """This rank's share, left in the job's store for a rank 0 that stops (the store gone or frozen too: no word)."""
     import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
 
-    with contextlib.suppress(RuntimeError, ValueError):
-        c10d._get_default_store().set(f"{_STOPPED_KEY}{share['rank']}", json.dumps(share))
+    with contextlib.suppress(RuntimeError, ValueError, RunStopped):
+        store = c10d._get_default_store()
+        _ask_store(lambda: store.set(f"{_STOPPED_KEY}{share['rank']}", json.dumps(share)), wait_s)
+
+
+def _ask_store(call: Callable[[], Any], wait_s: float) -> Any:
+    """``call()``, a call to the job's store, in a thread: RunStopped (``peer``) if it has not answered
+    within ``wait_s``. Where torchrun's agent does not hold the store, rank 0's process does, and a
+    call to it waits forever once that process froze, whatever the store's own time-out."""
+    import concurrent.futures
+
+    answer: concurrent.futures.Future = concurrent.futures.Future()
+
+    def ask() -> None:
+        try:
+            answer.set_result(call())
+        except BaseException as e:  # noqa: BLE001 (handed to the caller)
+            answer.set_exception(e)
+
+    threading.Thread(target=ask, name="imagenet_classification-store", daemon=True).start()
+    try:
+        return answer.result(timeout=wait_s)
+    except concurrent.futures.TimeoutError:
+        raise RunStopped(f"another rank stopped (the job's store gave no answer for {wait_s:g} s)", "peer") from None
 
 
 def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
@@ -3946,11 +3977,12 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
         return [{k: share[k] for k in _RANK_KEYS}]
     share["page_cache"] = asdict(result.page_cache) if result.page_cache is not None else None  # for a stopped job
     finished = outcome.error is None  # its shard: the share it leaves says so, whatever stops the job after
+    silent_s = config.timeout + _PEER_WORD_S  # a rank's (or the store's) silence that ends the wait for it
     if finished:
-        _post_share({**share, "stop_reason": None, "stopped_by": "finished"})  # for a rank 0 that stops
+        _post_share({**share, "stop_reason": None, "stopped_by": "finished"}, silent_s)  # for a rank 0 that stops
         try:
             with _peer_stops():  # a peer stopped before the final reduction
-                _wait_for_peers(shard, config.timeout + _PEER_WORD_S)
+                _wait_for_peers(shard, silent_s)
                 outcome.result, ranks = _reduce_results(result, shard, config.device)
             return ranks
         except (RunStopped, RunInterrupted) as e:  # RunInterrupted: torchrun ends the others once one stopped
@@ -3961,7 +3993,7 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
         share.update(stop_reason=None, stopped_by="finished")
     else:
         share.update(stop_reason=own, stopped_by=getattr(outcome.error, "kind", "interrupted"))
-        _post_share(share)
+        _post_share(share, silent_s)
     if shard.rank != 0:
         return [{k: share[k] for k in _RANK_KEYS}]
     shares = [share, *_stopped_peers(shard, _PEER_WORD_S)]  # a rank still running: its images not reached

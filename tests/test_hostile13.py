@@ -334,12 +334,15 @@ def test_a_stalled_loader_alone_is_a_run_stopped_not_a_traceback():
     assert stopped.value.kind == "stalled"
 
 
-def test_a_frozen_rank_is_given_up_on_not_waited_for_forever(tmp_path):
+@pytest.mark.parametrize("frozen", [1, 0])
+def test_a_frozen_rank_is_given_up_on_not_waited_for_forever(tmp_path, frozen):
     # The rank that ends first waits for the others while their heartbeat goes on: one frozen
-    # (SIGSTOP: its heartbeat stops too) must stop the job at --timeout + 2 s, not hang it.
+    # (SIGSTOP: its heartbeat stops too) must stop the job at --timeout + 2 s, not hang it. Frozen
+    # rank 0 holds the job's store (no torchrun agent here): each call to it waited forever.
     big = write_jpeg(tmp_path / "big.JPEG", (4000, 3000), (90, 120, 150))
     small = [write_jpeg(tmp_path / f"s{i}.JPEG", (64, 48), (200, 30, 30), seed=i) for i in range(64)]
-    lines = [f"{p} n01440764" for pair in zip(small, [big] * 64, strict=True) for p in pair] * 4  # odd: rank 1
+    pairs = zip(small, [big] * 64, strict=True) if frozen == 1 else zip([big] * 64, small, strict=True)
+    lines = [f"{p} n01440764" for pair in pairs for p in pair] * 4  # the frozen rank's: the large images
     flist = tmp_path / "uneven.flist"
     flist.write_text("\n".join(lines) + "\n")
     with socket.socket() as s:
@@ -356,12 +359,14 @@ def test_a_frozen_rank_is_given_up_on_not_waited_for_forever(tmp_path):
     try:
         while "Page cache:" not in (line := procs[0].stderr.readline()):  # both ranks joined and agreed
             assert line or procs[0].poll() is None
-        time.sleep(2)  # both past the barrier that opens the window; rank 1 has seconds of large images left
-        procs[1].send_signal(signal.SIGSTOP)
+        time.sleep(2)  # both past the barrier that opens the window; the large images have seconds left
+        waiting = procs[1 - frozen]
+        procs[frozen].send_signal(signal.SIGSTOP)
         started = time.monotonic()
-        stdout, stderr = procs[0].communicate(timeout=90)
-        assert procs[0].returncode == 1 and time.monotonic() - started < 60, stderr
-        assert "error: rank 0: another rank stopped" in stderr and "Traceback" not in stderr
+        stdout, stderr = waiting.communicate(timeout=90)
+        assert waiting.returncode == 1 and time.monotonic() - started < 60, stderr
+        assert f"error: rank {1 - frozen}: another rank stopped" in stderr and "Traceback" not in stderr
     finally:
-        procs[1].kill()
-        procs[1].communicate()
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
