@@ -991,14 +991,12 @@ def _examine_file(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or (max_bytes is not None and info.st_size > max_bytes):
             return None
-        uid = os.geteuid()
-        knowable = uid in (0, info.st_uid) or os.access(path, os.W_OK, effective_ids=True)
-        measure = _resident_bytes if knowable else lambda fd, size: None
-        key, before = (info.st_dev, info.st_ino), measure(fd, info.st_size)
-        if not evict:
-            return key, info.st_size, before, None
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return key, info.st_size, before, measure(fd, info.st_size)
+        knowable = os.geteuid() in (0, info.st_uid) or os.access(path, os.W_OK, effective_ids=True)
+        before = _resident_bytes(fd, info.st_size) if knowable else None
+        if evict:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        after = _resident_bytes(fd, info.st_size) if knowable and evict else None
+        return (info.st_dev, info.st_ino), info.st_size, before, after
     except OSError:  # fstat or fadvise refused: not examined
         return None
     finally:
@@ -1047,8 +1045,15 @@ def _pretrained_config(model_name: str) -> dict:
 
     source, _, model_id = model_name.partition(":") if ":" in model_name else ("", "", model_name)
     try:
-        if source == "hf-hub":
-            config = _hub_config(model_id)
+        if source == "hf-hub":  # with the hub out of reach, from its cache alone, in seconds, not after retries
+            with _offline_if_unreachable(model_id) as unreachable:
+                try:
+                    config = _hub.load_model_config_from_hf(model_id)[0]
+                except OSError:
+                    if not unreachable:
+                        raise
+                    message = f"{model_name}: cannot read its config (the model hub is out of reach ({unreachable}), "
+                    raise InputError(message + "and it is not in its cache)", "--model") from None
         elif source == "local-dir":
             config = _hub.load_model_config_from_path(model_id)[0]
         elif source or not model_name or not timm.is_model(model_name):
@@ -1065,21 +1070,6 @@ def _pretrained_config(model_name: str) -> dict:
     except (OSError, ValueError, KeyError, TypeError) as e:  # unreachable hub, bad config.json
         raise InputError(f"{model_name}: cannot read its config ({type(e).__name__}: {e})", "--model") from None
     return config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
-
-
-def _hub_config(model_id: str) -> dict:
-    """An ``hf-hub:`` model's config; with the hub out of reach, from its cache alone (InputError if
-    not there), in seconds: not after huggingface_hub's half minute of retries."""
-    from timm.models import _hub
-
-    with _offline_if_unreachable(model_id) as unreachable:
-        try:
-            return _hub.load_model_config_from_hf(model_id)[0]
-        except OSError:
-            if not unreachable:
-                raise
-            message = f"hf-hub:{model_id}: cannot read its config (the model hub is out of reach ({unreachable}), "
-            raise InputError(message + "and it is not in its cache)", "--model") from None
 
 
 HUB_CHECK_S = 3.0  # seconds to wait for the model hub's server before calling it out of reach
@@ -3303,16 +3293,17 @@ def _uninterrupted() -> Iterator[list[int]]:
 
 
 @contextlib.contextmanager
-def _stopped_runs(result: RunResult) -> Iterator[None]:
+def _stopped_runs(result: RunResult | None) -> Iterator[None]:
     """Whatever ends the loop early leaves as a RunStopped (or RunInterrupted) carrying the partial
-    result; the loader's failure and time-out become RunStopped (``loader``, ``stalled``)."""
+    result, if any; the loader's failure and time-out become RunStopped (``loader``, ``stalled``)."""
     try:
         yield
     except BaseException as e:
         error = _as_stop(e)
         if error is None:  # a bug: its own traceback
             raise
-        result.partial, result.stop_reason, error.result = True, str(error), result  # the command line: one line
+        if result is not None:  # the command line: one line
+            result.partial, result.stop_reason, error.result = True, str(error), result
         if error is e:
             raise
         raise error from None
@@ -3636,15 +3627,11 @@ def measure_loader(
     if failures is not None and not isinstance(failures, list):  # += on a tuple would keep none of them
         raise TypeError(f"failures={failures!r}: expected a list to add the bad images to, or None")
     window = _TimingWindow(_resolve_device(str(device)), warmup_batches)  # InputError: "meta", no CUDA
-    try:
+    with _stopped_runs(None):  # a stall, the pipeline's failure: RunStopped, as the run says them
         for batch in batches:
             window.add(batch[0].shape[0])
             if failures is not None:
                 failures += getattr(batch, "failures", ())
-    except BaseException as e:  # a stall, the pipeline's failure: RunStopped, as the run says them
-        if (stop := _as_stop(e)) is None or stop is e:
-            raise
-        raise stop from None
     frames, seconds, warmup_included = window.close()
     if warmup_included and warmup_batches:
         _warn_warmup_included(window.warmed, warmup_batches)
@@ -5703,7 +5690,7 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         ("the plot", plot, lambda path: _plot_timeline(timeline, path, _run_title(report))),
         ("the trace", config.trace if trace is not None else None, lambda path: _export_trace(trace, path, note)),
     ]
-    printed = False
+    printed = True
     try:
         if shard.rank == 0:  # the summary first: no file, however it fails, can cost it
             printed = _print_out(_print_report, report)
@@ -5711,8 +5698,6 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
             text = io.StringIO()
             _print_report(report, text)
             printed = _print_out(lambda: print(textwrap.indent(text.getvalue(), f"rank {shard.rank}: "), end=""))
-        else:
-            printed = True
     finally:  # nor can the summary cost the files
         not_written = _write_outputs(outputs) if shard.rank == 0 else []
     if config.plot is not None and not ran and shard.rank == 0:
