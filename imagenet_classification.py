@@ -2755,11 +2755,12 @@ def _choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.
 _CHECKPOINT_ERRORS = (OSError, RuntimeError, ValueError, EOFError, LookupError, AttributeError, zipfile.BadZipFile)
 
 
-def _unreadable(path: Path, error: Exception) -> str:
-    """Why a file is no checkpoint, in one line (not timm's advice of weights_only=False: it runs code)."""
+def _unreadable(path: Path | None, error: Exception) -> str:
+    """Why a file is no checkpoint, in one line (not timm's advice of weights_only=False: it runs code).
+    ``path`` None: a file timm found (pretrained weights), not looked into."""
     if isinstance(error.__cause__, pickle.UnpicklingError):
         with contextlib.suppress(*_CHECKPOINT_ERRORS):
-            if unsafe := torch.serialization.get_unsafe_globals_in_checkpoint(path):
+            if path is not None and (unsafe := torch.serialization.get_unsafe_globals_in_checkpoint(path)):
                 return (
                     f"it holds Python objects ({', '.join(unsafe)}), not only tensors, and is not loaded; "
                     "save the model's weights with torch.save(model.state_dict(), PATH)"
@@ -2860,7 +2861,10 @@ def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
             first = str(e).splitlines()[0] if str(e) else ""
             if not pretrained:  # the model itself: a local-dir config naming no architecture timm has
                 raise InputError(f"{model_name}: cannot build it ({type(e).__name__}: {first})", "--model") from None
-            message = f"{model_name}: cannot load its pretrained weights ({type(e).__name__}: {first})"
+            reason = f"{type(e).__name__}: {first}"
+            if isinstance(e.__cause__, pickle.UnpicklingError):  # not torch's advice, weights_only=False: it runs code
+                reason = _unreadable(None, e)
+            message = f"{model_name}: cannot load its pretrained weights ({reason})"
             raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
     _check_imagenet_head(model_name, getattr(model, "num_classes", None))
     stem = next((m for m in model.modules() if isinstance(m, torch.nn.Conv2d)), None)  # timm's stems come first
@@ -5352,7 +5356,9 @@ def _shard_from_env() -> _Shard:
     try:
         shard = _Shard.from_env()
     except ValueError:
-        raise InputError("RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers (torchrun sets them)") from None
+        given = ", ".join(f"{k}={os.environ[k]!r}" for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if k in os.environ)
+        message = f"RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers (torchrun sets them): {given}"
+        raise InputError(message) from None
     if not (0 <= shard.rank < shard.world_size and shard.local_rank >= 0):
         raise InputError(f"RANK={shard.rank} WORLD_SIZE={shard.world_size} LOCAL_RANK={shard.local_rank}: no such rank")
     if shard.world_size > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
@@ -5823,6 +5829,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # escape what a strict stream (a notebook's) cannot encode,
         with contextlib.suppress(AttributeError, ValueError):  # a name that is not UTF-8, rather than stop there
             stream.reconfigure(errors="backslashreplace")
+    if argv is not None:  # the words as subprocess takes them: str, or a path; not one string of the whole line
+        if isinstance(argv, (str, bytes)) or not all(isinstance(word, (str, os.PathLike)) for word in argv):
+            raise TypeError(f"argv={argv!r}: expected a list of the command line's words, e.g. shlex.split(line)")
+        argv = [os.fsdecode(word) for word in argv]
     args = _parse_args(argv)
     with _own_logging_and_warnings():
         return _main(args, (*_program(), *(sys.argv[1:] if argv is None else argv)), start_time)

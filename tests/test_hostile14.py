@@ -1,0 +1,273 @@
+"""Hostile input, round fourteen: the error branches a coverage run found no test reaching (2026-12-06).
+Each is a message a user may meet: reached here with real files, real subprocesses of the command line
+(where it reaches the branch) and real SPDL, torch and timm; each asserts one line that names the file
+or the flag, no traceback, and the documented exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import imagenet_classification as ic
+from tests.conftest import ROOT, TINY, make_jpeg_set
+
+FAST = [*TINY, "--no-compile"]
+# What a clone of a Hugging Face repository without git-lfs holds in place of each weights file.
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 5566176\n"
+
+
+def _cli(*args, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """The command line in a subprocess, outside torchrun (whatever the environment running the tests)."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "imagenet_classification.py"), *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**environ, **(env or {})},
+    )  # fmt: skip
+
+
+def _error_line(proc: subprocess.CompletedProcess, status: int) -> str:
+    """The run's one ``error:`` line, after checking the exit status and that no traceback was printed."""
+    assert proc.returncode == status, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    """A file list of 8 JPEGs (prefix: its folder), photo-sized: a batch takes milliseconds to decode."""
+    return make_jpeg_set(tmp_path_factory.mktemp("h14"), 8)
+
+
+def _inputs(flist: Path) -> list[str]:
+    return ["--input-flist", str(flist), "--prefix", f"{flist.parent}/"]
+
+
+# --- Lists and labels (_rows, _list_rows) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--input-flist", "--labels"])
+def test_a_list_or_labels_file_that_is_a_folder_is_named(dataset, flag):
+    folder = dataset.parent / "val"
+    args = ["--input-flist", folder] if flag == "--input-flist" else [*_inputs(dataset), "--labels", folder]
+    proc = _cli(*args, *FAST)
+    assert _error_line(proc, ic.EXIT_USAGE) == f"error: {folder}: is a folder, not a file"
+
+
+def test_the_notebooks_readers_name_a_folder_given_for_a_file(dataset):
+    folder = dataset.parent / "val"
+    for read in (ic.read_file_list, ic.read_labels):
+        with pytest.raises(ic.InputError) as refused:
+            read(folder)
+        assert str(refused.value) == f"{folder}: is a folder, not a file"
+
+
+def test_labels_by_name_with_a_list_that_has_a_label_column_are_refused_naming_the_line(dataset):
+    labelled = dataset.parent / "labelled.flist"  # Caffe's val.txt: a label column after each path
+    labelled.write_text("".join(f"{line} 0\n" for line in dataset.read_text().splitlines()))
+    labels = dataset.parent / "labels.txt"
+    labels.write_text("".join(f"{Path(line).stem} 0\n" for line in dataset.read_text().splitlines()))
+    proc = _cli(*_inputs(labelled), "--labels", labels, *FAST)
+    line = _error_line(proc, ic.EXIT_USAGE)
+    assert line == f"error: {labelled}:1: has a label column; labels by file name are for lists without one"
+
+
+# --- Outputs and the sweep (_check_files, _sweep_command) -------------------------------------------
+
+
+def test_a_plot_not_named_png_is_refused_before_the_run(dataset):
+    plot = dataset.parent / "timeline.jpg"
+    proc = _cli(*_inputs(dataset), *FAST, "--plot", plot)
+    assert _error_line(proc, ic.EXIT_USAGE) == f"error: --plot {plot}: the name must end in .png"
+    assert not plot.exists() and proc.stdout == ""  # refused before any run
+
+
+def test_a_sweep_stopped_before_its_first_setting_says_why_its_plot_is_not_drawn(dataset):
+    pytest.importorskip("matplotlib")
+    plot, results = dataset.parent / "sweep.png", dataset.parent / "sweep.json"
+    # No batch of 4 photo-sized JPEGs is decoded within 1 ms: the first setting stalls.
+    sweep = ["--sweep", "num-threads=1", "batch-size=4", "--timeout", "0.001"]
+    proc = _cli(*_inputs(dataset), *FAST, *sweep, "--plot", plot, "--results-file", results)
+    line = _error_line(proc, ic.EXIT_STALLED)
+    assert line.startswith("error: no batch for 0.001 s (--timeout)") and line.endswith("(PARTIAL SWEEP)")
+    assert f"note: {plot} not drawn: the sweep stopped before its first setting" in proc.stderr.splitlines()
+    assert not plot.exists()
+    written = json.loads(results.read_text())["sweep"]
+    assert (written["points"], written["partial"], written["recommended"]) == ([], True, None)
+
+
+# --- Checkpoints (_unreadable, _load_checkpoint) -----------------------------------------------------
+
+
+def _odd_checkpoint(folder: Path, kind: str) -> Path:
+    path = folder / f"{kind}.pth"
+    if kind == "url":  # the weights' address saved in their place: unpickling fails with a bare KeyError
+        path.write_text("https://huggingface.co/timm/test_efficientnet.r160_in1k/resolve/main/model.pth\n")
+    elif kind == "lfs-pointer":  # git-lfs's text in place of the file: unpickling refuses it
+        path.write_bytes(LFS_POINTER)
+    else:  # a tensor saved alone, not a state dict
+        torch.save(torch.zeros(3), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("url", "not a PyTorch checkpoint (neither torch.save's archive nor a pickle)"),
+        ("lfs-pointer", "not a PyTorch checkpoint (neither torch.save's archive nor a pickle of tensors)"),
+        ("tensor", "not a state dict ('Tensor' object has no attribute 'items')"),
+    ],
+)
+def test_a_checkpoint_that_is_no_state_dict_is_named_with_what_it_is(tmp_path, kind, reason):
+    checkpoint = _odd_checkpoint(tmp_path, kind)
+    with pytest.raises(ic.InputError) as refused:
+        ic.get_model("test_efficientnet", "cpu", pretrained=False, checkpoint=checkpoint)
+    assert str(refused.value) == f"{checkpoint}: cannot load checkpoint ({reason})"
+    assert refused.value.flag == "--checkpoint"
+
+
+def test_a_checkpoint_that_is_no_pytorch_file_is_one_line_on_the_command_line(dataset, tmp_path):
+    checkpoint = _odd_checkpoint(tmp_path, "url")
+    proc = _cli(*_inputs(dataset), *FAST, "--checkpoint", checkpoint)
+    reason = "not a PyTorch checkpoint (neither torch.save's archive nor a pickle)"
+    assert _error_line(proc, ic.EXIT_USAGE) == f"error: --checkpoint: {checkpoint}: cannot load checkpoint ({reason})"
+
+
+def test_a_checkpoint_with_keys_the_model_lacks_counts_them_and_names_the_first(dataset, tmp_path):
+    import timm
+
+    state = timm.create_model("test_efficientnet").state_dict()
+    state["head.extra.weight"], state["head.extra.bias"] = torch.zeros(2, 2), torch.zeros(2)
+    checkpoint = tmp_path / "extra.pth"
+    torch.save(state, checkpoint)
+    proc = _cli(*_inputs(dataset), *FAST, "--checkpoint", checkpoint)
+    line = _error_line(proc, ic.EXIT_USAGE)
+    assert (
+        line == f"error: --checkpoint: {checkpoint}: checkpoint has 2 key(s) the model lacks, first 'head.extra.weight'"
+    )
+
+
+# --- Loaders that stall or fail (_read_batches, _torch_loader_batches, _loader_failed) --------------
+
+
+def test_reading_alone_with_no_batch_read_in_time_stops_naming_the_time_out(tmp_path):
+    # --breakdown's reading-alone pass reads the files the run and the loader-alone pass read first,
+    # under the same --timeout, and reading is part of decoding: from the command line it cannot
+    # stall alone. A real file too large to read in 1 ms (sparse: it takes no disk).
+    big = tmp_path / "big.JPEG"
+    with open(big, "wb") as f:
+        f.truncate(256 << 20)
+    reads = ic._read_batches([(str(big), 0)], 1, 1, 512 << 20, 0.001)
+    with pytest.raises(ic.RunStopped) as stopped:
+        list(reads)
+    assert stopped.value.kind == "loader"
+    assert str(stopped.value) == "reading alone: no batch read within 0.001 s (--timeout)"
+
+
+def test_a_dataloader_with_no_batch_in_time_is_a_stall_not_a_traceback(dataset, tmp_path):
+    # No worker's first batch (an interpreter started, torch imported) comes within 1 ms.
+    results = tmp_path / "r.json"
+    proc = _cli(*_inputs(dataset), *FAST, "--loader", "torch", "--timeout", "0.001", "--results-file", results)
+    assert _error_line(proc, ic.EXIT_STALLED) == "error: no batch for 0.001 s (--timeout) from the DataLoader's workers"
+    result = json.loads(results.read_text())
+    assert (result["partial"], result["classified"], result["not_reached"]) == (True, 0, 8)
+
+
+def test_an_error_decoding_an_item_names_the_item(dataset):
+    # A notebook's list read with pandas has NaN where a path is blank: no ImageDecodeError (no file
+    # was read), so the policy does not skip it; the pipeline stops, naming the item and the error.
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False)
+    policy = ic.BadImagePolicy(skip=True)
+    decode = ic.get_decode_func("cpu", model.transform, policy=policy)
+    good = str(dataset.parent / dataset.read_text().splitlines()[0])
+    pipeline = ic.get_pipeline([(good, 0), (float("nan"), 0)], 1, decode, concurrency=1, buffer_size=2, num_threads=1)
+    with pytest.raises(ic.RunStopped) as stopped, pipeline.auto_stop():
+        ic.benchmark(pipeline.get_iterator(timeout=60), model, listed=2, policy=policy, warmup_batches=0)
+    assert stopped.value.kind == "loader" and stopped.value.result is not None
+    message = str(stopped.value)
+    assert message.startswith("the loading pipeline failed on nan: TypeError: ") and "float" in message
+    assert "\n" not in message
+
+
+# --- Device and model (_resolve_device, _create_timm_model) ------------------------------------------
+
+
+def test_a_device_that_is_no_device_is_named_on_the_command_line_and_in_a_notebook(dataset):
+    proc = _cli(*_inputs(dataset), *FAST, "--device", "foo")
+    assert _error_line(proc, ic.EXIT_USAGE) == "error: --device: 'foo' is not a device (use auto, cpu, cuda or cuda:N)"
+    with pytest.raises(ic.InputError, match=r"^'foo' is not a device \(use auto, cpu, cuda or cuda:N\)$") as refused:
+        ic.get_model("test_efficientnet", "foo", pretrained=False)
+    assert refused.value.flag == "--device"
+
+
+def _local_dir(root: Path, weights: str) -> Path:
+    """A timm local-dir: model (test_efficientnet) whose weights file ``weights`` holds a git-lfs pointer."""
+    root.mkdir()
+    cfg = {"input_size": [3, 160, 160], "crop_pct": 0.95, "num_classes": 1000}
+    config = {"architecture": "test_efficientnet", "num_classes": 1000, "pretrained_cfg": cfg}
+    (root / "config.json").write_text(json.dumps(config))
+    (root / weights).write_bytes(LFS_POINTER)
+    return root
+
+
+def test_pretrained_weights_that_cannot_be_loaded_are_named_with_the_way_out(dataset, tmp_path):
+    folder = _local_dir(tmp_path / "model", "model.safetensors")
+    proc = _cli(*_inputs(dataset), *FAST[3:], "--model", f"local-dir:{folder}", env={"HF_HUB_OFFLINE": "1"})
+    line = _error_line(proc, ic.EXIT_USAGE)
+    assert line.startswith(f"error: --model: local-dir:{folder}: cannot load its pretrained weights (SafetensorError: ")
+    assert line.endswith("); pass --checkpoint PATH for local weights, or --no-pretrained for random ones")
+
+
+def test_pretrained_weights_that_are_no_pickle_are_not_said_to_need_weights_only_false(tmp_path):
+    # The same file given as --checkpoint is "not a PyTorch checkpoint (…)"; as a local-dir model's
+    # pytorch_model.bin the message claimed it held pickled globals (it is text) and advised
+    # weights_only=False, which runs a file's code, the advice _unreadable keeps from --checkpoint.
+    folder = _local_dir(tmp_path / "model", "pytorch_model.bin")
+    with pytest.raises(ic.InputError) as refused:
+        ic.get_model(f"local-dir:{folder}", "cpu")
+    message = str(refused.value)
+    assert message.startswith(f"local-dir:{folder}: cannot load its pretrained weights (")
+    assert "weights_only=False" not in message and "pickle globals" not in message
+    assert "not a PyTorch checkpoint" in message
+
+
+# --- torchrun's environment (_shard_from_env) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("env", [{"RANK": "abc"}, {"RANK": "0", "WORLD_SIZE": "2.0", "LOCAL_RANK": "0"}])
+def test_a_rank_or_world_size_that_is_no_whole_number_is_refused(dataset, env):
+    proc = _cli(*_inputs(dataset), *FAST, env=env)
+    line = _error_line(proc, ic.EXIT_USAGE)
+    given = ", ".join(f"{k}={v!r}" for k, v in env.items())  # the values given, so that the wrong one shows
+    assert line == f"error: RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers (torchrun sets them): {given}"
+
+
+# --- The entry point's last resort (entrypoint) -------------------------------------------------------
+
+
+def test_an_unexpected_error_is_one_line_after_its_traceback_with_status_1():
+    # A notebook's entrypoint(argv) with a number in argv: main's TypeError, on entrypoint's bug path.
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import imagenet_classification as ic; "
+    code += "ic.entrypoint(['--batch-size', 8])"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == ic.EXIT_FAILED, proc.stderr
+    assert "Traceback" in proc.stderr  # the bug's report keeps where it happened
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("error: unexpected ") and last.endswith(" (a bug; the traceback above says where)")
+
+
+def test_main_takes_a_path_in_argv_or_refuses_it_by_name(dataset, capfd):
+    # README: an argument of the wrong kind is a TypeError naming it. subprocess.run takes Paths in
+    # its argv; main(["--input-flist", Path(...)]) was "'PosixPath' object has no attribute 'startswith'".
+    argv = ["--input-flist", dataset, "--prefix", f"{dataset.parent}/", *FAST, "--max-samples", "2"]
+    assert ic.main(argv) == 0, capfd.readouterr().err
+    for wrong in ("--help", ["--batch-size", 8]):  # a whole line was split into its characters
+        with pytest.raises(TypeError, match=r"^argv=.*expected a list of the command line's words"):
+            ic.main(wrong)
