@@ -2752,6 +2752,7 @@ def _choose_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.
 
 
 # What reading a file that is no checkpoint raises (text, empty, a cut zip, a refused pickle).
+_TORCH_SAVE_HEADS = (b"PK\x03\x04", b"\x80")  # torch.save's first bytes: a zip archive, or a pickle
 _CHECKPOINT_ERRORS = (OSError, RuntimeError, ValueError, EOFError, LookupError, AttributeError, zipfile.BadZipFile)
 
 
@@ -2769,18 +2770,23 @@ def _unreadable(path: Path | None, error: Exception) -> str:
     if isinstance(error, AttributeError):  # timm's clean_state_dict found no dict: a list, a tensor, ...
         return f"not a state dict ({error})"
     first = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines()[0] if str(error) else ""
-    if len(first) <= 8:
+    unpickled = isinstance(error, (LookupError, EOFError))  # from the unpickler: text gives any ('abc': IndexError)
+    if len(first) <= 8 or (unpickled and path is not None and not _head(path, 4).startswith(_TORCH_SAVE_HEADS)):
         return "not a PyTorch checkpoint (neither torch.save's archive nor a pickle)"
     if "weights_only" in first:  # torch's next sentences advise weights_only=False: running the file's code
         first = first.split(". ")[0].replace("`", "")
     return f"not a PyTorch checkpoint ({type(error).__name__}: {first})"
 
 
+def _head(path: Path, size: int) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(size)
+
+
 def _misnamed(path: Path) -> str | None:
     """Whether a checkpoint's first bytes are of the other format than its name says (timm goes by the name)."""
-    with open(path, "rb") as f:
-        head = f.read(9)
-    torch_save = head.startswith((b"PK\x03\x04", b"\x80"))  # a zip archive, or a pickle
+    head = _head(path, 9)
+    torch_save = head.startswith(_TORCH_SAVE_HEADS)
     safetensors = len(head) == 9 and head[8:] == b"{"  # the header's length, then its JSON
     if path.suffix == ".safetensors" and torch_save:
         return "it is torch.save's format, named .safetensors: rename it, e.g. to .pth"

@@ -110,6 +110,8 @@ def _odd_checkpoint(folder: Path, kind: str) -> Path:
     path = folder / f"{kind}.pth"
     if kind == "url":  # the weights' address saved in their place: unpickling fails with a bare KeyError
         path.write_text("https://huggingface.co/timm/test_efficientnet.r160_in1k/resolve/main/model.pth\n")
+    elif kind == "three-letters":  # unpickled, text fails with any error: here an IndexError (pop from empty list)
+        path.write_bytes(b"abc")
     elif kind == "lfs-pointer":  # git-lfs's text in place of the file: unpickling refuses it
         path.write_bytes(LFS_POINTER)
     else:  # a tensor saved alone, not a state dict
@@ -121,6 +123,7 @@ def _odd_checkpoint(folder: Path, kind: str) -> Path:
     ("kind", "reason"),
     [
         ("url", "not a PyTorch checkpoint (neither torch.save's archive nor a pickle)"),
+        ("three-letters", "not a PyTorch checkpoint (neither torch.save's archive nor a pickle)"),
         ("lfs-pointer", "not a PyTorch checkpoint (neither torch.save's archive nor a pickle of tensors)"),
         ("tensor", "not a state dict ('Tensor' object has no attribute 'items')"),
     ],
