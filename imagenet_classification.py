@@ -614,7 +614,8 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
     except FileNotFoundError:
         raise InputError(f"{name}: no such file") from None
     except IsADirectoryError:
-        raise InputError(f"{name}: is a folder, not a file") from None
+        images = " (a folder of images: --data-dir, or scan_folder)" if flag == "--input-flist" else ""
+        raise InputError(f"{name}: is a folder, not a file{images}") from None
     except OSError as e:
         raise InputError(f"{name}: cannot read it ({e.strerror or e})") from None
     finally:

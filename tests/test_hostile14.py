@@ -58,15 +58,17 @@ def test_a_list_or_labels_file_that_is_a_folder_is_named(dataset, flag):
     folder = dataset.parent / "val"
     args = ["--input-flist", folder] if flag == "--input-flist" else [*_inputs(dataset), "--labels", folder]
     proc = _cli(*args, *FAST)
-    assert _error_line(proc, ic.EXIT_USAGE) == f"error: {folder}: is a folder, not a file"
+    images = " (a folder of images: --data-dir, or scan_folder)" if flag == "--input-flist" else ""
+    assert _error_line(proc, ic.EXIT_USAGE) == f"error: {folder}: is a folder, not a file{images}"
 
 
 def test_the_notebooks_readers_name_a_folder_given_for_a_file(dataset):
     folder = dataset.parent / "val"
-    for read in (ic.read_file_list, ic.read_labels):
+    hint = " (a folder of images: --data-dir, or scan_folder)"
+    for read, images in ((ic.read_file_list, hint), (ic.read_labels, "")):
         with pytest.raises(ic.InputError) as refused:
             read(folder)
-        assert str(refused.value) == f"{folder}: is a folder, not a file"
+        assert str(refused.value) == f"{folder}: is a folder, not a file{images}"
 
 
 def test_labels_by_name_with_a_list_that_has_a_label_column_are_refused_naming_the_line(dataset):
