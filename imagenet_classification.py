@@ -530,7 +530,13 @@ class ImageList:
     origin: str = "<list>"
 
     def __post_init__(self) -> None:
-        """ValueError unless each path has one label, a class index: another would be a miss, or fail mid-run."""
+        """ValueError unless each path has one label, a class index: another would be a miss, or fail mid-run.
+        TypeError for paths that are no sequence of paths (a string: each letter a path)."""
+        _check_type("labels", self.labels, Sequence, "a sequence of class indices")
+        if isinstance(self.paths, str | bytes) or not isinstance(self.paths, Sequence):
+            raise TypeError(f"paths={self.paths!r}: expected a sequence of paths")
+        if odd := [kind.__name__ for kind in set(map(type, self.paths)) if not issubclass(kind, str | os.PathLike)]:
+            raise TypeError(f"{self.origin}: paths of type {', '.join(sorted(odd))}: expected paths (str)")
         if len(self.paths) != len(self.labels):
             raise ValueError(f"{self.origin}: {len(self.paths)} paths, {len(self.labels)} labels: expected one a path")
         try:  # each distinct label once (by type too: 5.0 == 5, True == 1): a million images have a thousand
@@ -550,6 +556,8 @@ class ImageList:
         return zip(self.paths, self.labels, strict=True)
 
     def head(self, count: int) -> ImageList:
+        if not _whole(count, 0):  # a slice would take -1 as all but the last
+            raise ValueError(f"count={count!r}: expected a whole number of images, 0 or more")
         return replace(self, paths=self.paths[:count], labels=self.labels[:count])
 
     def shard(self, rank: int, world_size: int) -> ImageList:
@@ -707,7 +715,7 @@ def _image_list(pairs: Iterator[tuple[str, int]], max_samples: int | None, origi
         max_samples = None
     if max_samples is not None and not (_within(max_samples, 1) and float(max_samples).is_integer()):
         raise ValueError(f"max_samples={max_samples!r}: expected a whole number of images, 1 or more (None: all)")
-    taken = list(itertools.islice(pairs, None if max_samples is None else int(max_samples)))
+    taken = list(itertools.islice(pairs, None if max_samples is None else min(int(max_samples), sys.maxsize)))
     if not taken:
         raise InputError(f"{origin}: {empty}")
     return ImageList(tuple(path for path, _ in taken), tuple(label for _, label in taken), origin)
@@ -1156,7 +1164,7 @@ class EvalTransform:
             reasons.append(f"its crop_pct {self.crop_pct!r} resizes each shorter side to {self.resize_short}: {over}")
         elif self.resize_short < 1:
             reasons.append(f"its size {self.size} / crop_pct {self.crop_pct!r} resizes each shorter side to 0 pixels")
-        if self.interpolation not in _FFMPEG_SCALE_FLAGS:
+        if not isinstance(self.interpolation, str) or self.interpolation not in _FFMPEG_SCALE_FLAGS:
             reasons.append(f"its interpolation {self.interpolation!r} is not one of {sorted(_FFMPEG_SCALE_FLAGS)}")
         if self.crop_mode not in ("center", "squash"):
             reasons.append(f"its crop mode {self.crop_mode!r} is neither center nor squash")
@@ -1175,6 +1183,8 @@ class EvalTransform:
         overrides = dict(overrides or {})
         if unknown := sorted(overrides.keys() - _TRANSFORM_OVERRIDES):  # timm would ignore them
             raise ValueError(f"unknown transform overrides {unknown}: expected some of {sorted(_TRANSFORM_OVERRIDES)}")
+        if flags := sorted(k for k, v in overrides.items() if isinstance(v, bool)):  # True would be taken for 1
+            raise ValueError(f"transform overrides {flags}: True and False are no sizes, filters or numbers")
         if isinstance(model, str):
             config = _pretrained_config(model)
         elif isinstance(model, ModelBundle):  # get_model's transform, which may not be its config's
@@ -1186,7 +1196,7 @@ class EvalTransform:
             raise InputError(f"a {type(model).__name__} is not a timm model: it has no pretrained config", "--model")
         try:  # the test-time size and crop where the config has them, as timm's validate.py evaluates
             cfg = timm.data.resolve_data_config(overrides, pretrained_cfg=config, use_test_size=True)
-        except AssertionError:  # timm's checks, without a message: e.g. a mean of 2 values, an input_size of 5
+        except (AssertionError, TypeError):  # timm's checks, without a message: a mean of 2 values, or 0.5
             raise ValueError(f"transform overrides {overrides}: not values timm takes") from None
         # timm takes the config's value over a falsy one (crop_pct=0): the transform's checks refuse it.
         cfg |= {k: overrides[k] for k in ("crop_pct", "interpolation", "crop_mode") if overrides.get(k) is not None}
@@ -1220,8 +1230,8 @@ class EvalTransform:
     def geometry(self, width: int, height: int) -> tuple[int, int, int, int]:
         """``(resized width, resized height, crop left, crop top)``, rounded as torchvision's
         ``Resize(int)`` and ``CenterCrop`` (timm's) round. ValueError: a size is not positive."""
-        if width <= 0 or height <= 0:
-            raise ValueError(f"invalid image size {width}x{height}")
+        if not (_whole(width, 1) and _whole(height, 1)):
+            raise ValueError(f"invalid image size {width!r}x{height!r}")
         short = self.resize_short
         if self.crop_mode == "squash":
             new_w = new_h = short
@@ -1324,6 +1334,8 @@ class BadImagePolicy:
 
     def limit(self, listed: int | None) -> int | None:
         """The most bad images a run of ``listed`` may skip; None: no limit (or a percentage of None)."""
+        if listed is not None and not _whole(listed, 0):
+            raise ValueError(f"listed={listed!r}: expected a whole number of images, 0 or more (or None)")
         if self.max_bad_percent is None or listed is None:
             return self.max_bad
         from fractions import Fraction  # exact: 10% of 30 is 3, never 2.9999
@@ -1646,6 +1658,8 @@ def _record_batch(batch: tuple, failures: list[ImageDecodeError]) -> None:
     if not (isinstance(batch, tuple | list) and len(batch) == 2):
         what = f"{type(batch).__name__} of {len(batch)}" if isinstance(batch, tuple | list) else type(batch).__name__
         raise TypeError(f"a batch that is a {what}: expected a pair (images, labels), as get_decode_func's are")
+    for name, value in zip(("images", "labels"), batch, strict=True):  # not an AttributeError mid-loop
+        _check_type(f"a batch's {name}", value, Tensor, "a tensor")
     failures += getattr(batch, "failures", ())
 
 
@@ -2398,6 +2412,7 @@ def get_pipeline(
             least = f"at least {name != 'decode_processes':d}"
             raise ValueError(f"{name}={value!r}: expected {least}, a whole number (at most {_COUNT_MAX}: a C int)")
     hooks: dict[str, Any] = {}
+    _check_type("stats", stats, _PipelineStats | None, "a _PipelineStats, or None")
     if stats is not None:
         hooks = {"queue_class": stats.queue, "task_hook_factory": stats.task_hooks}
         report_stats_interval = stats.interval
@@ -2646,6 +2661,9 @@ class Classification(torch.nn.Module):
     it). ValueError for labels of another shape, which would broadcast."""
 
     def forward(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        _check_type("logits", logits, Tensor, "a tensor N x C")
+        if logits.dim() != 2:  # one row of C: topk would rank the classes as if each were an image
+            raise ValueError(f"logits of shape {tuple(logits.shape)}: expected N x C")
         n = logits.shape[0]
         _check_type("labels", labels, Tensor, "a tensor of class indices")  # a loader's list of them
         if tuple(labels.shape) not in ((n,), (n, 1)):  # a row of N against N x 5: N hits per image
@@ -2671,6 +2689,10 @@ class ModelBundle(torch.nn.Module):
         batch_size: int | None = None,
     ) -> None:
         super().__init__()
+        for name, part in (("preprocessing", preprocessing), ("model", model), ("classification", classification)):
+            _check_type(name, part, torch.nn.Module, "a torch.nn.Module")
+        if batch_size is not None and not _whole(batch_size, 1):  # padded to it: -1, 1.5 or True would not pad
+            raise ValueError(f"batch_size={batch_size!r}: expected a whole number from 1, or None")
         _check_type("dtype", dtype, torch.dtype, "a torch dtype, e.g. torch.float32")
         _check_type("transform", transform, EvalTransform, "an EvalTransform")
         self.preprocessing, self.model, self.classification = preprocessing, model, classification
@@ -2679,6 +2701,7 @@ class ModelBundle(torch.nn.Module):
     def logits(self, images: Tensor) -> Tensor:
         """uint8 images ``N x 3 x H x W`` -> float32 logits ``N x C``. ValueError for another type
         (floats on the 0-1 scale would be divided by 255 again)."""
+        _check_type("images", images, Tensor, "a uint8 tensor N x 3 x H x W")
         if images.dtype != torch.uint8:
             raise ValueError(f"images of type {images.dtype}: expected torch.uint8 (0-255), as the decoders give")
         if images.dim() != 4 or images.shape[1] != 3:  # one image, or N x H x W x 3: its first size no count
@@ -2929,6 +2952,8 @@ def get_model(
     _check_type("model_name", model_name, str, "a timm model's name")
     _check_type("checkpoint", checkpoint, str | os.PathLike | None, "a checkpoint file's path, or None")
     _check_type("pretrained", pretrained, bool, "True or False")  # "no" is true
+    _check_type("use_bf16", use_bf16, bool | None, "True, False or None")
+    _check_type("dtype", dtype, torch.dtype | str, "a torch dtype, its name, or 'auto'")
     _check_type("transform", transform, EvalTransform | dict | None, "an EvalTransform, a dict of overrides, or None")
     device = _resolve_device(str(device))
     compile = device.type == "cuda" if compile is None else compile  # the CPU's: minutes, and a C++ compiler
@@ -3213,7 +3238,9 @@ def benchmark(
     """
     _check_run_arguments(model, policy, listed, loader_lead, predictions, [sync_clocks, progress])
     policy = policy or BadImagePolicy()
-    loop = _Loop(model, RunResult(listed=listed, loader_lead=loader_lead), warmup_batches, sync_clocks, predictions)
+    counts = {"listed": listed, "loader_lead": loader_lead}  # JSON takes no numpy int: int() of an np.int64
+    result = RunResult(**{k: None if v is None else int(v) for k, v in counts.items()})
+    loop = _Loop(model, result, warmup_batches, sync_clocks, predictions)
     failures: list[ImageDecodeError] = []  # the one record of the bad images, in the order received
     with _stopped_runs(loop.result), torch.inference_mode():
         try:
@@ -3364,6 +3391,9 @@ class _Loop:
         images, labels = batch
         n, kept, size = int(images.shape[0]), None, self.model.transform.size
         first = n and not self.result.classified  # the first batch with an image: checked once
+        if first and bool(((labels < -1) | (labels >= NUM_CLASSES)).any()):  # each a silent miss (one sync)
+            odd = sorted(set(labels.view(-1).tolist()) - set(range(-1, NUM_CLASSES)))[:5]
+            raise ValueError(f"labels {odd}: expected class indices (0-{NUM_CLASSES - 1}, -1: unknown)")
         if first and tuple(images.shape[-2:]) != (size, size):
             message = f"images of {images.shape[-1]} x {images.shape[-2]} for a model whose transform crops {size} x "
             warnings.warn(f"{message}{size}: decode with get_decode_func(..., model.transform)", stacklevel=4)
@@ -3640,9 +3670,8 @@ def measure_loader(
     window = _TimingWindow(_resolve_device(str(device)), warmup_batches)  # InputError: "meta", no CUDA
     with _stopped_runs(None):  # a stall, the pipeline's failure: RunStopped, as the run says them
         for batch in batches:
+            _record_batch(batch, [] if failures is None else failures)
             window.add(batch[0].shape[0])
-            if failures is not None:
-                failures += getattr(batch, "failures", ())
     frames, seconds, warmup_included = window.close()
     if warmup_included and warmup_batches:
         _warn_warmup_included(window.warmed, warmup_batches)
@@ -5837,7 +5866,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(AttributeError, ValueError):  # a name that is not UTF-8, rather than stop there
             stream.reconfigure(errors="backslashreplace")
     if argv is not None:  # the words as subprocess takes them: str, or a path; not one string of the whole line
-        if isinstance(argv, (str, bytes)) or not all(isinstance(word, (str, os.PathLike)) for word in argv):
+        words = not isinstance(argv, str | bytes) and isinstance(argv, Sequence)
+        if not (words and all(isinstance(word, str | os.PathLike) for word in argv)):
             raise TypeError(f"argv={argv!r}: expected a list of the command line's words, e.g. shlex.split(line)")
         argv = [os.fsdecode(word) for word in argv]
     args = _parse_args(argv)

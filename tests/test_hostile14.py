@@ -276,3 +276,91 @@ def test_main_takes_a_path_in_argv_or_refuses_it_by_name(dataset, capfd):
     for wrong in ("--help", ["--batch-size", 8]):  # a whole line was split into its characters
         with pytest.raises(TypeError, match=r"^argv=.*expected a list of the command line's words"):
             ic.main(wrong)
+
+
+# --- Arguments of the wrong kind in a notebook (a sweep of every public name) ------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+
+
+def test_batches_of_no_tensors_are_type_errors_naming_them(tiny):
+    # A list for the images met an AttributeError ('list' object has no attribute 'shape') mid-loop;
+    # measure_loader took a string's letters for batches and a dict's keys for images.
+    labels = torch.zeros(2, 1, dtype=torch.int64)
+    with pytest.raises(TypeError, match=r"^a batch's images=\[1, 2\]: expected a tensor"):
+        ic.benchmark([([1, 2], labels)], tiny, warmup_batches=0)
+    for batches in ("abc", [{"a": 1}], [([1, 2], labels)]):
+        with pytest.raises(TypeError, match=r"^a batch"):
+            ic.measure_loader(batches, "cpu", 0)
+    with pytest.raises(TypeError, match=r"^images=\[1, 2\]: expected a uint8 tensor"):
+        tiny.logits([1, 2])
+    with pytest.raises(ValueError, match=r"^logits of shape \(1000,\): expected N x C"):
+        ic.Classification()(torch.zeros(1000), torch.zeros(1, dtype=torch.int64))
+
+
+def test_labels_that_are_no_class_index_stop_the_first_batch_not_count_as_misses(tiny):
+    # Labels 5000 and -7 were silent misses: top-1 0 % over a denominator that held them.
+    images = torch.zeros(2, 3, 64, 64, dtype=torch.uint8)
+    for wrong in (5000, -7):
+        with pytest.raises(ValueError, match=rf"^labels \[{wrong}\]: expected class indices \(0-999, -1: unknown\)"):
+            ic.benchmark([(images, torch.tensor([[3], [wrong]]))], tiny, warmup_batches=0)
+
+
+def test_numpy_counts_are_taken_and_written_as_json(tiny):
+    import numpy as np
+
+    images, labels = torch.zeros(2, 3, 160, 160, dtype=torch.uint8), torch.tensor([[3], [4]])
+    with pytest.warns(ic.WarmupIncluded):
+        result = ic.benchmark([(images, labels)], tiny, listed=np.int64(2), loader_lead=np.int64(1), warmup_batches=1)
+    assert json.loads(json.dumps(result.to_dict()))["listed"] == 2  # int64: not JSON serializable
+
+
+def test_the_bundle_and_its_settings_refuse_the_wrong_kind_where_given(tiny):
+    parts = (tiny.preprocessing, tiny.model, tiny.classification)
+    with pytest.raises(TypeError, match=r"^model='resnet50': expected a torch.nn.Module"):
+        ic.ModelBundle(parts[0], "resnet50", parts[2], torch.float32, tiny.transform)
+    for size in (-1, 1.5, True):  # each would pad to nothing, or fail in new_zeros mid-run
+        with pytest.raises(ValueError, match=r"^batch_size="):
+            ic.ModelBundle(*parts, torch.float32, tiny.transform, batch_size=size)
+    with pytest.raises(TypeError, match=r"^use_bf16='no': expected True, False or None"):  # "no" gave bfloat16
+        ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False, use_bf16="no")
+    with pytest.raises(TypeError, match=r"^dtype=\[1, 2\]"):
+        ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False, dtype=[1, 2])
+    with pytest.raises(TypeError, match=r"^stats=True"):
+        ic.get_pipeline([("a.JPEG", 0)], 1, lambda items: items, 1, 1, 1, stats=True)
+
+
+def test_transform_values_of_the_wrong_kind_are_refused_not_coerced(tiny):
+    # img_size=True was a 1-pixel transform, crop_pct=True 1.0; a mean of 0.5 timm's TypeError.
+    for overrides in ({"img_size": True}, {"crop_pct": True}):
+        with pytest.raises(ValueError, match=r"True and False are no sizes"):
+            ic.EvalTransform.from_model(tiny, overrides)
+    with pytest.raises(ValueError, match=r"^transform overrides \{'mean': 0.5\}: not values timm takes"):
+        ic.EvalTransform.from_model(tiny, {"mean": 0.5})
+    with pytest.raises(ValueError, match=r"its interpolation \[1, 2\] is not one of"):  # was: unhashable type
+        ic.EvalTransform(interpolation=[1, 2])
+    for width in (float("nan"), float("inf"), 1.5, True, 0):
+        with pytest.raises(ValueError, match=r"^invalid image size"):
+            tiny.transform.geometry(width, 100)
+
+
+def test_counts_and_lists_of_the_notebook_readers_are_checked(dataset):
+    images = ic.read_file_list(dataset, prefix=f"{dataset.parent}/", max_samples=10**30)  # was: islice's ValueError
+    assert len(images) == 8
+    for count in (-1, 1.5, True):  # -1 took all but the last
+        with pytest.raises(ValueError, match=r"^count="):
+            images.head(count)
+    policy = ic.BadImagePolicy(skip=True, max_bad_percent=10)
+    for listed in (-1, 1.5, True, float("inf")):  # -1 allowed -1 bad images, inf overflowed
+        with pytest.raises(ValueError, match=r"^listed="):
+            policy.limit(listed)
+    with pytest.raises(TypeError, match=r"^paths='ab': expected a sequence of paths"):  # was paths 'a' and 'b'
+        ic.ImageList("ab", (1, 2))
+    with pytest.raises(TypeError, match=r"paths of type NoneType, int: expected paths"):
+        ic.ImageList((None, 3), (1, 2))
+    for argv in (0, {"--help": 1}):  # a dict ran as its keys
+        with pytest.raises(TypeError, match=r"^argv="):
+            ic.main(argv)
