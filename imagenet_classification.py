@@ -3391,9 +3391,6 @@ class _Loop:
         images, labels = batch
         n, kept, size = int(images.shape[0]), None, self.model.transform.size
         first = n and not self.result.classified  # the first batch with an image: checked once
-        if first and bool(((labels < -1) | (labels >= NUM_CLASSES)).any()):  # each a silent miss (one sync)
-            odd = sorted(set(labels.view(-1).tolist()) - set(range(-1, NUM_CLASSES)))[:5]
-            raise ValueError(f"labels {odd}: expected class indices (0-{NUM_CLASSES - 1}, -1: unknown)")
         if first and tuple(images.shape[-2:]) != (size, size):
             message = f"images of {images.shape[-1]} x {images.shape[-2]} for a model whose transform crops {size} x "
             warnings.warn(f"{message}{size}: decode with get_decode_func(..., model.transform)", stacklevel=4)
