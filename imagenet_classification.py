@@ -3888,10 +3888,11 @@ def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
     with contextlib.suppress(RuntimeError, ValueError, RunInterrupted, RunStopped):  # RunStopped: the store froze
         store = c10d._get_default_store()
         while len(found) < shard.world_size - 1:
-            missing = set(range(shard.world_size)) - {shard.rank} - set(found)
-            shares = _ask_store(lambda missing=missing: {r: _share_left(store, r) for r in missing}, wait_s)
-            found.update((rank, share) for rank, share in shares.items() if share is not None)
-            if time.monotonic() >= deadline:
+            with _uninterrupted() as held:  # torchrun's signal (a peer died) waits for one whole look
+                missing = set(range(shard.world_size)) - {shard.rank} - set(found)
+                shares = _ask_store(lambda missing=missing: {r: _share_left(store, r) for r in missing}, wait_s)
+                found.update((rank, share) for rank, share in shares.items() if share is not None)
+            if held or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
     return [found[rank] for rank in sorted(found)]

@@ -356,3 +356,39 @@ def test_counts_and_lists_of_the_notebook_readers_are_checked(dataset):
     for argv in (0, {"--help": 1}):  # a dict ran as its keys
         with pytest.raises(TypeError, match=r"^argv="):
             ic.main(argv)
+
+
+# --- torchrun: what a fault sweep found (kills, freezes and SIGTERMs at each phase) --------------------
+
+_LOOK_UNDER_SIGTERM = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import torch.distributed as dist
+import imagenet_classification as ic
+
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[2]}", rank=0, world_size=1)
+share = {"rank": 1, "classified": 64, "stopped_by": "finished", "stop_reason": None}
+ic._post_share(share, 5.0)  # rank 1 finished its shard and left its share, then died
+signal.signal(signal.SIGTERM, ic._interrupt)  # the command line's handler
+ask = ic._ask_store
+
+def torchrun_ends_this_rank(*args):  # its SIGTERM, as the first look at the store begins
+    ic._ask_store = ask
+    os.kill(os.getpid(), signal.SIGTERM)
+    return ask(*args)
+
+ic._ask_store = torchrun_ends_this_rank
+found = ic._stopped_peers(ic._Shard(0, 2, 0), 2.0)
+print([(s["rank"], s["classified"]) for s in found])
+"""
+
+
+def test_a_signal_as_rank_0_looks_for_the_shares_costs_none_of_them(tmp_path):
+    # torchrun SIGTERMs rank 0 once a peer died; arriving before the first look at the store, it
+    # ended the look with nothing found: a finished rank's 64 images counted as not reached.
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOOK_UNDER_SIGTERM, str(ROOT), str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[(1, 64)]"
