@@ -190,8 +190,8 @@ class RunStopped(Exception):
     ``bad_image`` (the policy is strict), ``too_many_bad``, ``stalled`` (no batch within the
     time-out; ``where`` says what the decode stage was doing), ``incomplete`` (the loader ended
     early), ``loader`` (it failed), ``out_of_memory``, ``model`` (it failed on a batch) or
-    ``peer`` (another rank of a torchrun job stopped). ``result`` is the partial
-    :py:class:`RunResult`, set by :py:func:`benchmark`."""
+    ``peer`` (another rank of a torchrun job stopped; ``where``: ``a collective`` that failed).
+    ``result`` is the partial :py:class:`RunResult`, set by :py:func:`benchmark`."""
 
     def __init__(self, message: str, kind: str, advice: str = "", where: str = "") -> None:
         super().__init__(message)
@@ -3781,11 +3781,13 @@ def _warmup_for_all_ranks(shard: _Shard, listed: int, batch_size: int, warmup_ba
 
 @contextlib.contextmanager
 def _peer_stops() -> Iterator[None]:
-    """A collective that fails (DistBackendError, a time-out) as RunStopped (``peer``): a peer stopped or died."""
+    """A collective that fails (DistBackendError, a time-out) as RunStopped (``peer``): a peer stopped or died.
+    Gloo's first sentence, less its source file: "[.../pair.cc:545] Read error ...: Connection reset by peer"."""
     try:
         yield
     except RuntimeError as e:
-        raise RunStopped(f"another rank stopped ({str(e).splitlines()[0]})", "peer") from None
+        first = re.sub(r"^\[[^\]]*\]\s*", "", (str(e).splitlines() or [""])[0]).split(". ")[0]
+        raise RunStopped(f"another rank stopped ({first})", "peer", where="a collective") from None
 
 
 def _barrier() -> None:
@@ -4031,6 +4033,10 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
     cause = min(shares, key=lambda s: _FOLLOWED.get(s["stopped_by"], 0))  # the first, on a tie: this rank
     outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {cause['stop_reason']}"
     heard = {s["rank"] for s in shares}
+    lost = [str(r) for r in range(shard.world_size) if r not in heard]
+    if cause is share and getattr(outcome.error, "where", "") == "a collective" and lost:  # Gloo names no rank
+        ranks = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {', '.join(lost)}"
+        outcome.job_stop_reason = f"{ranks}: no word (died, or froze)"
     silent = "no word from it (it died, or was still running): its images counted as not reached"
     shares += [
         {**dict.fromkeys(_RANK_KEYS), "rank": r, "stop_reason": silent}
@@ -5713,8 +5719,7 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         message, status = _explain(report.error, config)
         job = report.job_stop_reason
         result.stop_reason = job or message
-        label = f"rank {shard.rank}: " if alone else ""
-        _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
+        _say(f"error: {_rank_label(shard)}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
     # A stopped job's rows are rank 0's alone (the others' stay with them): in its shard's order.
     listed = config.images if report.error is None else config.my_images
     rows = _utf8_paths(_in_list_order(result.predictions or [], listed))
@@ -5745,6 +5750,11 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     if config.trace is not None and trace is None and shard.rank == 0:
         _say(f"note: {config.trace}.json and .pftrace not written: the run stopped before its loop began")
     return status or (EXIT_FAILED if not_written or not printed else 0)
+
+
+def _rank_label(shard: _Shard) -> str:
+    """``rank N: `` under torchrun, where the ranks share one stderr; else nothing."""
+    return f"rank {shard.rank}: " if shard.world_size > 1 else ""
 
 
 def _say(line: str) -> None:
@@ -5800,12 +5810,13 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise RunInterrupted(signum)
 
 
-def _held_status(held: list[int]) -> int:
+def _held_status(held: list[int], shard: _Shard = _Shard()) -> int:
     """The exit status of a signal held back while the report was written (0: none was), said."""
     if not held:
         return 0
     reason, status = _explain(RunInterrupted(held[0]), None)
-    _say(f"error: {reason} while the report was written; the run had ended, and the report and files are whole")
+    whole = "the run had ended, and the report and files are whole"
+    _say(f"error: {_rank_label(shard)}{reason} while the report was written; {whole}")
     return status
 
 
@@ -5842,7 +5853,7 @@ def _run_job(config: _RunConfig) -> int:
 
             if dist.is_initialized():  # left to interpreter shutdown, Gloo's threads free tensors without the GIL
                 dist.destroy_process_group()
-    return _held_status(held) or status  # a signal's status, as ever
+    return _held_status(held, config.shard) or status  # a signal's status, as ever
 
 
 def _start_time() -> str:
@@ -5903,16 +5914,17 @@ def _main(args: argparse.Namespace, command: tuple[str, ...], start_time: str) -
     spdl.io.utils.get_ffmpeg_versions()
     in_main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
     previous = {s: signal.signal(s, _interrupt) for s in _SIGNALS} if in_main_thread else {}
-    config = None
+    config, shard = None, _Shard()
     try:
         shard = _shard_from_env()
         if shard.rank != 0:
             logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the job
         config = _preflight(args, shard, command, start_time)
         return _sweep_command(config) if config.sweep else _run_job(config)
-    except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started
+    except (InputError, RunStopped, RunInterrupted) as e:  # before the loop started, or at the barrier after it
         message, status = _explain(e, config)
-        _say(f"error: {message}")
+        label = "" if isinstance(e, InputError) else _rank_label(shard)  # the input's error: every rank's the same
+        _say(f"error: {label}{message}")
         return status
     finally:
         for s, handler in previous.items():

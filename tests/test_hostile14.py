@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -392,3 +393,56 @@ def test_a_signal_as_rank_0_looks_for_the_shares_costs_none_of_them(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "[(1, 64)]"
+
+
+_RANK_DIES = """
+import os, sys
+root, where, *args = sys.argv[1:]
+sys.path.insert(0, root)
+sys.argv = [os.path.join(root, "imagenet_classification.py"), *args]
+import imagenet_classification as ic
+
+if where != "-":
+    setattr(ic, where, lambda *args, **kwargs: os._exit(9))  # killed (the OOM killer?) there
+ic.entrypoint()
+"""
+
+
+def _rank_1_dies_in(where: str, dataset: Path, out: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """Two ranks started by hand, as torchrun would; rank 1 dies on calling the module's ``where``.
+    Rank 0's completed process, and its one error line (its exit status 1)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [*_inputs(dataset), *FAST, "--num-threads", "1", "--timeout", "5", "--results-file", str(out)]
+    procs = []
+    for rank, dies in enumerate(("-", where)):  # both alike: all_gather_object pickles classes by module name
+        launch = ["-c", _RANK_DIES, str(ROOT), dies]
+        env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, *launch, *args], env=env, stderr=subprocess.PIPE, text=True))
+    stderr = procs[0].communicate(timeout=120)[1]
+    assert procs[1].communicate(timeout=60) and procs[1].returncode == 9, procs[1].stderr
+    proc = subprocess.CompletedProcess(procs[0].args, procs[0].returncode, "", stderr)
+    return proc, _error_line(proc, ic.EXIT_FAILED)
+
+
+def test_a_rank_that_dies_in_a_collective_is_named_as_the_jobs_stop_not_gloos_source_file(dataset, tmp_path):
+    # Rank 0's line and stop reason were Gloo's raw text ("[/__w/pytorch/.../pair.cc:545] Read error ...
+    # GLHF!"), and named no rank: rank 1, which left no word, is the one that stopped the job.
+    out = tmp_path / "r.json"
+    _, line = _rank_1_dies_in("_agree_on_job", dataset, out)
+    assert line.startswith("error: rank 0: another rank stopped (") and "GLHF" not in line and ".cc:" not in line
+    assert line.endswith("; the job stopped on rank 1: no word (died, or froze)")
+    result = json.loads(out.read_text())
+    assert result["stop_reason"] == "rank 1: no word (died, or froze)"
+    assert (result["listed"], result["classified"], result["not_reached"]) == (8, 0, 8)
+
+
+def test_a_rank_that_dies_at_the_last_barrier_is_said_by_a_rank_named(dataset, tmp_path):
+    # The ranks share one stderr under torchrun: "error: another rank stopped (...)" named no rank.
+    out = tmp_path / "r.json"
+    _, line = _rank_1_dies_in("_finish", dataset, out)  # its files (none) written: at the barrier after them
+    assert line.startswith("error: rank 0: another rank stopped ("), line
+    result = json.loads(out.read_text())  # rank 0's files were written before the barrier: whole
+    assert (result["classified"], result["not_reached"], result["partial"]) == (8, 0, False)
