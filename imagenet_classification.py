@@ -3941,8 +3941,9 @@ def _wait_for_peers(shard: _Shard, silent_s: float) -> None:
         now = time.monotonic()
         for rank, (share, count) in sorted(heard.items()):
             if share is not None:
-                if share["stopped_by"] != "finished":
-                    raise RunStopped(f"another rank stopped (rank {rank}: {share['stop_reason']})", "peer")
+                if share["stopped_by"] != "finished" or share.get("then"):  # it stopped, or stopped after it finished
+                    reason = share.get("then") or share["stop_reason"]
+                    raise RunStopped(f"another rank stopped (rank {rank}: {reason})", "peer")
                 peers.discard(rank)
                 continue
             if (last := beats.get(rank)) is None or last[0] != count:
@@ -4015,12 +4016,12 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
         except (RunStopped, RunInterrupted) as e:  # RunInterrupted: torchrun ends the others once one stopped
             outcome.error = e
         result.partial = True
-    own = _explain(outcome.error, config)[0]
-    if finished:  # its entry stays that of a shard classified whole
-        share.update(stop_reason=None, stopped_by="finished")
+    own, kind = _explain(outcome.error, config)[0], getattr(outcome.error, "kind", "interrupted")
+    if finished:  # its entry stays that of a shard classified whole; what stopped it after, for rank 0 to name
+        share.update(stop_reason=None, stopped_by="finished", then=own, then_by=kind)
     else:
-        share.update(stop_reason=own, stopped_by=getattr(outcome.error, "kind", "interrupted"))
-        _post_share(share, silent_s)
+        share.update(stop_reason=own, stopped_by=kind)
+    _post_share(share, silent_s)
     if shard.rank != 0:
         return [{k: share[k] for k in _RANK_KEYS}]
     shares = [share, *_stopped_peers(shard, _PEER_WORD_S)]  # a rank still running: its images not reached
@@ -4030,8 +4031,9 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
     if len(caches) == shard.world_size and None not in caches:
         outcome.result.page_cache = _PageCache.total([_PageCache(**cache) for cache in caches])
     outcome.result.predictions = result.predictions  # rank 0's: the others' stay with them
-    cause = min(shares, key=lambda s: _FOLLOWED.get(s["stopped_by"], 0))  # the first, on a tie: this rank
-    outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {cause['stop_reason']}"
+    cause = min(shares, key=lambda s: _FOLLOWED.get(s.get("then_by") or s["stopped_by"], 0))  # a tie: this rank
+    reason = cause.get("then") or cause["stop_reason"]
+    outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {reason}"
     heard = {s["rank"] for s in shares}
     lost = [str(r) for r in range(shard.world_size) if r not in heard]
     if cause is share and getattr(outcome.error, "where", "") == "a collective" and lost:  # Gloo names no rank

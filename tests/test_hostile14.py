@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -396,14 +397,23 @@ def test_a_signal_as_rank_0_looks_for_the_shares_costs_none_of_them(tmp_path):
 
 
 _RANK_DIES = """
-import os, sys
+import os, signal, sys
 root, where, *args = sys.argv[1:]
 sys.path.insert(0, root)
 sys.argv = [os.path.join(root, "imagenet_classification.py"), *args]
 import imagenet_classification as ic
 
-if where != "-":
-    setattr(ic, where, lambda *args, **kwargs: os._exit(9))  # killed (the OOM killer?) there
+name, _, how = where.partition(":")
+call = getattr(ic, name, None)
+
+def dies(*args, **kwargs):
+    if how == "SIGTERM":  # as torchrun, or a user, ends it: its handler, then the call
+        os.kill(os.getpid(), signal.SIGTERM)
+        return call(*args, **kwargs)
+    os._exit(9)  # killed (the OOM killer?) there
+
+if call is not None:
+    setattr(ic, name, dies)
 ic.entrypoint()
 """
 
@@ -422,7 +432,7 @@ def _rank_1_dies_in(where: str, dataset: Path, out: Path) -> tuple[subprocess.Co
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
         procs.append(subprocess.Popen([sys.executable, *launch, *args], env=env, stderr=subprocess.PIPE, text=True))
     stderr = procs[0].communicate(timeout=120)[1]
-    assert procs[1].communicate(timeout=60) and procs[1].returncode == 9, procs[1].stderr
+    assert procs[1].communicate(timeout=60) and procs[1].returncode in (9, 128 + signal.SIGTERM), procs[1].stderr
     proc = subprocess.CompletedProcess(procs[0].args, procs[0].returncode, "", stderr)
     return proc, _error_line(proc, ic.EXIT_FAILED)
 
@@ -446,3 +456,15 @@ def test_a_rank_that_dies_at_the_last_barrier_is_said_by_a_rank_named(dataset, t
     assert line.startswith("error: rank 0: another rank stopped ("), line
     result = json.loads(out.read_text())  # rank 0's files were written before the barrier: whole
     assert (result["classified"], result["not_reached"], result["partial"]) == (8, 0, False)
+
+
+def test_a_rank_stopped_after_its_shard_is_named_as_the_jobs_stop(dataset, tmp_path):
+    # A rank that had finished its shard, then was ended (SIGTERM) as it waited for rank 0, left its
+    # share saying "finished" alone: rank 0 named Gloo's lost connection, or its own SIGTERM.
+    out = tmp_path / "r.json"
+    _, line = _rank_1_dies_in("_wait_for_peers:SIGTERM", dataset, out)
+    assert line.endswith("; the job stopped on rank 1: interrupted by SIGTERM"), line
+    result = json.loads(out.read_text())
+    assert result["stop_reason"] == "rank 1: interrupted by SIGTERM"
+    assert result["ranks"][1]["stop_reason"] is None and result["ranks"][1]["classified"] == 4  # its shard, whole
+    assert result["classified"] + result["not_reached"] == 8 and result["partial"]
