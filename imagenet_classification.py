@@ -3992,6 +3992,9 @@ def _ask_store(call: Callable[[], Any], wait_s: float) -> Any:
         return answer.result(timeout=wait_s)
     except concurrent.futures.TimeoutError:
         raise RunStopped(f"another rank stopped (the job's store gave no answer for {wait_s:g} s)", "peer") from None
+    except RuntimeError as e:  # DistNetworkError: the process that held the store ended (rank 0, or torchrun's agent)
+        first = (str(e).splitlines() or [""])[0]
+        raise RunStopped(f"another rank stopped (the job's store is gone: {first})", "peer") from None
 
 
 def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:

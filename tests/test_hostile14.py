@@ -418,22 +418,22 @@ ic.entrypoint()
 """
 
 
-def _rank_1_dies_in(where: str, dataset: Path, out: Path) -> tuple[subprocess.CompletedProcess, str]:
-    """Two ranks started by hand, as torchrun would; rank 1 dies on calling the module's ``where``.
-    Rank 0's completed process, and its one error line (its exit status 1)."""
+def _rank_1_dies_in(where: str, dataset: Path, out: Path, dying: int = 1) -> tuple[subprocess.CompletedProcess, str]:
+    """Two ranks started by hand, as torchrun would; rank ``dying`` dies on calling the module's ``where``.
+    The other's completed process, and its one error line (its exit status 1)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = [*_inputs(dataset), *FAST, "--num-threads", "1", "--timeout", "5", "--results-file", str(out)]
     procs = []
-    for rank, dies in enumerate(("-", where)):  # both alike: all_gather_object pickles classes by module name
+    for rank, dies in enumerate(("-", where) if dying == 1 else (where, "-")):  # both alike: pickled classes match
         launch = ["-c", _RANK_DIES, str(ROOT), dies]
         env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
         procs.append(subprocess.Popen([sys.executable, *launch, *args], env=env, stderr=subprocess.PIPE, text=True))
-    stderr = procs[0].communicate(timeout=120)[1]
-    assert procs[1].communicate(timeout=60) and procs[1].returncode in (9, 128 + signal.SIGTERM), procs[1].stderr
-    proc = subprocess.CompletedProcess(procs[0].args, procs[0].returncode, "", stderr)
+    stderr = procs[1 - dying].communicate(timeout=120)[1]
+    assert procs[dying].communicate(timeout=60) and procs[dying].returncode in (9, 128 + signal.SIGTERM), stderr
+    proc = subprocess.CompletedProcess(procs[1 - dying].args, procs[1 - dying].returncode, "", stderr)
     return proc, _error_line(proc, ic.EXIT_FAILED)
 
 
@@ -468,3 +468,10 @@ def test_a_rank_stopped_after_its_shard_is_named_as_the_jobs_stop(dataset, tmp_p
     assert result["stop_reason"] == "rank 1: interrupted by SIGTERM"
     assert result["ranks"][1]["stop_reason"] is None and result["ranks"][1]["classified"] == 4  # its shard, whole
     assert result["classified"] + result["not_reached"] == 8 and result["partial"]
+
+
+def test_a_rank_waiting_on_a_store_that_is_gone_says_so(dataset, tmp_path):
+    # Rank 0's process held the job's store (no torchrun agent) and ended as it finished: rank 1's
+    # line was "another rank stopped (Broken pipe)", c10d's words for the store's socket alone.
+    _, line = _rank_1_dies_in("_wait_for_peers", dataset, tmp_path / "r.json", dying=0)
+    assert line.startswith("error: rank 1: another rank stopped (the job's store is gone: "), line
