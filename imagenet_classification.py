@@ -1716,6 +1716,8 @@ def _decode_items(
                 path, label = item
             except (TypeError, ValueError):  # bare paths: a ValueError naming no image, in each decode thread
                 raise TypeError(f"{item!r}: expected a (path, label) pair, as source() yields") from None
+            if not isinstance(path, str | os.PathLike):  # os.open's errors name no item ("embedded null character")
+                raise TypeError(f"{item!r}: expected a (path, label) pair, its path a str")
             marks[key] = (path, time.monotonic())
             try:
                 decoded.append(decode_one(path))

@@ -475,3 +475,14 @@ def test_a_rank_waiting_on_a_store_that_is_gone_says_so(dataset, tmp_path):
     # line was "another rank stopped (Broken pipe)", c10d's words for the store's socket alone.
     _, line = _rank_1_dies_in("_wait_for_peers", dataset, tmp_path / "r.json", dying=0)
     assert line.startswith("error: rank 1: another rank stopped (the job's store is gone: "), line
+
+
+def test_a_decode_items_path_of_no_path_is_a_type_error_naming_the_item():
+    # An int path failed in os.open ("path should be string, ... not int"), naming no item; numpy's
+    # int as "embedded null character in path".
+    import numpy as np
+
+    decode = ic.get_decode_func("cpu", ic.EvalTransform())
+    for path in (3, np.int64(3), None):
+        with pytest.raises(TypeError, match=r"expected a \(path, label\) pair, its path a str"):
+            decode([(path, 0)])
