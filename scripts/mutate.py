@@ -141,6 +141,8 @@ GROUPS: dict[str, Group] = {
             "tests/test_hostile12.py::test_a_used_up_iterator_is_said_without_a_warm_up_too",
             "tests/test_hostile13.py::test_a_batch_stopped_at_the_warmups_barrier_keeps_its_decoder_counts",
             "tests/test_hostile13.py::test_a_time_out_after_every_listed_image_is_the_loaders_end",
+            "tests/test_hostile14.py::test_batches_of_no_tensors_are_type_errors_naming_them",
+            "tests/test_hostile14.py::test_numpy_counts_are_taken_and_written_as_json",
             *_RUN_AT_LIMIT,
         ],
         [
@@ -213,6 +215,7 @@ GROUPS: dict[str, Group] = {
             "tests/test_semantic.py::test_ffmpeg_decoder_follows_timms_transform_in_each_mode",
             "tests/test_newcomer.py::test_transform_overrides_reach_the_loader_and_the_model",
             "tests/test_newcomer.py::test_a_crop_mode_given_reaches_the_transform",
+            "tests/test_hostile14.py::test_transform_values_of_the_wrong_kind_are_refused_not_coerced",
         ],
         [
             "tests/test_decode.py::test_geometry_matches_torchvision",
