@@ -532,10 +532,14 @@ class ImageList:
     def __post_init__(self) -> None:
         """ValueError unless each path has one label, a class index: another would be a miss, or fail mid-run.
         TypeError for paths that are no sequence of paths (a string: each letter a path)."""
-        _check_type("labels", self.labels, Sequence, "a sequence of class indices")
-        if isinstance(self.paths, str | bytes) or not isinstance(self.paths, Sequence):
+        if isinstance(self.paths, str | bytes):
             raise TypeError(f"paths={self.paths!r}: expected a sequence of paths")
-        if odd := [kind.__name__ for kind in set(map(type, self.paths)) if not issubclass(kind, str | os.PathLike)]:
+        for name in ("paths", "labels"):  # tuples, whatever sequence was given (a list, a numpy array, a Series)
+            try:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+            except TypeError:
+                raise TypeError(f"{name}={getattr(self, name)!r}: expected a sequence") from None
+        if odd := [t.__name__ for t in set(map(type, self.paths)) if not issubclass(t, str | bytes | os.PathLike)]:
             raise TypeError(f"{self.origin}: paths of type {', '.join(sorted(odd))}: expected paths (str)")
         if len(self.paths) != len(self.labels):
             raise ValueError(f"{self.origin}: {len(self.paths)} paths, {len(self.labels)} labels: expected one a path")
@@ -556,7 +560,7 @@ class ImageList:
         return zip(self.paths, self.labels, strict=True)
 
     def head(self, count: int) -> ImageList:
-        if not _whole(count, 0):  # a slice would take -1 as all but the last
+        if isinstance(count, bool) or not hasattr(count, "__index__") or count.__index__() < 0:  # -1: all but the last
             raise ValueError(f"count={count!r}: expected a whole number of images, 0 or more")
         return replace(self, paths=self.paths[:count], labels=self.labels[:count])
 
@@ -1230,7 +1234,7 @@ class EvalTransform:
     def geometry(self, width: int, height: int) -> tuple[int, int, int, int]:
         """``(resized width, resized height, crop left, crop top)``, rounded as torchvision's
         ``Resize(int)`` and ``CenterCrop`` (timm's) round. ValueError: a size is not positive."""
-        if not (_whole(width, 1) and _whole(height, 1)):
+        if not (_within(width, 1) and _within(height, 1)):
             raise ValueError(f"invalid image size {width!r}x{height!r}")
         short = self.resize_short
         if self.crop_mode == "squash":
@@ -1334,8 +1338,8 @@ class BadImagePolicy:
 
     def limit(self, listed: int | None) -> int | None:
         """The most bad images a run of ``listed`` may skip; None: no limit (or a percentage of None)."""
-        if listed is not None and not _whole(listed, 0):
-            raise ValueError(f"listed={listed!r}: expected a whole number of images, 0 or more (or None)")
+        if listed is not None and not _within(listed, 0):
+            raise ValueError(f"listed={listed!r}: expected a number of images, 0 or more (or None)")
         if self.max_bad_percent is None or listed is None:
             return self.max_bad
         from fractions import Fraction  # exact: 10% of 30 is 3, never 2.9999
@@ -1716,8 +1720,10 @@ def _decode_items(
                 path, label = item
             except (TypeError, ValueError):  # bare paths: a ValueError naming no image, in each decode thread
                 raise TypeError(f"{item!r}: expected a (path, label) pair, as source() yields") from None
-            if not isinstance(path, str | os.PathLike):  # os.open's errors name no item ("embedded null character")
-                raise TypeError(f"{item!r}: expected a (path, label) pair, its path a str")
+            if not isinstance(path, str | bytes | os.PathLike):  # os.open's errors name no item ("embedded null")
+                error = TypeError(f"{item!r}: expected a (path, label) pair, its path a str, not {type(path).__name__}")
+                error._while_decoding = path
+                raise error
             marks[key] = (path, time.monotonic())
             try:
                 decoded.append(decode_one(path))
@@ -3238,11 +3244,9 @@ def benchmark(
             model in training mode or whose weights are not of its ``dtype``, labels that are no whole numbers.
         TypeError: an argument of the wrong kind (a model no ModelBundle), a batch no ``(images, labels)``.
     """
-    _check_run_arguments(model, policy, listed, loader_lead, predictions, [sync_clocks, progress])
+    listed, loader_lead = _check_run_arguments(model, policy, listed, loader_lead, predictions, [sync_clocks, progress])
     policy = policy or BadImagePolicy()
-    counts = {"listed": listed, "loader_lead": loader_lead}  # JSON takes no numpy int: int() of an np.int64
-    result = RunResult(**{k: None if v is None else int(v) for k, v in counts.items()})
-    loop = _Loop(model, result, warmup_batches, sync_clocks, predictions)
+    loop = _Loop(model, RunResult(listed=listed, loader_lead=loader_lead), warmup_batches, sync_clocks, predictions)
     failures: list[ImageDecodeError] = []  # the one record of the bad images, in the order received
     with _stopped_runs(loop.result), torch.inference_mode():
         try:
@@ -3284,8 +3288,9 @@ def _warn_warmup_included(batches: int, warmup_batches: int) -> None:
 
 def _check_run_arguments(
     model: object, policy: BadImagePolicy | None, listed: object, lead: object, predictions: object, calls: list
-) -> None:
-    """:py:func:`benchmark`'s arguments, each refused where it is given, not met mid-run."""
+) -> tuple[int | None, int | None]:
+    """:py:func:`benchmark`'s arguments, each refused where it is given, not met mid-run; returns ``listed``
+    and ``lead`` as ints (JSON takes no numpy int)."""
     for name, count, what in (("listed", listed, "images"), ("loader_lead", lead, "batches")):
         if count is not None and not _whole(count, 0):
             raise ValueError(f"{name}={count!r}: expected a whole number of {what}, 0 or more (or None)")
@@ -3306,6 +3311,7 @@ def _check_run_arguments(
     for name, call in zip(("sync_clocks", "progress"), calls, strict=True):
         if call is not None and not callable(call):  # else a TypeError naming neither, after the first batch
             raise TypeError(f"{name}={call!r}: expected a function, or None")
+    return tuple(None if count is None else int(count) for count in (listed, lead))
 
 
 _HELD = threading.local()  # .lists, each thread's: while the main thread's is not empty, _interrupt (which
@@ -3668,9 +3674,12 @@ def measure_loader(
         raise TypeError(f"failures={failures!r}: expected a list to add the bad images to, or None")
     window = _TimingWindow(_resolve_device(str(device)), warmup_batches)  # InputError: "meta", no CUDA
     with _stopped_runs(None):  # a stall, the pipeline's failure: RunStopped, as the run says them
-        for batch in batches:
-            _record_batch(batch, [] if failures is None else failures)
+        for batch in batches:  # (images, ...): labels, or what else a loader gives, are not looked at
+            if not (isinstance(batch, tuple | list) and batch and isinstance(batch[0], Tensor)):
+                raise TypeError(f"a batch that is a {type(batch).__name__}: expected (images, labels), images a tensor")
             window.add(batch[0].shape[0])
+            if failures is not None:
+                failures += getattr(batch, "failures", ())
     frames, seconds, warmup_included = window.close()
     if warmup_included and warmup_batches:
         _warn_warmup_included(window.warmed, warmup_batches)
@@ -3967,18 +3976,21 @@ def _left(store: Any, key: str) -> bytes | None:
 
 
 def _post_share(share: dict, wait_s: float) -> None:
-    """This rank's share, left in the job's store for a rank 0 that stops (the store gone or frozen too: no word)."""
+    """This rank's share, left in the job's store for a rank 0 that stops; RunStopped (see :py:func:`_ask_store`)."""
     import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
 
-    with contextlib.suppress(RuntimeError, ValueError, RunStopped):
+    try:
         store = c10d._get_default_store()
-        _ask_store(lambda: store.set(f"{_STOPPED_KEY}{share['rank']}", json.dumps(share)), wait_s)
+    except (RuntimeError, ValueError):  # no process group: the ranks did not all join
+        return
+    _ask_store(lambda: store.set(f"{_STOPPED_KEY}{share['rank']}", json.dumps(share)), wait_s)
 
 
 def _ask_store(call: Callable[[], Any], wait_s: float) -> Any:
-    """``call()``, a call to the job's store, in a thread: RunStopped (``peer``) if it has not answered
-    within ``wait_s``. Where torchrun's agent does not hold the store, rank 0's process does, and a
-    call to it waits forever once that process froze, whatever the store's own time-out."""
+    """``call()``, a call to the job's store, in a thread: RunStopped (``peer``, where: ``the job's store``)
+    if it has not answered within ``wait_s``, or the store is gone. Where torchrun's agent does not hold
+    the store, rank 0's process does, and a call to it waits forever once that process froze, whatever
+    the store's own time-out."""
     import concurrent.futures
 
     answer: concurrent.futures.Future = concurrent.futures.Future()
@@ -3993,10 +4005,10 @@ def _ask_store(call: Callable[[], Any], wait_s: float) -> Any:
     try:
         return answer.result(timeout=wait_s)
     except concurrent.futures.TimeoutError:
-        raise RunStopped(f"another rank stopped (the job's store gave no answer for {wait_s:g} s)", "peer") from None
+        why = f"gave no answer for {wait_s:g} s"
     except RuntimeError as e:  # DistNetworkError: the process that held the store ended (rank 0, or torchrun's agent)
-        first = (str(e).splitlines() or [""])[0]
-        raise RunStopped(f"another rank stopped (the job's store is gone: {first})", "peer") from None
+        why = f"is gone: {(str(e).splitlines() or [''])[0]}"
+    raise RunStopped(f"another rank stopped (the job's store {why})", "peer", where="the job's store")
 
 
 def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
@@ -4012,9 +4024,10 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
     finished = outcome.error is None  # its shard: the share it leaves says so, whatever stops the job after
     silent_s = config.timeout + _PEER_WORD_S  # a rank's (or the store's) silence that ends the wait for it
     if finished:
-        _post_share({**share, "stop_reason": None, "stopped_by": "finished"}, silent_s)  # for a rank 0 that stops
         try:
             with _peer_stops():  # a peer stopped before the final reduction
+                finished_share = {**share, "stop_reason": None, "stopped_by": "finished"}
+                _post_share(finished_share, silent_s)  # for a rank 0 that stops
                 _wait_for_peers(shard, silent_s)
                 outcome.result, ranks = _reduce_results(result, shard, config.device)
             return ranks
@@ -4026,7 +4039,9 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
         share.update(stop_reason=None, stopped_by="finished", then=own, then_by=kind)
     else:
         share.update(stop_reason=own, stopped_by=kind)
-    _post_share(share, silent_s)
+    if getattr(outcome.error, "where", "") != "the job's store":  # one that gave no answer: not waited for again
+        with contextlib.suppress(RunStopped):
+            _post_share(share, silent_s)
     if shard.rank != 0:
         return [{k: share[k] for k in _RANK_KEYS}]
     shares = [share, *_stopped_peers(shard, _PEER_WORD_S)]  # a rank still running: its images not reached

