@@ -3952,7 +3952,7 @@ def _wait_for_peers(shard: _Shard, silent_s: float) -> None:
         now = time.monotonic()
         for rank, (share, count) in sorted(heard.items()):
             if share is not None:
-                if share["stopped_by"] != "finished" or share.get("then"):  # it stopped, or stopped after it finished
+                if share["stopped_by"] != "finished" or share.get("then_by", "peer") != "peer":  # or was ended after
                     reason = share.get("then") or share["stop_reason"]
                     raise RunStopped(f"another rank stopped (rank {rank}: {reason})", "peer")
                 peers.discard(rank)

@@ -504,3 +504,26 @@ def test_what_worked_before_the_kind_checks_still_works(dataset):
     assert len(ic.ImageList([os.fsencode(p) for p in listed.paths], list(listed.labels))) == 8
     assert ic.EvalTransform().geometry(500.0, 375.0) == ic.EvalTransform().geometry(500, 375)
     assert ic.BadImagePolicy(skip=True, max_bad_percent=10).limit(30.0) == 3
+
+
+_RELAYED = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch.distributed as dist
+import imagenet_classification as ic
+
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[2]}", rank=0, world_size=1)
+relayed = "another rank stopped (rank 2: no word from it for 5 s)"
+share = {"rank": 1, "stopped_by": "finished", "stop_reason": None, "then": relayed, "then_by": "peer"}
+ic._post_share(share, 5.0)  # rank 1 finished, then stopped as it saw another rank stop
+ic._wait_for_peers(ic._Shard(0, 2, 0), 5.0)
+print("waited")
+"""
+
+
+def test_a_finished_rank_that_relays_anothers_stop_is_not_blamed_for_it(tmp_path):
+    # Rank 1 finished its shard, then stopped as it found rank 2 silent: the waiting rank raised
+    # "another rank stopped (rank 1: another rank stopped (rank 2: ...))", blaming rank 1.
+    cmd = [sys.executable, "-c", _RELAYED, str(ROOT), str(tmp_path / "store")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "waited", proc.stderr
