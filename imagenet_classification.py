@@ -3891,20 +3891,20 @@ _PEER_WORD_S = 2.0  # how long a stopped rank 0 waits for the other ranks' share
 _FOLLOWED = {"interrupted": 1, "peer": 2, "finished": 3}
 
 
-def _stopped_peers(shard: _Shard, wait_s: float) -> list[dict]:
-    """The shares the other ranks left in the job's store (finished or stopped), waiting up to ``wait_s``."""
+def _stopped_peers(shard: _Shard, wait_s: float, held: list[int]) -> list[dict]:
+    """The shares the other ranks left in the job's store (finished or stopped), waiting up to ``wait_s``;
+    signals held by the caller (``held``: torchrun's, as a peer died) end the wait after a whole look."""
     import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
 
     found: dict[int, dict] = {}
     deadline = time.monotonic() + wait_s
-    # RunInterrupted: torchrun ending this rank while it waits; what was found stands
-    with contextlib.suppress(RuntimeError, ValueError, RunInterrupted, RunStopped):  # RunStopped: the store froze
+    # RunStopped: the store froze, or is gone; what was found stands
+    with contextlib.suppress(RuntimeError, ValueError, RunStopped):
         store = c10d._get_default_store()
         while len(found) < shard.world_size - 1:
-            with _uninterrupted() as held:  # torchrun's signal (a peer died) waits for one whole look
-                missing = set(range(shard.world_size)) - {shard.rank} - set(found)
-                shares = _ask_store(lambda missing=missing: {r: _share_left(store, r) for r in missing}, wait_s)
-                found.update((rank, share) for rank, share in shares.items() if share is not None)
+            missing = set(range(shard.world_size)) - {shard.rank} - set(found)
+            shares = _ask_store(lambda missing=missing: {r: _share_left(store, r) for r in missing}, wait_s)
+            found.update((rank, share) for rank, share in shares.items() if share is not None)
             if held or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
@@ -4034,6 +4034,17 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
         except (RunStopped, RunInterrupted) as e:  # RunInterrupted: torchrun ends the others once one stopped
             outcome.error = e
         result.partial = True
+    with _uninterrupted() as held:  # torchrun's SIGTERM as this rank stops (a peer died): the report first
+        ranks = _stopped_job(outcome, config, share, finished, held)
+    if held:  # as for a signal while any run stops: the signal's status, the job's stop still named
+        outcome.error = RunInterrupted(held[0])
+    return ranks
+
+
+def _stopped_job(outcome: _RunReport, config: _RunConfig, share: dict, finished: bool, held: list[int]) -> list[dict]:
+    """:py:func:`_combine_ranks` for a stopped rank (or one stopped after its shard): its share left in
+    the store; on rank 0, the job's totals from the shares found. ``held``: a signal, which ends the look."""
+    shard, silent_s = config.shard, config.timeout + _PEER_WORD_S
     own, kind = _explain(outcome.error, config)[0], getattr(outcome.error, "kind", "interrupted")
     if finished:  # its entry stays that of a shard classified whole; what stopped it after, for rank 0 to name
         share.update(stop_reason=None, stopped_by="finished", then=own, then_by=kind)
@@ -4044,7 +4055,8 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
             _post_share(share, silent_s)
     if shard.rank != 0:
         return [{k: share[k] for k in _RANK_KEYS}]
-    shares = [share, *_stopped_peers(shard, _PEER_WORD_S)]  # a rank still running: its images not reached
+    shares = [share, *_stopped_peers(shard, _PEER_WORD_S, held)]  # a rank still running: its images not reached
+    result = outcome.result
     outcome.result = _job_total(shares, len(config.images), result)
     outcome.result.partial = True
     caches = [s.get("page_cache") for s in shares]  # examined before the loop: known if every rank gave word

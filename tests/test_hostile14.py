@@ -380,8 +380,9 @@ def torchrun_ends_this_rank(*args):  # its SIGTERM, as the first look at the sto
     return ask(*args)
 
 ic._ask_store = torchrun_ends_this_rank
-found = ic._stopped_peers(ic._Shard(0, 2, 0), 2.0)
-print([(s["rank"], s["classified"]) for s in found])
+with ic._uninterrupted() as held:  # as _combine_ranks holds it
+    found = ic._stopped_peers(ic._Shard(0, 2, 0), 2.0, held)
+print([(s["rank"], s["classified"]) for s in found], held)
 """
 
 
@@ -393,7 +394,7 @@ def test_a_signal_as_rank_0_looks_for_the_shares_costs_none_of_them(tmp_path):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == "[(1, 64)]"
+    assert proc.stdout.splitlines()[-1] == f"[(1, 64)] [{int(signal.SIGTERM)}]"  # and the signal kept
 
 
 _RANK_DIES = """
@@ -418,15 +419,17 @@ ic.entrypoint()
 """
 
 
-def _rank_1_dies_in(where: str, dataset: Path, out: Path, dying: int = 1) -> tuple[subprocess.CompletedProcess, str]:
-    """Two ranks started by hand, as torchrun would; rank ``dying`` dies on calling the module's ``where``.
-    The other's completed process, and its one error line (its exit status 1)."""
+def _rank_1_dies_in(
+    where: str, dataset: Path, out: Path, dying: int = 1, other: str = "-", status: int = ic.EXIT_FAILED
+) -> tuple[subprocess.CompletedProcess, str]:
+    """Two ranks started by hand, as torchrun would; rank ``dying`` dies on calling the module's ``where``
+    (the other meets ``other``). The other's completed process, and its one error line (``status``)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = [*_inputs(dataset), *FAST, "--num-threads", "1", "--timeout", "5", "--results-file", str(out)]
     procs = []
-    for rank, dies in enumerate(("-", where) if dying == 1 else (where, "-")):  # both alike: pickled classes match
+    for rank, dies in enumerate((other, where) if dying == 1 else (where, other)):  # both alike: pickled classes match
         launch = ["-c", _RANK_DIES, str(ROOT), dies]
         env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
@@ -434,7 +437,7 @@ def _rank_1_dies_in(where: str, dataset: Path, out: Path, dying: int = 1) -> tup
     stderr = procs[1 - dying].communicate(timeout=120)[1]
     assert procs[dying].communicate(timeout=60) and procs[dying].returncode in (9, 128 + signal.SIGTERM), stderr
     proc = subprocess.CompletedProcess(procs[1 - dying].args, procs[1 - dying].returncode, "", stderr)
-    return proc, _error_line(proc, ic.EXIT_FAILED)
+    return proc, _error_line(proc, status)
 
 
 def test_a_rank_that_dies_in_a_collective_is_named_as_the_jobs_stop_not_gloos_source_file(dataset, tmp_path):
@@ -527,3 +530,14 @@ def test_a_finished_rank_that_relays_anothers_stop_is_not_blamed_for_it(tmp_path
     cmd = [sys.executable, "-c", _RELAYED, str(ROOT), str(tmp_path / "store")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "waited", proc.stderr
+
+
+def test_a_signal_as_a_stopped_rank_leaves_its_share_costs_not_its_report(dataset, tmp_path):
+    # Rank 1 died; torchrun's SIGTERM reached rank 0 as it left its share: RunInterrupted left the
+    # run there, with "error: rank 0: interrupted by SIGTERM" alone, and no results file.
+    out = tmp_path / "r.json"
+    status = 128 + signal.SIGTERM
+    _, line = _rank_1_dies_in("_agree_on_job", dataset, out, other="_post_share:SIGTERM", status=status)
+    assert line == "error: rank 0: interrupted by SIGTERM; the job stopped on rank 1: no word (died, or froze)"
+    result = json.loads(out.read_text())
+    assert result["stop_reason"] == "rank 1: no word (died, or froze)" and result["not_reached"] == 8
