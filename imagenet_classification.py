@@ -250,6 +250,11 @@ def _images(n: int, noun: str = "image") -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def _first_line(error: BaseException) -> str:
+    """An error's message to its first line break (huggingface_hub's, Gloo's and torch's run to many)."""
+    return (str(error).splitlines() or [""])[0]
+
+
 def _check_type(name: str, value: object, kind: Any, expected: str) -> None:
     """TypeError naming the argument: a notebook's dict or string refused where it is given, not
     met later as an AttributeError mid-run."""
@@ -1720,12 +1725,12 @@ def _decode_items(
                 path, label = item
             except (TypeError, ValueError):  # bare paths: a ValueError naming no image, in each decode thread
                 raise TypeError(f"{item!r}: expected a (path, label) pair, as source() yields") from None
-            if not isinstance(path, str | bytes | os.PathLike):  # os.open's errors name no item ("embedded null")
-                error = TypeError(f"{item!r}: expected a (path, label) pair, its path a str, not {type(path).__name__}")
-                error._while_decoding = path
-                raise error
             marks[key] = (path, time.monotonic())
             try:
+                if not isinstance(path, str | bytes | os.PathLike):  # os.open's errors name no item ("embedded null")
+                    raise TypeError(
+                        f"{item!r}: expected a (path, label) pair, its path a str, not {type(path).__name__}"
+                    )
                 decoded.append(decode_one(path))
             except ImageDecodeError as e:
                 if policy is None:
@@ -2892,11 +2897,11 @@ def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
             elif constants.HF_HUB_OFFLINE:
                 where = "HF_HUB_OFFLINE is set"
             else:  # huggingface_hub's messages run to many lines
-                where = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+                where = f"{type(e).__name__}: {_first_line(e)}"
             message = f"{model_name}: cannot get its pretrained weights ({where}, and they are not in its cache)"
             raise InputError(message, "--model", _WEIGHTS_ADVICE) from None
         except Exception as e:  # e.g. no pretrained weights, a corrupt cached file (SafetensorError), a bad config
-            first = str(e).splitlines()[0] if str(e) else ""
+            first = _first_line(e)
             if not pretrained:  # the model itself: a local-dir config naming no architecture timm has
                 raise InputError(f"{model_name}: cannot build it ({type(e).__name__}: {first})", "--model") from None
             reason = f"{type(e).__name__}: {first}"
@@ -3204,7 +3209,7 @@ def _logits(model: ModelBundle, images: Tensor) -> Tensor:
     except (RuntimeError, AssertionError) as e:  # AssertionError: timm's checks of the input (torch._assert)
         if _DATALOADER_DIED in str(e):  # from torch's SIGCHLD handler: _stopped_runs reports it
             raise
-        first = str(e).splitlines()[0] if str(e) else ""
+        first = _first_line(e)
         message = f"the model failed on a batch of {_images(images.shape[0])}: {first}"
         raise RunStopped(message, "model", "--debug shows where; --no-compile if torch.compile failed") from e
 
@@ -3516,7 +3521,7 @@ def _next_batch(batches: Iterator) -> Any:
     except Exception as e:
         if _as_stop(e) is not None:  # the pipeline's failure, a stall, a dead DataLoader worker: said as such
             raise
-        first = str(e).splitlines()[0] if str(e) else ""
+        first = _first_line(e)
         raise RunStopped(f"the loader failed: {type(e).__name__}: {first}", "loader") from e
 
 
@@ -3797,7 +3802,7 @@ def _peer_stops() -> Iterator[None]:
     try:
         yield
     except RuntimeError as e:
-        first = re.sub(r"^\[[^\]]*\]\s*", "", (str(e).splitlines() or [""])[0]).split(". ")[0]
+        first = re.sub(r"^\[[^\]]*\]\s*", "", _first_line(e)).split(". ")[0]
         raise RunStopped(f"another rank stopped ({first})", "peer", where="a collective") from None
 
 
@@ -3952,7 +3957,7 @@ def _wait_for_peers(shard: _Shard, silent_s: float) -> None:
         now = time.monotonic()
         for rank, (share, count) in sorted(heard.items()):
             if share is not None:
-                if share["stopped_by"] != "finished" or share.get("then_by", "peer") != "peer":  # or was ended after
+                if share["stopped_by"] != "finished" or share.get("then_by") not in (None, "peer"):  # or ended after
                     reason = share.get("then") or share["stop_reason"]
                     raise RunStopped(f"another rank stopped (rank {rank}: {reason})", "peer")
                 peers.discard(rank)
@@ -4007,7 +4012,7 @@ def _ask_store(call: Callable[[], Any], wait_s: float) -> Any:
     except concurrent.futures.TimeoutError:
         why = f"gave no answer for {wait_s:g} s"
     except RuntimeError as e:  # DistNetworkError: the process that held the store ended (rank 0, or torchrun's agent)
-        why = f"is gone: {(str(e).splitlines() or [''])[0]}"
+        why = f"is gone: {_first_line(e)}"
     raise RunStopped(f"another rank stopped (the job's store {why})", "peer", where="the job's store")
 
 
@@ -4035,16 +4040,18 @@ def _combine_ranks(outcome: _RunReport, config: _RunConfig) -> list[dict]:
             outcome.error = e
         result.partial = True
     with _uninterrupted() as held:  # torchrun's SIGTERM as this rank stops (a peer died): the report first
-        ranks = _stopped_job(outcome, config, share, finished, held)
+        ranks = _stopped_job(outcome, config, share, finished, silent_s, held)
     if held:  # as for a signal while any run stops: the signal's status, the job's stop still named
         outcome.error = RunInterrupted(held[0])
     return ranks
 
 
-def _stopped_job(outcome: _RunReport, config: _RunConfig, share: dict, finished: bool, held: list[int]) -> list[dict]:
+def _stopped_job(
+    outcome: _RunReport, config: _RunConfig, share: dict, finished: bool, silent_s: float, held: list[int]
+) -> list[dict]:
     """:py:func:`_combine_ranks` for a stopped rank (or one stopped after its shard): its share left in
     the store; on rank 0, the job's totals from the shares found. ``held``: a signal, which ends the look."""
-    shard, silent_s = config.shard, config.timeout + _PEER_WORD_S
+    shard = config.shard
     own, kind = _explain(outcome.error, config)[0], getattr(outcome.error, "kind", "interrupted")
     if finished:  # its entry stays that of a shard classified whole; what stopped it after, for rank 0 to name
         share.update(stop_reason=None, stopped_by="finished", then=own, then_by=kind)
@@ -5624,7 +5631,7 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
     except (RunStopped, RuntimeError, MemoryError) as e:  # said in the report, not the run's failure
         if not isinstance(e, RunStopped) and _is_out_of_memory(e):  # the model alone's batch: the run's advice
             e = _out_of_memory(config.device, batch_size)
-        reason = _explain(e, config)[0] if isinstance(e, RunStopped) else (str(e).splitlines() or [""])[0]
+        reason = _explain(e, config)[0] if isinstance(e, RunStopped) else _first_line(e)
         report.breakdown_cut = f"it failed: {type(e).__name__}: {reason}"
 
 
