@@ -1355,7 +1355,8 @@ class BadImagePolicy:
         """RunStopped if ``failures`` (the bad images so far, in order) stop a run of ``listed`` images."""
         if not failures:
             return
-        if not self.skip:
+        if not self.skip:  # only the first is read (a skipping run reads only the count)
+            _check_type("failures[0]", failures[0], ImageDecodeError, "an ImageDecodeError")
             raise RunStopped(
                 f"cannot decode {failures[0].path}: {failures[0].reason}", "bad_image", "--skip-bad skips such images"
             )
@@ -3033,6 +3034,8 @@ class RunResult:
     predictions: list[dict] | None = field(default=None, repr=False)
 
     def record_failures(self, failures: Sequence[ImageDecodeError]) -> None:
+        for i, failure in enumerate(failures):  # each is read: not an AttributeError in the result's making
+            _check_type(f"failures[{i}]", failure, ImageDecodeError, "an ImageDecodeError")
         self.failed = len(failures)
         self.failures = [{"path": f.path, "reason": f.reason} for f in failures]
 
