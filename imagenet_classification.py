@@ -5782,11 +5782,12 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     printed = True
     try:
         if shard.rank == 0:  # the summary first: no file, however it fails, can cost it
-            printed = _print_out(_print_report, report)
+            printed = _print_out(_print_report, report, label=_rank_label(shard))
         elif alone:  # a rank's own partial result: each line says whose it is
             text = io.StringIO()
             _print_report(report, text)
-            printed = _print_out(lambda: print(textwrap.indent(text.getvalue(), f"rank {shard.rank}: "), end=""))
+            label = _rank_label(shard)
+            printed = _print_out(lambda: print(textwrap.indent(text.getvalue(), label), end=""), label=label)
     finally:  # nor can the summary cost the files
         not_written = _write_outputs(outputs) if shard.rank == 0 else []
     if config.plot is not None and not ran and shard.rank == 0:
@@ -5823,9 +5824,9 @@ def _printable_record(record: logging.LogRecord) -> bool:
     return True
 
 
-def _print_out(printer: Callable[..., None], *args: Any) -> bool:
+def _print_out(printer: Callable[..., None], *args: Any, label: str = "") -> bool:
     """Print to stdout; if the reader is gone (``| head``), stop printing, not the run. False (and
-    said on stderr) if what was printed is lost otherwise: a full disk, say."""
+    said on stderr, after ``label``: whose summary) if what was printed is lost otherwise: a full disk, say."""
     if sys.stdout is None:  # fd 1 closed at start (>&-, cron): Python has no stdout, nothing to print
         return True
     try:
@@ -5836,7 +5837,7 @@ def _print_out(printer: Callable[..., None], *args: Any) -> bool:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         if isinstance(e, BrokenPipeError):  # the reader chose to stop reading: nothing is lost on it
             return True
-        _say(f"error: the summary could not be written to stdout ({getattr(e, 'strerror', None) or e})")
+        _say(f"error: {label}the summary could not be written to stdout ({getattr(e, 'strerror', None) or e})")
         return False
     return True
 

@@ -3,9 +3,15 @@ sweeps of this round found. Real files, real subprocesses of the command line, r
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+
 import pytest
 
 import imagenet_classification as ic
+from tests.conftest import ROOT, TINY, make_jpeg_set
 
 
 def test_failures_that_are_no_decode_errors_are_type_errors_naming_them():
@@ -18,3 +24,32 @@ def test_failures_that_are_no_decode_errors_are_type_errors_naming_them():
     assert (result.failed, result.failures) == (1, [{"path": "a.jpg", "reason": "cut short"}])
     with pytest.raises(ic.RunStopped, match="cannot decode a.jpg: cut short"):
         ic.BadImagePolicy().check([ic.ImageDecodeError("a.jpg", "cut short")])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_under_torchrun_a_summary_lost_on_a_full_disk_says_whose_it_was(tmp_path):
+    # Rank 1 meets a bad image and stops: it prints its own partial result (each line "rank 1: "),
+    # and rank 0 prints the job's. Both stdouts are a full disk: each error line says whose summary it lost.
+    flist = make_jpeg_set(tmp_path, 8)
+    lines = flist.read_text().splitlines()
+    (tmp_path / lines[1]).write_bytes(b"not a JPEG at all" * 20)  # line index 1 falls to rank 1
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    args = ["--input-flist", flist, "--prefix", f"{tmp_path}/", *TINY, "--no-compile", "-b", "2", "--timeout", "15"]
+    procs = []
+    with open("/dev/full", "w") as full_disk:
+        for rank in (0, 1):
+            procs.append(subprocess.Popen(
+                [sys.executable, str(ROOT / "imagenet_classification.py"), *map(str, args)], cwd=ROOT,
+                env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stdout=full_disk, stderr=subprocess.PIPE,
+                text=True,
+            ))  # fmt: skip
+        errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], errors
+    for rank, stderr in enumerate(errors):
+        assert "Traceback" not in stderr, stderr
+        assert f"error: rank {rank}: the summary could not be written to stdout (No space left on device)" in stderr
