@@ -3876,7 +3876,7 @@ def _agree_on_job(config: _RunConfig) -> None:
     digest = hashlib.sha256("\n".join(images.paths).encode("utf-8", "surrogateescape"))
     digest.update(repr(images.labels).encode())
     # May differ from node to node, or from rank to rank (each its own output files, its own clock).
-    local = ("device", "decoder_backend", "dtype_reason", "images_from", "command", "start_time")
+    local = ("device", "decoder_backend", "dtype_reason", "images_from", "command", "cwd", "start_time")
     settings = {k: v for k, v in config.to_dict().items() if k not in local}
     seen: list = [None] * config.shard.world_size
     with _peer_stops():
@@ -5082,6 +5082,7 @@ class _RunConfig:
     plot: Path | None
     sweep: dict[str, list[int]] | None  # the settings --sweep asks for; None: one run
     command: tuple[str, ...]
+    cwd: str | None  # where the command ran, for its relative paths; None: the folder was gone
     start_time: str
 
     @functools.cached_property  # made once: each ImageList checks its labels
@@ -5140,7 +5141,7 @@ class _RunConfig:
 
 _CONFIG_IN_RESULTS = "model loader batch_size num_threads decode_concurrency decode_processes".split()
 _CONFIG_IN_RESULTS += "queue_size decoder decoder_backend dtype_reason warmup_batches skip_bad".split()
-_CONFIG_IN_RESULTS += "max_image_mb cold_cache start_time".split()
+_CONFIG_IN_RESULTS += "max_image_mb cold_cache cwd start_time".split()
 
 
 def _read_images(args: argparse.Namespace) -> ImageList:
@@ -5415,10 +5416,19 @@ def _preflight(
         "stats_interval": args.stats_interval or -1,
         "sweep": sweep,
         "command": tuple(command),
+        "cwd": _cwd(),
         "start_time": start_time,
     }
     given = {f.name: getattr(args, f.name) for f in dataclass_fields(_RunConfig) if f.name not in derived}
     return _RunConfig(**given, **derived)  # the other settings as the flags give them
+
+
+def _cwd() -> str | None:
+    """The working folder, where the command's relative paths start; None if it was removed."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def _capped_workers(args: argparse.Namespace, images: int) -> tuple[int, int]:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import imagenet_classification as ic
-from tests.conftest import ROOT, TINY, make_jpeg_set
+from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli
 
 
 def test_failures_that_are_no_decode_errors_are_type_errors_naming_them():
@@ -53,3 +53,13 @@ def test_under_torchrun_a_summary_lost_on_a_full_disk_says_whose_it_was(tmp_path
     for rank, stderr in enumerate(errors):
         assert "Traceback" not in stderr, stderr
         assert f"error: rank {rank}: the summary could not be written to stdout (No space left on device)" in stderr
+
+
+def test_the_results_say_where_the_command_ran_for_its_relative_paths(tmp_path):
+    # The command "to run it again" holds the paths as typed: relative ones need the folder they started from.
+    make_jpeg_set(tmp_path, 4)
+    proc = run_cli("--input-flist", "val.flist", *TINY, "--no-compile", "-b", "2", "--results-file", "r.json",
+                   cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    config = read_json(tmp_path / "r.json")["config"]
+    assert config["cwd"] == str(tmp_path) and "--input-flist val.flist" in config["command"]
