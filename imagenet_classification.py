@@ -2632,7 +2632,7 @@ def _quiet_worker(worker_id: int) -> None:
     sys.excepthook = hook
 
 
-_ABANDONED: list = []  # DataLoader iterators not shut down after an interrupt: their workers end with the process
+_ABANDONED: list = []  # DataLoader iterators not shut down after an interrupt or a stall: their workers end with the process
 
 
 @contextlib.contextmanager
@@ -5465,7 +5465,7 @@ def _shard_from_env() -> _Shard:
 class _Loader:
     batches: Iterator[_Batch]
     stats: _PipelineStats | None = None  # SPDL's stage statistics; None for --loader torch
-    stop_at_once: bool = False  # an interrupt: the process ends right after the report
+    stop_at_once: bool = False  # an interrupt (or stuck workers): the process ends right after the report
     stopped_cleanly: bool = True  # False when a worker thread was stuck (a hung read)
 
 
@@ -5594,7 +5594,9 @@ def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> boo
                     report.result = benchmark(loader.batches, model, **options)
             except (RunStopped, RunInterrupted) as e:  # benchmark's partial result comes with it
                 report.result, report.error = e.result or report.result, e
-                loader.stop_at_once = isinstance(e, RunInterrupted)
+                # Nor after a stall of the DataLoader's workers: torch would join each, stuck, for 5 s.
+                stalled_workers = config.loader == "torch" and getattr(e, "kind", None) == "stalled"
+                loader.stop_at_once = isinstance(e, RunInterrupted) or stalled_workers
             finally:
                 if progress is not None:
                     progress.close()

@@ -3,10 +3,14 @@ sweeps of this round found. Real files, real subprocesses of the command line, r
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +67,41 @@ def test_the_results_say_where_the_command_ran_for_its_relative_paths(tmp_path):
     assert proc.returncode == 0, proc.stderr
     config = read_json(tmp_path / "r.json")["config"]
     assert config["cwd"] == str(tmp_path) and "--input-flist val.flist" in config["command"]
+
+
+def _dataloader_workers(pid: int) -> set[int]:
+    """The DataLoader workers of ``pid`` (its main thread's children named so by torch as each starts)."""
+    found = set()
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        with contextlib.suppress(OSError):  # gone already
+            if Path(f"/proc/{child}/comm").read_text().strip() == "pt_data_worker":
+                found.add(int(child))
+    return found
+
+
+def test_frozen_dataloader_workers_are_not_joined_after_the_time_out(tmp_path):
+    # Workers frozen (SIGSTOP) before their first batch, as stuck as in a hung read: at --timeout the
+    # run stops, and ends, where torch joined each stuck worker for 5 s first. (Frozen with a batch
+    # sent and not yet taken, they hang the main process inside torch, which Ctrl-C alone ends.)
+    flist = make_jpeg_set(tmp_path, 8, sizes=((4000, 3000),))  # a batch takes a worker seconds
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", flist, "--prefix",
+           f"{tmp_path}/", *TINY, "--no-compile", "-b", "4", "--loader", "torch", "--timeout", "3"]  # fmt: skip
+    proc = subprocess.Popen(list(map(str, cmd)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    frozen: set[int] = set()
+    deadline = time.monotonic() + 120
+    try:
+        while len(frozen) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            for pid in _dataloader_workers(proc.pid) - frozen:
+                os.kill(pid, signal.SIGSTOP)
+                frozen.add(pid)
+        stopped = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+    assert len(frozen) == 2 and proc.returncode == 3 and "Traceback" not in err, err
+    assert "error: no batch for 3 s (--timeout) from the DataLoader's workers" in err
+    assert "Images: listed=8 classified=0 failed=0 not_reached=8 (PARTIAL RUN)" in out and took < 10, took
