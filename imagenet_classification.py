@@ -2632,7 +2632,7 @@ def _quiet_worker(worker_id: int) -> None:
     sys.excepthook = hook
 
 
-_ABANDONED: list = []  # DataLoader iterators not shut down after an interrupt or a stall: their workers end with the process
+_ABANDONED: list = []  # DataLoader iterators not shut down (an interrupt, a stall): their workers end with the process
 
 
 @contextlib.contextmanager
@@ -5166,8 +5166,8 @@ def _read_images(args: argparse.Namespace) -> ImageList:
 
 
 def _check_files(args: argparse.Namespace, images: ImageList) -> None:
-    """The checkpoint, and every file the run will write: none may be (by real path) a file the run
-    reads (a listed image too) or another output."""
+    """The checkpoint, and every file the run will write: none may be a file the run reads (a listed
+    image too) or another output, by real path, or (a bind mount, a hard link) by device and inode."""
     if args.checkpoint is not None and not args.checkpoint.is_file():  # before the model is built
         what = "no such file" if not args.checkpoint.exists() else "not a regular file"
         raise InputError(f"--checkpoint {args.checkpoint}: {what}")
@@ -5186,6 +5186,7 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         weights = (".safetensors", ".pth", ".pth.tar", ".bin")  # timm's checkpoint suffixes (_hub._EXT_PRIORITY)
         read += [e.path for e in os.scandir(folder) if e.name == "config.json" or e.name.endswith(weights)]
     inputs = {os.path.realpath(p) for p in read if p and str(p) != "-"}
+    input_ids = {_file_id(p) for p in read if p and str(p) != "-"} - {None}
     protected = _protected_folders()
     seen: set[str] = set()
     links: list[str] | None = None
@@ -5198,25 +5199,36 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         for folder, what in protected:
             if any(os.path.commonpath([folder, p]) == folder for p in named):
                 raise InputError(f"{flag} {path}: that is inside {folder}, {what}")
-        listed = False
-        if target not in inputs | seen and os.path.exists(target):  # a file not there yet is no listed image
+        listed, target_id = False, _file_id(target)  # None: not there yet, so no listed image
+        if target_id is not None and target_id not in input_ids and target not in inputs | seen:
             if links is None:  # a link's target may have any name: an lstat per listed image, once
                 every = _every_listed_path(args, images)
                 links = [p for p in every if os.path.islink(p)]
             # Otherwise a path's real one ends in its own name: only those of the target's name can lead there.
             name = os.path.basename(target)
             named = (p for p in every if os.path.basename(p) == name)
-            listed = any(os.path.realpath(p) == target for p in itertools.chain(named, links))
+            listed = any(_file_id(p) == target_id for p in itertools.chain(named, links))
             code = (getattr(m, "__file__", None) for m in list(sys.modules.values()))  # what this process runs
-            listed = listed or any(os.path.realpath(p) == target for p in code if p)
-        if target in inputs | seen or listed:
+            listed = listed or any(_file_id(p) == target_id for p in code if p)
+        if target in inputs | seen or target_id in input_ids or listed:
             why = "that file is one of the run's inputs or outputs; writing would replace it"
             raise InputError(f"{flag} {path}: {why}")
         seen.add(target)
+        if target_id is not None:  # nor may another output of this run be it
+            input_ids.add(target_id)
     if args.predictions_file is not None and not str(args.predictions_file).lower().endswith((".csv", ".jsonl")):
         raise InputError(f"--predictions-file {args.predictions_file}: the name must end in .csv or .jsonl")
     if args.plot is not None and not str(args.plot).lower().endswith(".png"):
         raise InputError(f"--plot {args.plot}: the name must end in .png")
+
+
+def _file_id(path: str | os.PathLike) -> tuple[int, int] | None:
+    """A file's (device, inode): one file however it is reached; None if there is none there."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _every_listed_path(args: argparse.Namespace, images: ImageList) -> Sequence[str]:

@@ -105,3 +105,20 @@ def test_frozen_dataloader_workers_are_not_joined_after_the_time_out(tmp_path):
     assert len(frozen) == 2 and proc.returncode == 3 and "Traceback" not in err, err
     assert "error: no batch for 3 s (--timeout) from the DataLoader's workers" in err
     assert "Images: listed=8 classified=0 failed=0 not_reached=8 (PARTIAL RUN)" in out and took < 10, took
+
+
+def test_an_output_that_is_an_input_under_another_name_is_refused(tmp_path):
+    # The same file reached by a path whose real path differs: a bind mount of the dataset (as a
+    # container may have it), whose results would replace the list or an image. Here hard links, which
+    # need no root: refused alike, one file by device and inode.
+    flist = make_jpeg_set(tmp_path, 4)
+    image = tmp_path / flist.read_text().split()[1]
+    view = tmp_path / "view"
+    view.mkdir()
+    for original in (flist, image):
+        os.link(original, view / original.name)
+        proc = run_cli("--input-flist", flist, "--prefix", f"{tmp_path}/", *TINY, "--no-compile",
+                       "--results-file", view / original.name)  # fmt: skip
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        why = "that file is one of the run's inputs or outputs; writing would replace it"
+        assert f"error: --results-file {view / original.name}: {why}" in proc.stderr
