@@ -46,6 +46,7 @@ import pickle
 import platform
 import re
 import shlex
+import shutil
 import signal
 import stat
 import struct
@@ -4912,7 +4913,8 @@ def _write_atomically(path: Path | str, data: str | bytes) -> None:
         data = data.encode("utf-8", "surrogateescape")
     target = Path(os.path.realpath(path))
     kept = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
-    tmp = target.with_name(f".{target.name}.{os.urandom(6).hex()}.tmp")
+    # Not the target's own name and more: a name of 255 bytes, which the start-up check passed, would be too long.
+    tmp = target.with_name(f".imagenet_classification.{os.urandom(6).hex()}.tmp")
     # 0o666 less the umask, as open() gives a new file; a file written over keeps its mode.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
@@ -5572,7 +5574,10 @@ def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path, no
     # backslash becomes a folder): it writes into a plain scratch folder, and must write JSON.
     beside = os.path.dirname(os.path.realpath(f"{path}.json"))
     folder = beside if beside.isprintable() and "\\" not in beside else tempfile.gettempdir()
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".imagenet_classification-trace-") as scratch:
+    # Not a TemporaryDirectory: in a folder whose files cannot be removed (chattr +a), its clean-up
+    # recursed to a RecursionError, where the write below says why it fails.
+    scratch = tempfile.mkdtemp(dir=folder, prefix=".imagenet_classification-trace-")
+    try:
         profiler.export_chrome_trace(os.path.join(scratch, "trace.json"))
         try:
             exported = Path(scratch, "trace.json").read_bytes()
@@ -5580,6 +5585,8 @@ def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path, no
         except (OSError, ValueError):
             why = f"torch's profiler left no whole file in {folder}, and says not why: is it full?"
             raise OSError(errno.EIO, why) from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     with spdl_trace:
         spdl_trace.seek(0)
         recorded = spdl_trace.read()
@@ -6003,8 +6010,6 @@ def _main(args: argparse.Namespace, command: tuple[str, ...], start_time: str) -
 def _program() -> list[str]:
     """How this process was started, as a user would type it again (``python -m ...``, ``python PATH.py``,
     or the installed command)."""
-    import shutil
-
     module = Path(__file__).stem  # run with -m, this module is __main__: its __name__ says nothing
     main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if getattr(main_spec, "name", None) == module or not sys.argv or not sys.argv[0]:

@@ -122,3 +122,33 @@ def test_an_output_that_is_an_input_under_another_name_is_refused(tmp_path):
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         why = "that file is one of the run's inputs or outputs; writing would replace it"
         assert f"error: --results-file {view / original.name}: {why}" in proc.stderr
+
+
+def test_output_names_as_long_as_the_start_up_check_passes_are_written(tmp_path):
+    # Each output was written beside itself as ".NAME.<12 hex>.tmp": 18 bytes more than a name the
+    # start-up check passed, so a name of 238 to 255 bytes lost every output after the whole run.
+    flist = make_jpeg_set(tmp_path, 4)
+    results, rows = tmp_path / ("r" * 245 + ".json"), tmp_path / ("p" * 249 + ".jsonl")  # 250 and 255 bytes
+    proc = run_cli("--input-flist", flist, "--prefix", f"{tmp_path}/", *TINY, "--no-compile", "--results-file",
+                   results, "--predictions-file", rows, "--trace", tmp_path / ("t" * 240))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert read_json(results)["classified"] == 4 and len(rows.read_text().splitlines()) == 4
+    assert (tmp_path / ("t" * 240 + ".pftrace")).stat().st_size > 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch file left
+
+
+def test_a_trace_into_a_folder_whose_files_cannot_be_removed_says_why(tmp_path):
+    # chattr +a: files can be made there, not renamed or removed. The trace's scratch folder could not
+    # be cleaned up, and its RecursionError was the only reason given.
+    flist = make_jpeg_set(tmp_path, 4)
+    out = tmp_path / "out"
+    out.mkdir()
+    if subprocess.run(["chattr", "+a", str(out)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +a is not possible here (not root, or a file system without it)")
+    try:
+        proc = run_cli("--input-flist", flist, "--prefix", f"{tmp_path}/", *TINY, "--no-compile",
+                       "--trace", out / "t")  # fmt: skip
+    finally:
+        subprocess.run(["chattr", "-a", str(out)], check=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Recursion" not in proc.stderr, proc.stderr
+    assert f"error: {out / 't'}: cannot write the trace there (Operation not permitted)" in proc.stderr
