@@ -278,6 +278,13 @@ _MEAN_RANGE, _STD_RANGE = (0.0, 1.0), (1e-3, 1.0)  # on the 0-1 scale: 123.7 (th
 _img_size = _number(int, 1, f"at most {_IMG_SIZE_MAX} pixels, at least 1", _IMG_SIZE_MAX)
 
 
+def _path(text: str) -> Path:
+    """A file or folder to read, as typed: Path("") is ".", the current folder (``--data-dir "$UNSET"``)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path (a variable not set?)")
+    return Path(text)
+
+
 def _file_name(text: str) -> Path:
     """A file to write, as typed: Path drops a trailing / (``r.json/``), which names a folder."""
     if text.endswith("/"):
@@ -307,11 +314,11 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _data_flags(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     where = data.add_mutually_exclusive_group()  # one of them required: _parse_args, after --sweep's DATA_DIR
-    where.add_argument("data", nargs="?", type=Path, metavar="DATA_DIR", help="--data-dir, as timm's scripts take it")
-    where.add_argument("--input-flist", type=Path, help="one image path a line, optionally a label; - reads stdin")
-    where.add_argument("--data-dir", type=Path, help="class folders (nXXXXXXXX/...), or a flat folder with --labels")
+    where.add_argument("data", nargs="?", type=_path, metavar="DATA_DIR", help="--data-dir, as timm's scripts take it")
+    where.add_argument("--input-flist", type=_path, help="one image path a line, optionally a label; - reads stdin")
+    where.add_argument("--data-dir", type=_path, help="class folders (nXXXXXXXX/...), or a flat folder with --labels")
     data.add_argument("--prefix", default="", help="prepended to every path in the file list")
-    data.add_argument("--labels", type=Path, help="labels by file name: LOC_val_solution.csv, or 'name label' lines")
+    data.add_argument("--labels", type=_path, help="labels by file name: LOC_val_solution.csv, or 'name label' lines")
     data.add_argument("--max-samples", "--num-samples", type=_count, help="use only the first N images (default: all)")
     big = "an image file over N MiB is a bad image"
     data.add_argument("--max-image-mb", type=_image_mb, default=MAX_IMAGE_MB, metavar="N", help=big)
@@ -336,7 +343,7 @@ def _loader_flags(parser: argparse.ArgumentParser) -> None:
 def _model_flags(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("-m", "--model", default=DEFAULT_MODEL, help="any timm model name")
-    model.add_argument("--checkpoint", type=Path, help="local checkpoint to load (no model hub access)")
+    model.add_argument("--checkpoint", type=_path, help="local checkpoint to load (no model hub access)")
     weights = model.add_mutually_exclusive_group()
     weights.add_argument("--pretrained", action="store_true", default=True, help="timm's pretrained weights (default)")
     weights.add_argument("--no-pretrained", action="store_false", dest="pretrained", help="random weights")

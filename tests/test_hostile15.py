@@ -152,3 +152,15 @@ def test_a_trace_into_a_folder_whose_files_cannot_be_removed_says_why(tmp_path):
         subprocess.run(["chattr", "-a", str(out)], check=True)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Recursion" not in proc.stderr, proc.stderr
     assert f"error: {out / 't'}: cannot write the trace there (Operation not permitted)" in proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--data-dir", "DATA_DIR", "--input-flist", "--labels", "--checkpoint"])
+def test_an_empty_input_path_is_refused_not_taken_for_the_current_folder(tmp_path, flag):
+    # --data-dir "$VAL" with VAL unset benchmarked whatever folder the command ran in.
+    make_jpeg_set(tmp_path, 4)
+    args = {"DATA_DIR": [""], "--data-dir": ["--data-dir", ""]}.get(flag, ["--input-flist", "val.flist", flag, ""])
+    proc = run_cli(
+        *args, *TINY, "--no-compile", cwd=tmp_path / "val" if flag in ("DATA_DIR", "--data-dir") else tmp_path
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: argument {flag}: an empty path (a variable not set?)" in proc.stderr
