@@ -861,12 +861,23 @@ def _folder_rows(root: str, labels: _Labels | None) -> Iterator[tuple[str, int]]
     if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and not _is_folder(e)), None):
         raise InputError(f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels")
     folders = []
-    for entry in (e for e in top if e.is_dir()):
+    for entry in top:
+        if not entry.is_dir():  # a class's name on no folder: its images would be left out without a word
+            if entry.name in _class_index():
+                what = "a link to nothing (an unmounted volume?)" if entry.is_symlink() else "not a folder"
+                raise InputError(f"{entry.path}: named as a class, but {what}")
+            continue
         if (label := _class_index().get(entry.name)) is None:
             raise InputError(f"{entry.path}: the folder name is not one of the {NUM_CLASSES} ImageNet WordNet IDs")
         folders.append((entry.path, label))
+    empty = []
     for folder, label in folders:  # every class folder checked before the first image
-        yield from ((path, label) for path in _image_files(folder))
+        files = list(_image_files(folder))
+        if not files:
+            empty.append(os.path.basename(folder))
+        yield from ((path, label) for path in files)
+    if empty:  # ImageFolder refuses these; a benchmark of the classes there is no error, and is said
+        _LG.warning("%s: %s with no image: %s", root, _images(len(empty), "class folder"), " ".join(empty[:5]))
 
 
 def source(

@@ -164,3 +164,19 @@ def test_an_empty_input_path_is_refused_not_taken_for_the_current_folder(tmp_pat
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"error: argument {flag}: an empty path (a variable not set?)" in proc.stderr
+
+
+def test_class_folders_that_are_not_there_or_empty_are_said(tmp_path, caplog):
+    # A class folder that is a link to an unmounted volume left its images out without a word, and
+    # an empty class folder (an archive half extracted) was not said either.
+    make_jpeg_set(tmp_path, 4)
+    folder = tmp_path / "val"
+    (folder / "n01514668").mkdir()
+    (folder / "n01443537").mkdir()
+    with caplog.at_level("WARNING", logger="imagenet_classification"):
+        assert len(ic.scan_folder(folder)) == 4
+    assert f"{folder}: 2 class folders with no image: n01443537 n01514668" in caplog.messages
+    (folder / "n01484850").symlink_to("/nonexistent/n01484850")
+    proc = run_cli(folder, *TINY, "--no-compile")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: {folder}/n01484850: named as a class, but a link to nothing (an unmounted volume?)" in proc.stderr
