@@ -488,8 +488,12 @@ CLASS_TSV = Path(__file__).with_name("imagenet_class.tsv")  # scripts/make_class
 @functools.cache
 def _class_table() -> tuple[tuple[str, str], ...]:
     """ImageNet-1k's ``(WordNet ID, name)`` pairs in class-index order."""
-    try:
-        rows = [line.split("\t") for line in CLASS_TSV.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:  # a FIFO or a device in its place: no wait for a writer, no endless read
+        with open(os.open(CLASS_TSV, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            text = f.read(1 << 20).decode("utf-8")  # 1 MiB: the table is 31 KB
+        rows = [line.split("\t") for line in text.splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"{CLASS_TSV}: cannot read the class table ({e})") from None
     if [row[0] for row in rows] != [str(i) for i in range(NUM_CLASSES)] or any(len(row) != 3 for row in rows):

@@ -180,3 +180,19 @@ def test_class_folders_that_are_not_there_or_empty_are_said(tmp_path, caplog):
     proc = run_cli(folder, *TINY, "--no-compile")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"error: {folder}/n01484850: named as a class, but a link to nothing (an unmounted volume?)" in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zeros"])
+def test_a_class_table_that_is_no_file_is_named_not_waited_on_or_read_forever(tmp_path, kind):
+    # The module beside a FIFO (the run waited for a writer, for ever) or a link to /dev/zero (the
+    # run read it to 16 GB of memory) in place of imagenet_class.tsv: an install tampered with.
+    (tmp_path / "imagenet_classification.py").write_bytes((ROOT / "imagenet_classification.py").read_bytes())
+    table = tmp_path / "imagenet_class.tsv"
+    os.mkfifo(table) if kind == "fifo" else table.symlink_to("/dev/zero")
+    flist = make_jpeg_set(tmp_path / "data", 2)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "imagenet_classification.py"), "--input-flist", str(flist), *TINY],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: {table}: cannot read the class table (" in proc.stderr
