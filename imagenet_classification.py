@@ -525,7 +525,8 @@ def get_mappings() -> dict[str, int]:
 def parse_wnid(s: str) -> str:
     """The class's WordNet ID (``n`` and 8 digits) in a POSIX path (a backslash is part of a name, as on
     Linux): the last folder named by one (``train/n01440764/n01440764_10026.JPEG``), else the first one
-    standing alone in a name (``ILSVRC2012_val_00000001_n01751748.JPEG``). ValueError if there is none."""
+    standing alone in any name of it (``ILSVRC2012_val_00000001_n01751748.JPEG``, ``n01440764_tench/1.JPEG``).
+    ValueError if there is none."""
     s = os.fspath(s) if isinstance(s, os.PathLike) else s
     if not isinstance(s, str):
         raise TypeError(f"expected a path, got {s!r}")

@@ -196,3 +196,13 @@ def test_a_class_table_that_is_no_file_is_named_not_waited_on_or_read_forever(tm
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"error: {table}: cannot read the class table (" in proc.stderr
+
+
+def test_the_class_from_the_path_is_as_readme_says():
+    # README said "standing alone in the name" where any name of the path is read: folders named
+    # n01440764_tench are a layout met in the wild.
+    assert ic.parse_wnid("n01440764_tench/1.JPEG") == "n01440764"
+    assert ic.parse_wnid("a/n02123045_extra/n07920052.JPEG") == "n02123045"  # the first, standing alone
+    assert ic.parse_wnid("n02123045/n07920052/cat.JPEG") == "n07920052"  # the last folder named by one
+    with pytest.raises(ValueError, match="no WordNet ID"):
+        ic.parse_wnid("xn01440764/n014407645.JPEG")  # none stands alone
