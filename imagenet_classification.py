@@ -5210,8 +5210,7 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     if source == "local-dir" and os.path.isdir(folder):  # its config, and any file timm may take for weights
         weights = (".safetensors", ".pth", ".pth.tar", ".bin")  # timm's checkpoint suffixes (_hub._EXT_PRIORITY)
         read += [e.path for e in os.scandir(folder) if e.name == "config.json" or e.name.endswith(weights)]
-    inputs = {os.path.realpath(p) for p in read if p and str(p) != "-"}
-    input_ids = {_file_id(p) for p in read if p and str(p) != "-"} - {None}
+    input_ids = {_file_id(p) for p in read if p and str(p) != "-"} - {None}  # those there: one not there is none
     protected = _protected_folders()
     seen: set[str] = set()
     links: list[str] | None = None
@@ -5224,8 +5223,8 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         for folder, what in protected:
             if any(os.path.commonpath([folder, p]) == folder for p in named):
                 raise InputError(f"{flag} {path}: that is inside {folder}, {what}")
-        listed, target_id = False, _file_id(target)  # None: not there yet, so no listed image
-        if target_id is not None and target_id not in input_ids and target not in inputs | seen:
+        listed, target_id = False, _file_id(target)  # None: not there yet, so no input nor listed image
+        if target_id is not None and target_id not in input_ids:
             if links is None:  # a link's target may have any name: an lstat per listed image, once
                 every = _every_listed_path(args, images)
                 links = [p for p in every if os.path.islink(p)]
@@ -5235,7 +5234,7 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
             listed = any(_file_id(p) == target_id for p in itertools.chain(named, links))
             code = (getattr(m, "__file__", None) for m in list(sys.modules.values()))  # what this process runs
             listed = listed or any(_file_id(p) == target_id for p in code if p)
-        if target in inputs | seen or target_id in input_ids or listed:
+        if target in seen or target_id in input_ids or listed:
             why = "that file is one of the run's inputs or outputs; writing would replace it"
             raise InputError(f"{flag} {path}: {why}")
         seen.add(target)
@@ -5835,12 +5834,12 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     ]
     printed = True
     try:
+        label = _rank_label(shard)
         if shard.rank == 0:  # the summary first: no file, however it fails, can cost it
-            printed = _print_out(_print_report, report, label=_rank_label(shard))
+            printed = _print_out(_print_report, report, label=label)
         elif alone:  # a rank's own partial result: each line says whose it is
             text = io.StringIO()
             _print_report(report, text)
-            label = _rank_label(shard)
             printed = _print_out(lambda: print(textwrap.indent(text.getvalue(), label), end=""), label=label)
     finally:  # nor can the summary cost the files
         not_written = _write_outputs(outputs) if shard.rank == 0 else []
