@@ -176,6 +176,7 @@ GROUPS: dict[str, Group] = {
             "tests/test_hostile12.py::test_the_dataloaders_images_are_counted_as_pils_without_the_fallback_line",
             "tests/test_hostile13.py::test_a_stopped_jobs_loader_lead_is_that_of_the_ranks_it_times",
             "tests/test_hostile13.py::test_no_sink_queue_verdict_without_an_image_in_the_fps_window",
+            "tests/test_hostile15.py::test_failures_that_are_no_decode_errors_are_type_errors_naming_them",
         ],
         [
             *_OLD_CLI_RUN,
@@ -242,7 +243,10 @@ GROUPS: dict[str, Group] = {
             "test_failures_fallbacks_and_not_reached_reach_the_summary_and_the_results_file",
             "test_benchmark_defaults_to_the_clis_warmup_and_to_stopping_at_a_bad_image",
         )
-        + ["tests/test_decode.py::test_skipping_keeps_batch_mates_and_alignment"]
+        + [
+            "tests/test_decode.py::test_skipping_keeps_batch_mates_and_alignment",
+            "tests/test_hostile15.py::test_failures_that_are_no_decode_errors_are_type_errors_naming_them",
+        ]
         + _numbers(
             "test_one_past_the_max_bad_limit_stops_at_the_first_batch",
             "test_exactly_at_the_max_bad_percentage_goes_on",
