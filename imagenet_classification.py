@@ -2647,6 +2647,12 @@ def _quiet_worker(worker_id: int) -> None:
     a hand-over broken by the main process stopping, which multiprocessing's resource sharer sends
     to ``sys.excepthook``, prints no traceback."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # Ended with the main process, even one killed at once (a second signal): torch's own watch of
+    # it takes 5 s, the terminal's pipe (| tee) held open meanwhile. Linux's prctl(PR_SET_PDEATHSIG).
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
     default = sys.excepthook
 
     def hook(kind, value, traceback):
@@ -2669,6 +2675,7 @@ def _open_torch_loader(config: _RunConfig, images: ImageList) -> Iterator[_Loade
     finally:
         if loader.stop_at_once:  # the process ends right after the report: no joining busy workers
             _ABANDONED.append(workers)
+            _forget_workers(workers)  # nor torch's SIGCHLD error, mid-report, for a worker the signal ended too
         elif hasattr(workers, "_shutdown_workers"):  # torch's private one: no public way to do it now
             # Not when the iterator is collected (a traceback keeps this frame): until then torch's
             # SIGCHLD handler raises anywhere for a dead worker, in here too, for a reported death.

@@ -206,3 +206,52 @@ def test_the_class_from_the_path_is_as_readme_says():
     assert ic.parse_wnid("n02123045/n07920052/cat.JPEG") == "n07920052"  # the last folder named by one
     with pytest.raises(ValueError, match="no WordNet ID"):
         ic.parse_wnid("xn01440764/n014407645.JPEG")  # none stands alone
+
+
+def _torch_loader_run(tmp_path: Path, *extra: str, settle: float = 2) -> tuple[subprocess.Popen, set[int]]:
+    """A --loader torch run of 1,600 images in its own process group, ``settle`` seconds under way; its
+    DataLoader workers."""
+    flist = make_jpeg_set(tmp_path, 8)
+    (tmp_path / "long.flist").write_text(flist.read_text() * 200)
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", tmp_path / "long.flist",
+           "--prefix", f"{tmp_path}/", *TINY, "--no-compile", "-b", "8", "--loader", "torch", *extra]  # fmt: skip
+    proc = subprocess.Popen(list(map(str, cmd)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    while "images listed" not in proc.stderr.readline():
+        assert proc.poll() is None
+    deadline = time.monotonic() + 60
+    while len(workers := _dataloader_workers(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(settle)  # batches classified
+    return proc, workers
+
+
+def test_a_sigterm_to_the_whole_group_costs_the_dataloader_baseline_no_file(tmp_path):
+    # torchrun, systemd, `timeout` signal the group: the workers died too, and torch's SIGCHLD handler
+    # raised its "DataLoader worker is killed" inside the writing of a file asked for, which was lost.
+    results, rows = tmp_path / "r.json", tmp_path / "p.csv"
+    proc, _ = _torch_loader_run(tmp_path, "--results-file", str(results), "--predictions-file", str(rows), settle=6)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in err and "not written" not in err, err
+    result = read_json(results)
+    assert result["partial"] and result["classified"] == len(rows.read_text().splitlines()) - 1 > 0
+
+
+def test_dataloader_workers_end_with_a_main_process_killed_at_once(tmp_path):
+    # Killed at once (a second signal, or SIGKILL here, which a test can time), the main process left
+    # its workers to torch's 5 s watch of their parent, holding its stdout (a pipe to tee) open.
+    proc, workers = _torch_loader_run(tmp_path)
+    proc.kill()
+    proc.wait(timeout=60)  # not communicate: the workers hold its pipes
+    gone = time.monotonic()
+
+    def alive(pid: int) -> bool:  # not a zombie: a container's init may never reap one
+        with contextlib.suppress(OSError):
+            return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        return False
+
+    while any(map(alive, workers)) and time.monotonic() - gone < 10:
+        time.sleep(0.05)
+    assert len(workers) == 2 and time.monotonic() - gone < 2, time.monotonic() - gone
+    proc.communicate(timeout=60)
