@@ -246,6 +246,7 @@ GROUPS: dict[str, Group] = {
         + [
             "tests/test_decode.py::test_skipping_keeps_batch_mates_and_alignment",
             "tests/test_hostile15.py::test_failures_that_are_no_decode_errors_are_type_errors_naming_them",
+            "tests/test_hostile15.py::test_the_policys_ranges_at_their_bounds",
         ]
         + _numbers(
             "test_one_past_the_max_bad_limit_stops_at_the_first_batch",

@@ -26,8 +26,21 @@ def test_failures_that_are_no_decode_errors_are_type_errors_naming_them():
     result = ic.RunResult(listed=3)
     result.record_failures([ic.ImageDecodeError("a.jpg", "cut short")])  # the right kind still passes
     assert (result.failed, result.failures) == (1, [{"path": "a.jpg", "reason": "cut short"}])
-    with pytest.raises(ic.RunStopped, match="cannot decode a.jpg: cut short"):
-        ic.BadImagePolicy().check([ic.ImageDecodeError("a.jpg", "cut short")])
+    with pytest.raises(ic.RunStopped, match="cannot decode a.jpg: cut short"):  # a strict run reads the first only
+        ic.BadImagePolicy().check([ic.ImageDecodeError("a.jpg", "cut short"), "x"])
+
+
+def test_the_policys_ranges_at_their_bounds():
+    # The bounds of last round's checks (a percentage of 0 to 100; a count listed of 0 or more, or None).
+    assert ic.BadImagePolicy(skip=True, max_bad_percent=0).limit(50) == 0
+    assert ic.BadImagePolicy(skip=True, max_bad_percent=100).limit(50) == 50
+    for percent in (-0.5, 100.5):
+        with pytest.raises(ValueError, match=f"max_bad_percent={percent}: expected a number from 0 to 100"):
+            ic.BadImagePolicy(skip=True, max_bad_percent=percent)
+    assert ic.BadImagePolicy(skip=True, max_bad=3).limit(None) == 3
+    assert ic.BadImagePolicy(skip=True, max_bad_percent=10).limit(0) == 0
+    with pytest.raises(ValueError, match=r"listed=-1: expected a number of images, 0 or more \(or None\)"):
+        ic.BadImagePolicy(skip=True, max_bad=3).limit(-1)
 
 
 def _free_port() -> int:
