@@ -177,6 +177,7 @@ GROUPS: dict[str, Group] = {
             "tests/test_hostile13.py::test_a_stopped_jobs_loader_lead_is_that_of_the_ranks_it_times",
             "tests/test_hostile13.py::test_no_sink_queue_verdict_without_an_image_in_the_fps_window",
             "tests/test_hostile15.py::test_failures_that_are_no_decode_errors_are_type_errors_naming_them",
+            "tests/test_hostile15.py::test_a_stopped_jobs_fps_is_over_the_ranks_past_their_warm_up_only",
         ],
         [
             *_OLD_CLI_RUN,

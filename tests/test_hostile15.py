@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import imagenet_classification as ic
 from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli
@@ -268,3 +269,16 @@ def test_dataloader_workers_end_with_a_main_process_killed_at_once(tmp_path):
         time.sleep(0.05)
     assert len(workers) == 2 and time.monotonic() - gone < 2, time.monotonic() - gone
     proc.communicate(timeout=60)
+
+
+def test_a_stopped_jobs_fps_is_over_the_ranks_past_their_warm_up_only():
+    # A job stopped while rank 1 was still in its warm-up: its window (the start included) is not mixed
+    # into rank 0's, whose window alone gives the job's FPS; every image still counts in the totals.
+    cpu = torch.device("cpu")
+    past = ic.RunResult(listed=10, classified=6, frames_timed=4, elapsed_s=2.0, batches_timed=2, loader_lead=3)
+    warming = ic.RunResult(
+        listed=10, classified=2, frames_timed=2, elapsed_s=1.0, batches_timed=1, warmup_included=True
+    )
+    job = ic._job_total([ic._rank_share(past, 0, cpu), ic._rank_share(warming, 1, cpu)], 10, past)
+    assert (job.classified, job.frames_timed, job.elapsed_s, job.batches_timed) == (8, 4, 2.0, 2)
+    assert (job.warmup_included, job.fps, job.loader_lead) == (False, 2.0, 3)
