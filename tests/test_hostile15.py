@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ import torch
 
 import imagenet_classification as ic
 from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_cli
+from tests.test_distributed import _free_port
+from tests.test_processes import _running
 
 
 def test_failures_that_are_no_decode_errors_are_type_errors_naming_them():
@@ -42,12 +43,6 @@ def test_the_policys_ranges_at_their_bounds():
     assert ic.BadImagePolicy(skip=True, max_bad_percent=10).limit(0) == 0
     with pytest.raises(ValueError, match=r"listed=-1: expected a number of images, 0 or more \(or None\)"):
         ic.BadImagePolicy(skip=True, max_bad=3).limit(-1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_under_torchrun_a_summary_lost_on_a_full_disk_says_whose_it_was(tmp_path):
@@ -259,13 +254,7 @@ def test_dataloader_workers_end_with_a_main_process_killed_at_once(tmp_path):
     proc.kill()
     proc.wait(timeout=60)  # not communicate: the workers hold its pipes
     gone = time.monotonic()
-
-    def alive(pid: int) -> bool:  # not a zombie: a container's init may never reap one
-        with contextlib.suppress(OSError):
-            return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-        return False
-
-    while any(map(alive, workers)) and time.monotonic() - gone < 10:
+    while any(map(_running, workers)) and time.monotonic() - gone < 10:  # a zombie is no worker running
         time.sleep(0.05)
     assert len(workers) == 2 and time.monotonic() - gone < 2, time.monotonic() - gone
     proc.communicate(timeout=60)
