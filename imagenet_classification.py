@@ -248,7 +248,8 @@ def _whole(value: object, low: int, high: float = math.inf) -> bool:
 
 
 def _images(n: int, noun: str = "image") -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    """``1 image``, ``2 images`` (``2 batches``, ``2 processes``)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith(('ch', 's')) else 's'}"
 
 
 def _first_line(error: BaseException) -> str:
@@ -270,8 +271,8 @@ def _check_type(name: str, value: object, kind: Any, expected: str) -> None:
 _COUNT_MAX = 2**31 - 1
 _count = _number(int, 1, f"a whole number from 1 to {_COUNT_MAX}", _COUNT_MAX)
 _count0 = _number(int, 0, f"a whole number from 0 to {_COUNT_MAX}", _COUNT_MAX)
-_seconds = _number(float, 1e-3, "a number of seconds above 0")
-_timeout = _number(float, 1e-3, "at most 1e6 seconds, above 0", 1e6)  # longer overflow the DataLoader's clock
+_seconds = _number(float, 1e-3, "a number of seconds, at least 0.001")
+_timeout = _number(float, 1e-3, "at most 1e6 seconds, at least 0.001", 1e6)  # longer overflow the DataLoader's clock
 _image_mb = _number(int, 1, "a whole number of MiB from 1 to 4096", 4096)  # a file is read whole, up to this
 _IMG_SIZE_MAX = 4096  # pixels: a larger crop is a typo, not a model's input
 _MEAN_RANGE, _STD_RANGE = (0.0, 1.0), (1e-3, 1.0)  # on the 0-1 scale: 123.7 (the 0-255 one) classifies noise
@@ -2456,12 +2457,7 @@ def get_pipeline(
         report_stats_interval = stats.interval
     builder = PipelineBuilder().add_source(_batched(src, batch_size))
     if decode_processes:
-        try:  # else a bare pickling error, or a pipeline failure in each worker
-            pickle.dumps(decode_func)
-        except (pickle.PicklingError, AttributeError, TypeError) as e:
-            message = f"decode_func cannot be sent to the decode processes ({e}): get_decode_func's cannot (it holds "
-            message += "its decoder); give a module-level function that makes one in the worker, or decode_processes=0"
-            raise TypeError(message) from None
+        _check_sendable(decode_func)
         _start_resource_tracker()
         # spawn, not fork: the main process has threads (torch's, SPDL's) by the time the pool starts.
         pool = ProcessPoolExecutorConfig(
@@ -2472,6 +2468,28 @@ def get_pipeline(
         builder = builder.pipe(decode_func, concurrency=concurrency, name="decode")
     pipeline = builder.add_sink(buffer_size)
     return pipeline.build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval, **hooks)
+
+
+def _check_sendable(decode_func: Callable) -> None:
+    """TypeError unless a spawned worker can run ``decode_func``. The worker runs ``__main__`` again from
+    its file (a script read from stdin has none) and imports the function's module (it is pickled by
+    name): one typed into a notebook or ``python -c`` is in a ``__main__`` no worker has. Else the
+    worker fails, and SPDL waits for its batches: for ever without a time-out."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)  # stdin's: "<stdin>"
+    if main_file and not os.path.isfile(main_file):
+        message = f"decode_processes: a worker runs __main__ again from its file, and {main_file!r} is none (a "
+        raise TypeError(message + "script read from stdin): run it from a file, or decode_processes=0")
+    func = getattr(decode_func, "func", decode_func)  # functools.partial: its function
+    source = getattr(getattr(func, "__code__", None), "co_filename", main_file)  # a class's instance: main's
+    try:  # else a bare pickling error, or a pipeline failure in each worker
+        pickle.dumps(decode_func)
+        in_a_file = main_file and os.path.realpath(source) == os.path.realpath(main_file)  # a script's: run again
+        if getattr(func, "__module__", None) == "__main__" and not in_a_file:
+            raise TypeError(f"{func!r} is defined in __main__ (a notebook, python -c), which a worker cannot import")
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        message = f"decode_func cannot be sent to the decode processes ({e}): get_decode_func's cannot (it holds "
+        message += "its decoder); give a function of a module file that makes one in the worker, or decode_processes=0"
+        raise TypeError(message) from None
 
 
 def _decode_worker_died(why: str) -> RunStopped:
@@ -2532,16 +2550,19 @@ def _decode_in_worker(transform: EvalTransform, max_image_bytes: int, items: Seq
     return _worker_decode_func(transform, max_image_bytes)(items)
 
 
-def _received(batches: Iterator[_Batch], device: torch.device, workers: int) -> Iterator[_Batch]:
+def _received(
+    batches: Iterator[_Batch], device: torch.device, workers: int, others: Set[Any] = frozenset()
+) -> Iterator[_Batch]:
     """Batches from the ``workers`` ``--decode-processes`` workers, copied to ``device``; the stall
     registry says while this process waits for one (a worker's images are not known here). SPDL
-    waits for the batches of a worker killed as it started: at the time-out, its death is named."""
+    waits for the batches of a worker killed as it started: at the time-out, its death is named.
+    ``others``: this process's children that are not the pool's (a notebook's own)."""
     while True:
         _DECODING[-1] = ("a batch in a --decode-processes worker", time.monotonic())  # -1: no thread's ident
         try:
             batch = next(batches, None)
         except TimeoutError:
-            gone = workers - len(multiprocessing.active_children())  # the pool's workers are this process's children
+            gone = workers - len(set(multiprocessing.active_children()) - others)  # the pool's: its children
             if gone > 0:
                 raise _decode_worker_died(f"{gone} of {workers} gone; SPDL waited for its batches") from None
             raise
@@ -3431,6 +3452,8 @@ class _Loop:
         self.top1 = torch.zeros((), dtype=torch.int64, device=device)
         self.top5 = torch.zeros((), dtype=torch.int64, device=device)
         self.not_finite = torch.zeros((), dtype=torch.int64, device=device)
+        self.unknown_labels = torch.zeros((), dtype=torch.int64, device=device)  # no class of the model's, not -1
+        self.classes = NUM_CLASSES  # the model's, from its logits
         self.window = _TimingWindow(device, warmup_batches, sync_clocks)
         self.kept: list[tuple[Tensor, Tensor, Tensor, Tensor, tuple[str, ...]]] | None = [] if predictions else None
 
@@ -3445,8 +3468,11 @@ class _Loop:
             i = self.window.batches
             with spdl.io.utils.trace_event(f"iter_{i}"), torch.profiler.record_function(f"iter_{i}"):
                 logits = _logits(self.model, images)
+                labels = labels.to(logits.device, non_blocking=True)  # a DataLoader's, on the CPU
                 b1, b5 = self.model.classification(logits, labels)
                 finite = logits.isfinite().all(dim=-1)
+                self.classes = logits.shape[-1]
+                unknown = ((labels < -1) | (labels >= self.classes)).sum()  # read at the end: no sync
             if first and logits.shape[-1] != NUM_CLASSES:  # a notebook's own model: get_model refuses one
                 message = f"the model gives {logits.shape[-1]} classes, not ImageNet-1k's {NUM_CLASSES} of the labels:"
                 warnings.warn(f"{message} its top-1 and top-5 compare indices of two different sets", stacklevel=4)
@@ -3460,6 +3486,7 @@ class _Loop:
                 self.top1 += b1
                 self.top5 += b5
                 self.not_finite += finite.logical_not().sum()
+                self.unknown_labels += unknown
             if kept is not None:
                 self.kept.append(kept)
             self.result.classified += n
@@ -3478,6 +3505,9 @@ class _Loop:
         result.batches_timed = window.batches - window.timed_from if window.timed else window.batches
         result.top1_correct, result.top5_correct = int(self.top1), int(self.top5)
         result.not_finite = int(self.not_finite)
+        if unknown := int(self.unknown_labels):  # a loader's own labels (get_decode_func's are checked)
+            message = f"{_images(unknown, 'label')} of the batches named no class of the model's (0-"
+            warnings.warn(f"{message}{self.classes - 1}, or -1: unknown): counted as misses", stacklevel=3)
         result.record_failures(failures)
         result.timeline = window.timeline()
         if self.kept is not None:
@@ -4344,17 +4374,19 @@ def _sweep_grid(args: argparse.Namespace, listed: int) -> dict[str, list[int]]:
         raise InputError(f"--sweep: {e}") from None
     if args.loader == "torch" and grid["queue-size"] != [0]:
         raise InputError("--sweep queue-size=...: --loader torch has no queue (its workers prefetch 2 batches each)")
-    capped = dict(grid)
-    for name in ("num-threads", "batch-size"):
-        capped[name] = sorted({min(v, listed) for v in grid[name]})
-    batches = math.ceil(listed / min(capped["batch-size"]))  # listed >= 1: _read_images refuses an empty list
-    capped["decode-processes"] = sorted({min(v, batches) for v in grid["decode-processes"]})
-    if args.loader == "torch":  # a DataLoader worker is a process, making whole batches
-        capped["num-threads"] = sorted({min(v, batches) for v in capped["num-threads"]})
-    if capped != grid:
-        asked = ", ".join(f"{name}={','.join(map(str, grid[name]))}" for name in grid if capped[name] != grid[name])
-        _LG.info("Sweep: %s capped at the %d images listed.", asked, listed)
-    return capped
+
+    def cap(grid: dict[str, list[int]], names: Sequence[str], most: int, what: str) -> dict[str, list[int]]:
+        capped = {**grid, **{name: sorted({min(v, most) for v in grid[name]}) for name in names}}
+        if asked := ", ".join(f"{n}={','.join(map(str, grid[n]))}" for n in names if capped[n] != grid[n]):
+            _LG.info("Sweep: %s capped at %s.", asked, what)
+        return capped
+
+    # A worker process (a DataLoader worker too) makes whole batches: one past the batches would idle.
+    procs = ("decode-processes", "num-threads") if args.loader == "torch" else ("decode-processes",)
+    per_image = [name for name in ("num-threads", "batch-size") if name not in procs]
+    grid = cap(grid, per_image, listed, f"the {_images(listed)} listed")
+    batches = math.ceil(listed / min(grid["batch-size"]))  # listed >= 1: _read_images refuses an empty list
+    return cap(grid, procs, batches, f"the {_images(batches, 'batch')} of the smallest batch size, one a process")
 
 
 @dataclass
@@ -4564,9 +4596,9 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         print(line + "or batches buffered in the warm-up; list more images (repeating the list is fine)", file=file)
     if failed := sweep.failures:
         first = f"the first: {failed[0].path}: {failed[0].reason}"
-        line = (
-            f"{_images(len(failed), 'listed image')} failed to decode and were skipped in every setting that read them"
-        )
+        were = "was" if len(failed) == 1 else "were"
+        line = f"{_images(len(failed), 'listed image')} failed to decode and {were} skipped in every setting that read "
+        line += "them"
         print(_printable(f"{line} ({first}; a JSON --results-file lists them all)"), file=file)
     best = sweep.recommended
     if best is not None:
@@ -4706,7 +4738,8 @@ def _print_summary(result: RunResult, file: TextIO | None = None, pil_loader: bo
         lead = min(result.loader_lead, result.batches_timed)
         had = "all of them" if lead == result.batches_timed else f"{lead}"
         bound = "FPS may be the model's rate alone" if over == math.inf else f"FPS may be up to {over:.0%} high"
-        line = f"WARNING: the FPS window holds {result.batches_timed} batches and the loader may have had {had} "
+        line = f"WARNING: the FPS window holds {_images(result.batches_timed, 'batch')} and the loader may have "
+        line += f"had {had} "
         line += f"ready or under way when it opened: if the loader is the bottleneck, {bound}; list more images "
         print(line + "(repeating the list is fine)", file=file)
     _print_drain(result, file)
@@ -4734,7 +4767,7 @@ def _print_summary(result: RunResult, file: TextIO | None = None, pil_loader: bo
     if result.decoder_fallbacks:
         share = result.decoder_fallbacks / result.classified if result.classified else 1.0
         note = "; the figures are mostly the CPU's" if share > FALLBACK_WARNING else ""
-        line = f"  {result.decoder_fallbacks} images ({share:.1%}) decoded on the CPU: the GPU decoder cannot "
+        line = f"  {_images(result.decoder_fallbacks)} ({share:.1%}) decoded on the CPU: the GPU decoder cannot "
         print(f"{line}take them{note}", file=file)
     on_gpu = {backend: n for backend, n in result.decoder_backends.items() if backend not in ("ffmpeg", "pil") and n}
     if on_gpu:
@@ -4762,7 +4795,8 @@ def _page_cache_lines(cache: _PageCache) -> list[str]:
         line += f"; before it, {cache.resident:.1%} of the listed {size} was in memory"
         line += f", {after:.1%} after eviction" if after is not None else ""
     if cache.skipped:
-        line += f"; {cache.skipped} listed paths not examined (not opened as regular files)"
+        line += f"; {_images(cache.skipped, 'listed path')} not examined (not opened as regular files, or over "
+        line += "--max-image-mb)"
     lines = [line]
     if cache.cold and cache.repeats:
         share = cache.repeats / (cache.files + cache.skipped + cache.repeats)
@@ -4832,9 +4866,26 @@ def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
         if report.result.warmup_included:  # each pass ran the run's batches: as many as the warm-up, or fewer
             print("WARNING: as FPS, each rate below includes its warm-up and start-up: list more images", file=file)
         _print_breakdown(report.breakdown, file)
-    if report.breakdown_cut is not None:
+        _print_loader_alone_window(report, file)
+    if report.breakdown_cut is not None and not report.result.partial:
         cut = _printable(report.breakdown_cut)
         print(f"Breakdown cut short ({cut}): the end-to-end result above is complete", file=file)
+    elif report.breakdown_cut is not None:  # the run's own stop: not_reached above says what it left
+        print(f"Breakdown {_printable(report.breakdown_cut)}", file=file)
+
+
+def _print_loader_alone_window(report: _RunReport, file: TextIO | None) -> None:
+    """The breakdown's loader alone times as many batches as the run, its window opening with as many
+    under way as it decodes at once (none waits on a model): a short window's rate counts their head start."""
+    config, timed = report.config, report.result.batches_timed
+    at_once = config["decode_concurrency"] * max(1, config["decode_processes"])
+    if report.result.warmup_included or not timed:  # the warning above says it already
+        return
+    over = math.inf if timed <= at_once else at_once / (timed - at_once)
+    if over > FPS_WINDOW_SLACK:
+        bound = "be that of batches already decoded" if over == math.inf else f"be up to {over:.0%} high"
+        line = f"WARNING: the loader alone's window holds {_images(timed, 'batch')} and opened with up to {at_once} "
+        print(f"{line}under way: its rate may {bound}; list more images (repeating the list is fine)", file=file)
 
 
 PLOT_HINT = "pip install matplotlib (or, in the checkout, pip install '.[plot]') to draw it"
@@ -5049,9 +5100,9 @@ def _write_predictions(path: Path | str, rows: Sequence[dict]) -> None:
 def _run_title(report: _RunReport) -> str:
     c, r = report.config, report.result
     compiled = f"compiled ({c['compile']})" if c["compile"] else "not compiled"
-    workers = f"{c['num_threads']} workers" if c["loader"] == "torch" else f"{c['num_threads']} threads"
+    workers = _images(c["num_threads"], "worker" if c["loader"] == "torch" else "thread")
     if c["decode_processes"]:
-        workers = f"{c['decode_processes']} processes x {workers}"
+        workers = f"{_images(c['decode_processes'], 'process')} x {workers}"
     settings = f"batch {c['batch_size']}, {c['loader']} {c['decoder']} x {workers}"
     head = f"{c['model']} on {c['device']} ({c['dtype']}, {compiled}), {settings}"
     tail = f"FPS {r.fps:,.1f}, top-1 {'n/a' if r.top1 is None else f'{r.top1:.1%}'} of {r.classified}"
@@ -5525,16 +5576,18 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
         decode = get_decode_func(config.device, config.transform, config.decoder, policy, max_image_bytes=limit)
     stats = _PipelineStats(config.stats_interval)
     sizes = (config.decode_concurrency, config.queue_size, config.num_threads)  # concurrency, buffer, threads
+    others = frozenset(multiprocessing.active_children())  # not the pool's: a notebook's own children
     pipeline = get_pipeline(images, config.batch_size, decode, *sizes, stats=stats, decode_processes=in_processes)
     # Not SPDL's auto_stop: its one timeout is set as it starts, and an interrupt's stop cannot wait.
     pipeline.start()
     batches = pipeline.get_iterator(timeout=config.timeout)
     delivered = _ending_once_complete(batches, len(images))
-    loader = _Loader(_received(delivered, config.device, in_processes) if in_processes else delivered, stats)
+    loader = _Loader(_received(delivered, config.device, in_processes, others) if in_processes else delivered, stats)
     try:
         yield loader
     finally:
-        loader.stopped_cleanly = _stop_pipeline(pipeline, loader.stop_at_once, in_processes > 0)
+        loader.stopped_cleanly = _stop_pipeline(pipeline, loader.stop_at_once, in_processes > 0, others)
+        _DECODING.pop(-1, None)  # a stall's wait, said by now: no entry for a later run's stall to name
         if in_processes:  # free the pool's queues now: the process ends with os._exit, and
             loader.batches = batches = pipeline = iter(())  # multiprocessing's resource tracker would
             gc.collect()  # then warn of their semaphores as leaked
@@ -5559,13 +5612,13 @@ def _ending_once_complete(batches: Iterator, listed: int) -> Iterator:
         delivered += len(batch[1]) + len(getattr(batch, "failures", ()))  # once taken: the loop checks it first
 
 
-def _stop_pipeline(pipeline: Pipeline, at_once: bool, in_processes: bool) -> bool:
+def _stop_pipeline(pipeline: Pipeline, at_once: bool, in_processes: bool, others: Set[Any] = frozenset()) -> bool:
     """Stop the pipeline; False if a worker thread did not end in time (stuck in a hung read, or
     still decoding when an interrupt ends the run at once)."""
     workers_ended = at_once and in_processes
     if workers_ended:  # an interrupt: the workers end now, not after SPDL's seconds of joining each;
         logging.getLogger("spdl.pipeline").setLevel(logging.CRITICAL)  # its traceback for their queue: no news
-        _end_children()
+        _end_children(others)
     try:
         pipeline.stop(timeout=0.1 if at_once else 1.5)
     except TimeoutError:
@@ -5766,6 +5819,9 @@ def _run(config: _RunConfig) -> _RunReport:
             _add_breakdown(report, config, model)
     except (RunStopped, RunInterrupted) as e:
         report.error = e
+    if config.breakdown and report.breakdown is None and report.breakdown_cut is None:  # said, never left out
+        why = "a loader thread was left stuck" if report.error is None else "the run stopped before it"
+        report.breakdown_cut = f"not run: {why}"
     report.ranks = _combine_ranks(report, config)
     return report
 
@@ -5822,7 +5878,8 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     if report.error is not None:
         message, status = _explain(report.error, config)
         job = report.job_stop_reason
-        result.stop_reason = job or message
+        if result.partial:  # else the run was whole, and the signal cut its breakdown alone (breakdown_cut)
+            result.stop_reason = job or message
         _say(f"error: {_rank_label(shard)}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
     # A stopped job's rows are rank 0's alone (the others' stay with them): in its shard's order.
     listed = config.images if report.error is None else config.my_images
@@ -6081,9 +6138,10 @@ def _fill_closed_streams() -> None:
             os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
 
 
-def _end_children() -> None:
-    """End the worker processes left running (after an interrupt): orphaned, they hold a pipe open for seconds."""
-    for child in multiprocessing.active_children():
+def _end_children(others: Set[Any] = frozenset()) -> None:
+    """End the worker processes left running (after an interrupt), but ``others`` (a notebook's own,
+    started before the run): orphaned, the workers hold a pipe open for seconds."""
+    for child in set(multiprocessing.active_children()) - others:
         with contextlib.suppress(OSError, ValueError, AttributeError):
             child.kill()
 

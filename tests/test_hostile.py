@@ -76,6 +76,7 @@ def test_a_signal_during_the_breakdown_keeps_the_finished_run(dataset, tmp_path)
     result = read_json(out)
     assert result["classified"] == 480 and result["partial"] is False
     assert result["breakdown_cut"] == "interrupted by SIGTERM" and "breakdown" not in result
+    assert result["stop_reason"] is None  # the run was whole: the reason is the breakdown's (breakdown_cut)
 
 
 def test_a_signal_while_the_libraries_load_is_one_line(dataset):
