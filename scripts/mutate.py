@@ -143,6 +143,7 @@ GROUPS: dict[str, Group] = {
             "tests/test_hostile13.py::test_a_time_out_after_every_listed_image_is_the_loaders_end",
             "tests/test_hostile14.py::test_batches_of_no_tensors_are_type_errors_naming_them",
             "tests/test_hostile14.py::test_numpy_counts_are_taken_and_written_as_json",
+            "tests/test_hostile16.py::test_labels_that_name_no_class_of_the_model_are_counted_as_misses_and_warned_of",
             *_RUN_AT_LIMIT,
         ],
         [
@@ -156,7 +157,15 @@ GROUPS: dict[str, Group] = {
         ],
     ),
     "results": Group(
-        ["RunResult", "_rank_share", "_job_total", "_reduce_results", "_print_summary", "_print_breakdown"],
+        [
+            "RunResult",
+            "_rank_share",
+            "_job_total",
+            "_reduce_results",
+            "_print_summary",
+            "_print_breakdown",
+            "_print_loader_alone_window",
+        ],
         _numbers(
             "test_results_and_their_rates_by_hand",
             "test_summary_of_a_run_without_failures_says_none",
@@ -170,6 +179,9 @@ GROUPS: dict[str, Group] = {
             "test_a_run_at_the_max_bad_limit_reports_exact_figures",
             "test_a_run_states_its_loaders_lead_and_the_bound",
             "test_torchrun_per_rank_figures",
+            "test_a_window_opened_at_the_start_is_warned_of_by_hand",
+            "test_images_decoded_by_pil_are_said_unless_the_loader_is_pils",
+            "test_the_summarys_warnings_by_hand",
         )
         + [
             "tests/test_page_cache.py::test_the_disk_in_the_verdict_by_hand",
@@ -178,6 +190,7 @@ GROUPS: dict[str, Group] = {
             "tests/test_hostile13.py::test_no_sink_queue_verdict_without_an_image_in_the_fps_window",
             "tests/test_hostile15.py::test_failures_that_are_no_decode_errors_are_type_errors_naming_them",
             "tests/test_hostile15.py::test_a_stopped_jobs_fps_is_over_the_ranks_past_their_warm_up_only",
+            "tests/test_hostile16.py::test_the_loader_alones_short_window_is_warned_of_by_hand",
         ],
         [
             *_OLD_CLI_RUN,
@@ -392,6 +405,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("_resize_region", _ok(b="ideal_start + src_len <= length"),
      "start is within REGION_TOLERANCE of ideal_start and start, src_len, length are integers: a region past "
      "the frame's end still fails, only fewer regions pass. " + _REGION),
+    ("_job_total", 'job.warmup_included = timed[-1]["warmup_included"]',
+     "the ranks in timed are all past the warm-up, or (none is) all the ranks, none past it: one value"),
     ("_Loop", "finite = logits.isfinite().all(dim=1)", "logits are N x C: their last dimension is dimension 1"),
     ("measure_loader", "window.add(batch[1].shape[0])", "a batch's labels (N x 1) have a row per image"),
     ("measure_loader", "window.add(batch[-1].shape[0])", "a batch's labels (N x 1) have a row per image"),

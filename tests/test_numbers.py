@@ -1048,6 +1048,71 @@ def test_summary_of_a_run_without_failures_says_none():
     ]
 
 
+@pytest.mark.parametrize(
+    ("batches", "ends", "included", "warned"),
+    [(4, [3.25, 4.25, 5.25, 6.25], False, True),  # the first batch over 3 times the others' mean (1 s)
+     (2, [3.25, 4.25], False, True),  # one other batch is a mean
+     (4, [3.0, 4.0, 5.0, 6.0], False, False),  # at 3 times: no warning
+     (5, [3.25, 4.25, 5.25, 6.25, 7.25], False, False),  # a warm-up batch was left out of the window
+     (4, [3.25, 4.25, 5.25, 6.25], True, False),  # no more batches than the warm-up: a warning of its own
+     (1, [3.25], False, False)],  # one batch: no others to compare it with
+)  # fmt: skip
+def test_a_window_opened_at_the_start_is_warned_of_by_hand(batches, ends, included, warned):
+    # The window timed 4 batches (fewer if fewer ran); it opened at the start only if no batch was left out.
+    timed = min(batches, 4)
+    result = RunResult(listed=4 * batches, classified=4 * batches, frames_timed=4 * timed, elapsed_s=ends[-1],
+                       batches=batches, batches_timed=timed, warmup_included=included,
+                       timeline={"batch_end_s": ends})  # fmt: skip
+    out = io.StringIO()
+    _print_summary(result, out)
+    said = f"WARNING: the FPS window opens at the start (no warm-up): its first batch took {ends[0]:.2f} s of its "
+    said += f"{ends[-1]:.2f} (start-up, compilation): give --warmup-batches 1 or more"
+    assert (said in out.getvalue().splitlines()) is warned, out.getvalue()
+    assert ("opens at the start" in out.getvalue()) is warned
+    assert ("FPS includes it" in out.getvalue()) is included
+
+
+def test_the_summarys_warnings_by_hand():
+    # Each warning of the summary, at the figures that call for it and at the ones that do not.
+    def summary(**figures) -> str:
+        out = io.StringIO()
+        _print_summary(RunResult(listed=8, **figures), out)
+        return out.getvalue()
+
+    none = "WARNING: no image was classified, 8 failed to decode: FPS and accuracy measure nothing"
+    assert none in summary(failed=8, batches=2, batches_timed=1)
+    assert "no image was classified" not in summary(classified=6, failed=2, frames_timed=2, elapsed_s=1.0, batches=2,
+                                                    batches_timed=1)  # fmt: skip
+    assert "no image was classified" not in summary(classified=8, frames_timed=4, elapsed_s=1.0, batches=2,
+                                                    batches_timed=1)  # fmt: skip
+    window = "WARNING: every image of the FPS window failed to decode: FPS measures nothing"
+    assert window in summary(classified=4, failed=4, batches=2, batches_timed=1)
+    assert window not in summary(classified=8, frames_timed=4, elapsed_s=1.0, batches=2, batches_timed=1)
+    assert window not in summary(classified=4, failed=4)  # no batch timed: nothing to say of its window
+    not_finite = ("WARNING: 3 of the 8 images classified got NaN or infinite logits: no prediction, counted as "
+                  "misses. A diverged checkpoint, --mean/--std, or an overflow in --dtype float16 or bfloat16 "
+                  "(try --dtype float32)?")  # fmt: skip
+    assert not_finite in summary(classified=8, not_finite=3).splitlines()
+    assert "NaN" not in summary(classified=8)
+    backends = {"nvjpeg": 3, "hw_nvjpeg": 2, "cuda": 0, "ffmpeg": 2, "pil": 1}
+    said = summary(classified=8, decoder_backends=backends).splitlines()
+    assert "  decoded on the GPU, per backend: hw_nvjpeg 2, nvjpeg 3" in said
+    assert "  1 image (12.5%) decoded by PIL, not FFmpeg: not JPEG or PNG, an animated PNG, a CMYK or " \
+        "arithmetic-coded JPEG, or a small one" in said  # fmt: skip
+    assert "decoded on the GPU" not in summary(classified=8, decoder_backends={"ffmpeg": 8, "nvjpeg": 0})
+
+
+def test_images_decoded_by_pil_are_said_unless_the_loader_is_pils():
+    # SPDL's loader hands PIL only the images FFmpeg cannot take: the summary says how many. The
+    # DataLoader baseline (--loader torch) decodes every image with PIL by design: no such line.
+    result = RunResult(listed=4, classified=4, decoder_backends={"ffmpeg": 3, "pil": 1})
+    spdl, torch_loader = io.StringIO(), io.StringIO()
+    _print_summary(result, spdl)
+    _print_summary(result, torch_loader, pil_loader=True)
+    assert "  1 image (25.0%) decoded by PIL, not FFmpeg: not JPEG or PNG, an animated PNG," in spdl.getvalue()
+    assert "decoded by PIL" not in torch_loader.getvalue()
+
+
 def test_breakdown_bound_and_efficiency_by_hand():
     # The bound is the slower side alone; on the CPU the rate of taking turns is 1 / (1/600 + 1/40).
     cpu = _Breakdown.from_rates(600.0, 40.0, 30.0, torch.device("cpu"))
