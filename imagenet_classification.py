@@ -57,7 +57,7 @@ import threading
 import time
 import warnings
 import zipfile
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence, Set
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence, Set, Sized
 from dataclasses import asdict, dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
@@ -560,6 +560,7 @@ class ImageList:
                 raise TypeError(f"{name}={getattr(self, name)!r}: expected a sequence") from None
         if odd := [t.__name__ for t in set(map(type, self.paths)) if not issubclass(t, str | bytes | os.PathLike)]:
             raise TypeError(f"{self.origin}: paths of type {', '.join(sorted(odd))}: expected paths (str)")
+        object.__setattr__(self, "paths", tuple(map(os.fsdecode, self.paths)))  # a Path: str, as JSON takes it
         if len(self.paths) != len(self.labels):
             raise ValueError(f"{self.origin}: {len(self.paths)} paths, {len(self.labels)} labels: expected one a path")
         try:  # each distinct label once (by type too: 5.0 == 5, True == 1): a million images have a thousand
@@ -2437,7 +2438,8 @@ def get_pipeline(
         buffer_size: Decoded batches held ready for the consumer.
         report_stats_interval: Seconds between SPDL's statistics logs (-1: at each stage's end).
         stats: Collects the stage statistics; its ``interval`` then sets SPDL's.
-        decode_processes: Decode in this many worker processes; ``decode_func`` must be picklable.
+        decode_processes: Decode in this many worker processes (at most one a batch of a ``src`` that
+            has a length); ``decode_func`` must be picklable.
     """
     if not callable(decode_func):
         raise TypeError(f"decode_func={decode_func!r}: expected a function of a batch's items (get_decode_func)")
@@ -2450,6 +2452,11 @@ def get_pipeline(
         if not _whole(value, 0 if name == "decode_processes" else 1, _COUNT_MAX):  # 2.5 failed in SPDL, traceback
             least = f"at least {name != 'decode_processes':d}"
             raise ValueError(f"{name}={value!r}: expected {least}, a whole number (at most {_COUNT_MAX}: a C int)")
+    # Python ints for SPDL (it refuses numpy's for buffer_size).
+    batch_size, concurrency, buffer_size = int(batch_size), int(concurrency), int(buffer_size)
+    num_threads, decode_processes = int(num_threads), int(decode_processes)
+    if decode_processes and isinstance(src, Sized):  # an idle worker costs an interpreter (some 350 MB)
+        decode_processes = min(decode_processes, max(1, math.ceil(len(src) / batch_size)))
     hooks: dict[str, Any] = {}
     _check_type("stats", stats, _PipelineStats | None, "a _PipelineStats, or None")
     if stats is not None:
@@ -3544,12 +3551,22 @@ def _loader_failed(error: BaseException) -> RunStopped:
     if cause is None:
         if (lost := _worker_death(error)) is not None:
             return _decode_worker_died(f"{type(lost).__name__}: {lost}")
-        why = f"{type(causes[0]).__name__}: {causes[0]}" if causes else str(error)
+        why = _one_line(causes[0] if causes else error)
         return RunStopped(f"the loading pipeline failed: {why} (the log above says where)", "loader")
     path = cause._while_decoding
     if isinstance(cause, MemoryError):
         return RunStopped(f"out of memory while decoding {path}; fewer --num-threads need less", "loader")
     return RunStopped(f"the loading pipeline failed on {path}: {type(cause).__name__}: {cause}", "loader")
+
+
+def _one_line(error: BaseException) -> str:
+    """``Type: message`` on one line. A worker process's failure comes as the text of its traceback:
+    its first line, and the root cause (the first exception raised ``from``) that the text holds."""
+    head, *lines = f"{type(error).__name__}: {error}".splitlines() or [""]
+    lines = [line.strip(" |") for line in lines]
+    marks = [i for i, line in enumerate(lines) if line.startswith("The above exception was the direct cause")]
+    cause = next((line for line in reversed(lines[: marks[0]]) if line), None) if marks else None
+    return f"{head}, from {cause}" if cause else head
 
 
 def _worker_death(error: BaseException) -> BaseException | None:
@@ -3750,7 +3767,7 @@ def measure_loader(
             if failures is not None:
                 failures += getattr(batch, "failures", ())
     frames, seconds, warmup_included = window.close()
-    if warmup_included and warmup_batches:
+    if warmup_included and (warmup_batches or not window.batches):  # as benchmark: no batch, with no warm-up too
         _warn_warmup_included(window.warmed, warmup_batches)
     return frames / seconds if seconds > 0 else 0.0
 
@@ -5781,9 +5798,12 @@ def _build_model(config: _RunConfig) -> ModelBundle:
     pad_to = None if config.sweep else max(1, min(config.batch_size, len(config.my_images)))  # 0: a rank with none
     settings = {"pretrained": config.pretrained, "checkpoint": config.checkpoint, "transform": config.transform}
     settings |= {"compile": config.compile or False, "dtype": config.dtype, "batch_size": pad_to}
-    if not config.pretrained and config.checkpoint is None:  # random weights: the same on every rank, and run
-        torch.manual_seed(0)
-    model = get_model(config.model, config.device, **settings)
+    seeded = not config.pretrained and config.checkpoint is None  # random weights: the same on every rank, and run
+    devices = [config.device] if config.device.type == "cuda" else []
+    with torch.random.fork_rng(devices, enabled=seeded):  # the caller's generator as it was (main in a notebook)
+        if seeded:
+            torch.manual_seed(0)
+        model = get_model(config.model, config.device, **settings)
     dtype = f"{str(config.dtype).removeprefix('torch.')} ({config.dtype_reason})"
     run = f"{config.loader} loader, decoder {config.decoder}, {len(config.my_images)} images listed"
     _LG.info("Model %s on %s in %s, %s.", config.model, config.device, dtype, run)

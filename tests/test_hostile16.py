@@ -4,7 +4,9 @@ and timm, the command line run in this process (``run_main``)."""
 
 from __future__ import annotations
 
+import functools
 import io
+import json
 import logging
 import multiprocessing
 import os
@@ -14,6 +16,7 @@ import sys
 import time
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -225,3 +228,58 @@ if __name__ == "__main__":
 """)
     ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
     assert ran.returncode == 0 and ran.stdout.split()[-1] == "4", ran.stderr
+
+
+def _fails_in_the_worker(items):  # a module's function: a spawned worker imports it
+    raise ValueError("a reason of the decode function's own")
+
+
+def test_a_decode_process_failure_is_one_line_with_its_root_cause(jpeg_set):
+    # A worker's failure comes as the text of its traceback: the run's reason was 60 lines of it.
+    images = ic.read_file_list(jpeg_set, prefix=f"{jpeg_set.parent}/").head(4)
+    bundle = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    pipeline = ic.get_pipeline(images, 2, _fails_in_the_worker, 1, 2, 1, decode_processes=1)
+    with pytest.raises(ic.RunStopped) as stopped, pipeline.auto_stop():
+        ic.benchmark(pipeline.get_iterator(timeout=120), bundle, listed=4, warmup_batches=0)
+    reason = str(stopped.value)
+    assert "\n" not in reason and stopped.value.kind == "loader"
+    assert reason.startswith("the loading pipeline failed: RuntimeError: ")
+    assert reason.endswith(", from ValueError: a reason of the decode function's own (the log above says where)")
+    assert stopped.value.result.stop_reason == reason
+
+
+def test_get_pipeline_takes_numpy_sizes_and_starts_no_idle_decode_process(jpeg_set):
+    # buffer_size=np.int64(2) failed in SPDL; decode_processes=16 for 2 batches started 16 interpreters.
+    images = ic.read_file_list(jpeg_set, prefix=f"{jpeg_set.parent}/").head(4)
+    decode = functools.partial(ic._decode_in_worker, ic.EvalTransform(size=32, crop_pct=1.0), 1 << 20)
+    before = set(multiprocessing.active_children())
+    sizes = (np.int64(1), np.int64(2), np.int64(1))  # concurrency, buffer_size, num_threads
+    pipeline = ic.get_pipeline(images, np.int64(2), decode, *sizes, decode_processes=np.int64(16))
+    with pipeline.auto_stop():
+        assert sum(batch[0].shape[0] for batch in pipeline.get_iterator(timeout=120)) == 4
+        assert len(set(multiprocessing.active_children()) - before) <= 2  # one a batch, at most
+
+
+def test_main_in_a_notebook_leaves_its_random_generator_as_it_was(jpeg_set, capfd):
+    # Random weights are seeded (the same on every rank and run): the caller's generator was reset to 0.
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
+                    "--max-samples", "4", "-b", "2", "--warmup-batches", "0")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_measure_loader_of_no_batch_warns_as_benchmark_does():
+    with pytest.warns(ic.WarmupIncluded, match="no batch held images: the loader yielded none"):
+        assert ic.measure_loader([], "cpu", 0) == 0.0
+
+
+def test_an_image_list_of_paths_holds_strings_the_results_file_can_write(tmp_path):
+    # Path objects were kept: a failure's path then made json.dumps of the result raise.
+    images = ic.ImageList((tmp_path / "a.JPEG", b"b.JPEG", "c.JPEG"), (1, 2, 3))
+    assert images.paths == (str(tmp_path / "a.JPEG"), "b.JPEG", "c.JPEG")
+    result = ic.RunResult(listed=3)
+    result.record_failures([ic.ImageDecodeError(images.paths[0], "cut short")])
+    assert json.loads(json.dumps(result.to_dict()))["failures"][0]["path"] == str(tmp_path / "a.JPEG")
