@@ -426,7 +426,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         add_flags(parser)
     words = sys.argv[1:] if argv is None else list(argv)
     if stray := _stray_sweep_setting(words):  # else "DATA_DIR: not allowed"
-        parser.error(f"{stray}: a --sweep setting after another flag; give --sweep's settings together after it")
+        parser.error(stray)
     if unknown := _unknown_flag(parser, words):  # else its value is DATA_DIR: "not allowed with --data-dir"
         parser.error(unknown)
     args = parser.parse_args(argv)
@@ -4349,14 +4349,16 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
 
 
 def _stray_sweep_setting(argv: Sequence[str]) -> str | None:
-    """A ``NAME=V,...`` setting of ``_SWEPT`` not among the words right after ``--sweep``: argparse
-    would take it for DATA_DIR."""
-    after_sweep = False
+    """Why a ``NAME=V,...`` setting of ``_SWEPT`` is not among the words right after ``--sweep``: argparse
+    would take it for DATA_DIR. None if each is."""
+    after_sweep = joined = False
     for word in argv:
         if word.startswith("-"):
-            after_sweep = word == "--sweep"
+            after_sweep, joined = word == "--sweep", word.startswith("--sweep=")
         elif not after_sweep and word.partition("=")[0] in _SWEPT and not os.path.isdir(word):
-            return word
+            if joined:  # argparse gives --sweep=A the one setting A
+                return f"{word}: --sweep=SETTING takes that setting alone; give them all after --sweep and a space"
+            return f"{word}: a --sweep setting after another flag; give --sweep's settings together after it"
     return None
 
 
@@ -5319,6 +5321,10 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         raise InputError(f"--predictions-file {args.predictions_file}: the name must end in .csv or .jsonl")
     if args.plot is not None and not str(args.plot).lower().endswith(".png"):
         raise InputError(f"--plot {args.plot}: the name must end in .png")
+    csv_row = args.results_file is not None and str(args.results_file).lower().endswith(".csv")
+    if csv_row and (lost := [f"--{flag}" for flag in ("breakdown", "parity") if getattr(args, flag)]):
+        note = "--results-file %s: a CSV row holds no %s figures (a .json name writes them)."
+        _LG.warning(note, args.results_file, " and ".join(lost))
 
 
 def _file_id(path: str | os.PathLike) -> tuple[int, int] | None:

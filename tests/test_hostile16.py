@@ -283,3 +283,34 @@ def test_an_image_list_of_paths_holds_strings_the_results_file_can_write(tmp_pat
     result = ic.RunResult(listed=3)
     result.record_failures([ic.ImageDecodeError(images.paths[0], "cut short")])
     assert json.loads(json.dumps(result.to_dict()))["failures"][0]["path"] == str(tmp_path / "a.JPEG")
+
+
+def test_a_csv_results_file_warns_that_it_holds_no_breakdown_or_parity(jpeg_set, tmp_path, caplog):
+    # The row has the run's figures only: --breakdown's and --parity's were lost without a word.
+    images = ic.read_file_list(jpeg_set, prefix=f"{jpeg_set.parent}/")
+    for flags, lost in (
+        (["--breakdown", "--parity", "4"], "--breakdown and --parity"),
+        (["--parity", "4"], "--parity"),
+    ):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=ic._LG.name):
+            ic._check_files(ic._parse_args([str(jpeg_set), "--results-file", str(tmp_path / "r.CSV"), *flags]), images)
+        assert f"a CSV row holds no {lost} figures (a .json name writes them)." in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=ic._LG.name):
+        ic._check_files(
+            ic._parse_args([str(jpeg_set), "--results-file", str(tmp_path / "r.json"), "--breakdown"]), images
+        )
+        ic._check_files(ic._parse_args([str(jpeg_set), "--results-file", str(tmp_path / "r.csv")]), images)
+    assert "CSV row" not in caplog.text
+
+
+def test_sweep_settings_joined_to_the_flag_by_an_equals_sign_are_said_as_such(capfd):
+    proc = run_main(capfd, "/d", "--sweep=num-threads=1", "batch-size=2")
+    assert proc.returncode == 2
+    said = "batch-size=2: --sweep=SETTING takes that setting alone; give them all after --sweep and a space"
+    assert said in proc.stderr
+    proc = run_main(capfd, "/d", "--sweep", "num-threads=1", "--skip-bad", "batch-size=2")  # as before
+    assert (
+        "batch-size=2: a --sweep setting after another flag; give --sweep's settings together after it" in proc.stderr
+    )
