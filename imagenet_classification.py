@@ -57,7 +57,7 @@ import threading
 import time
 import warnings
 import zipfile
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence, Set, Sized
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import asdict, dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
@@ -2438,8 +2438,7 @@ def get_pipeline(
         buffer_size: Decoded batches held ready for the consumer.
         report_stats_interval: Seconds between SPDL's statistics logs (-1: at each stage's end).
         stats: Collects the stage statistics; its ``interval`` then sets SPDL's.
-        decode_processes: Decode in this many worker processes (at most one a batch of a ``src`` that
-            has a length); ``decode_func`` must be picklable.
+        decode_processes: Decode in this many worker processes; ``decode_func`` must be picklable.
     """
     if not callable(decode_func):
         raise TypeError(f"decode_func={decode_func!r}: expected a function of a batch's items (get_decode_func)")
@@ -2455,8 +2454,6 @@ def get_pipeline(
     # Python ints for SPDL (it refuses numpy's for buffer_size).
     batch_size, concurrency, buffer_size = int(batch_size), int(concurrency), int(buffer_size)
     num_threads, decode_processes = int(num_threads), int(decode_processes)
-    if decode_processes and isinstance(src, Sized):  # an idle worker costs an interpreter (some 350 MB)
-        decode_processes = min(decode_processes, max(1, math.ceil(len(src) / batch_size)))
     hooks: dict[str, Any] = {}
     _check_type("stats", stats, _PipelineStats | None, "a _PipelineStats, or None")
     if stats is not None:
@@ -2477,22 +2474,30 @@ def get_pipeline(
     return pipeline.build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval, **hooks)
 
 
-def _check_sendable(decode_func: Callable) -> None:
-    """TypeError unless a spawned worker can run ``decode_func``. The worker runs ``__main__`` again from
-    its file (a script read from stdin has none) and imports the function's module (it is pickled by
-    name): one typed into a notebook or ``python -c`` is in a ``__main__`` no worker has. Else the
-    worker fails, and SPDL waits for its batches: for ever without a time-out."""
+def _no_main_file() -> str | None:
+    """Why no spawned worker can start here, or None: it runs ``__main__`` again from its file."""
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)  # stdin's: "<stdin>"
     if main_file and not os.path.isfile(main_file):
-        message = f"decode_processes: a worker runs __main__ again from its file, and {main_file!r} is none (a "
-        raise TypeError(message + "script read from stdin): run it from a file, or decode_processes=0")
+        return f"a worker process runs __main__ again from its file, and there is none at {main_file!r} (stdin?)"
+    return None
+
+
+def _check_sendable(decode_func: Callable) -> None:
+    """TypeError unless a spawned worker can run ``decode_func``: it runs ``__main__`` again from its
+    file, and imports the function's module (it is pickled by name): one typed into a notebook or
+    ``python -c`` is in a ``__main__`` no worker has. Else the worker fails, and SPDL waits for its
+    batches: for ever without a time-out."""
+    if why := _no_main_file():
+        raise TypeError(f"decode_processes: {why}: run the script from its file, or decode_processes=0")
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     func = getattr(decode_func, "func", decode_func)  # functools.partial: its function
     source = getattr(getattr(func, "__code__", None), "co_filename", main_file)  # a class's instance: main's
+    in_a_file = main_file and os.path.realpath(source) == os.path.realpath(main_file)  # a script's: run again
+    if getattr(func, "__module__", None) == "__main__" and not in_a_file:
+        message = f"decode_func={func!r} is defined in __main__ (a notebook, python -c), which a worker process "
+        raise TypeError(message + "cannot import: define it in a module file and import it, or decode_processes=0")
     try:  # else a bare pickling error, or a pipeline failure in each worker
         pickle.dumps(decode_func)
-        in_a_file = main_file and os.path.realpath(source) == os.path.realpath(main_file)  # a script's: run again
-        if getattr(func, "__module__", None) == "__main__" and not in_a_file:
-            raise TypeError(f"{func!r} is defined in __main__ (a notebook, python -c), which a worker cannot import")
     except (pickle.PicklingError, AttributeError, TypeError) as e:
         message = f"decode_func cannot be sent to the decode processes ({e}): get_decode_func's cannot (it holds "
         message += "its decoder); give a function of a module file that makes one in the worker, or decode_processes=0"
@@ -3475,7 +3480,7 @@ class _Loop:
             i = self.window.batches
             with spdl.io.utils.trace_event(f"iter_{i}"), torch.profiler.record_function(f"iter_{i}"):
                 logits = _logits(self.model, images)
-                labels = labels.to(logits.device, non_blocking=True)  # a DataLoader's, on the CPU
+                labels = labels.to(logits.device, non_blocking=labels.device.type == "cpu")  # a DataLoader's
                 b1, b5 = self.model.classification(logits, labels)
                 finite = logits.isfinite().all(dim=-1)
                 self.classes = logits.shape[-1]
@@ -4351,14 +4356,13 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
 def _stray_sweep_setting(argv: Sequence[str]) -> str | None:
     """Why a ``NAME=V,...`` setting of ``_SWEPT`` is not among the words right after ``--sweep``: argparse
     would take it for DATA_DIR. None if each is."""
-    after_sweep = joined = False
+    after_sweep, flag = False, ""
     for word in argv:
         if word.startswith("-"):
-            after_sweep, joined = word == "--sweep", word.startswith("--sweep=")
+            after_sweep, flag = word == "--sweep", word
         elif not after_sweep and word.partition("=")[0] in _SWEPT and not os.path.isdir(word):
-            if joined:  # argparse gives --sweep=A the one setting A
-                return f"{word}: --sweep=SETTING takes that setting alone; give them all after --sweep and a space"
-            return f"{word}: a --sweep setting after another flag; give --sweep's settings together after it"
+            joined = f" ({flag} takes its one setting alone)" if flag.startswith("--sweep=") else ""
+            return f"{word}: a --sweep setting after another flag{joined}; give --sweep's settings together after it"
     return None
 
 
@@ -4615,9 +4619,9 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         print(line + "or batches buffered in the warm-up; list more images (repeating the list is fine)", file=file)
     if failed := sweep.failures:
         first = f"the first: {failed[0].path}: {failed[0].reason}"
-        were = "was" if len(failed) == 1 else "were"
+        were, them = ("was", "it") if len(failed) == 1 else ("were", "them")
         line = f"{_images(len(failed), 'listed image')} failed to decode and {were} skipped in every setting that read "
-        line += "them"
+        line += them
         print(_printable(f"{line} ({first}; a JSON --results-file lists them all)"), file=file)
     best = sweep.recommended
     if best is not None:
@@ -4898,8 +4902,8 @@ def _print_loader_alone_window(report: _RunReport, file: TextIO | None) -> None:
     under way as it decodes at once (none waits on a model): a short window's rate counts their head start."""
     config, timed = report.config, report.result.batches_timed
     at_once = config["decode_concurrency"] * max(1, config["decode_processes"])
-    if report.result.warmup_included or not timed:  # the warning above says it already
-        return
+    if report.result.warmup_included or not timed or not config["warmup_batches"]:  # else said above, or
+        return  # no warm-up: nothing under way as the window opens (it holds the start-up instead)
     over = math.inf if timed <= at_once else at_once / (timed - at_once)
     if over > FPS_WINDOW_SLACK:
         bound = "be that of batches already decoded" if over == math.inf else f"be up to {over:.0%} high"
@@ -5477,6 +5481,8 @@ def _choose_decoder(args: argparse.Namespace, sweep: dict[str, list[int]] | None
         given = "--loader torch" if args.loader == "torch" else f"--use-{decoder}"
         flag = "--sweep decode-processes=..." if sweep and not args.decode_processes else "--decode-processes"
         raise InputError(f"{flag} runs FFmpeg's decode in worker processes; not with {given}")
+    if in_processes and (why := _no_main_file()):  # else a TypeError from get_pipeline, as a bug's
+        raise InputError(f"--decode-processes: {why}: run the script from its file, or give no worker processes")
     return decoder
 
 
@@ -5609,8 +5615,8 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
     try:
         yield loader
     finally:
-        loader.stopped_cleanly = _stop_pipeline(pipeline, loader.stop_at_once, in_processes > 0, others)
         _DECODING.pop(-1, None)  # a stall's wait, said by now: no entry for a later run's stall to name
+        loader.stopped_cleanly = _stop_pipeline(pipeline, loader.stop_at_once, in_processes > 0, others)
         if in_processes:  # free the pool's queues now: the process ends with os._exit, and
             loader.batches = batches = pipeline = iter(())  # multiprocessing's resource tracker would
             gc.collect()  # then warn of their semaphores as leaked
@@ -5805,10 +5811,9 @@ def _build_model(config: _RunConfig) -> ModelBundle:
     settings = {"pretrained": config.pretrained, "checkpoint": config.checkpoint, "transform": config.transform}
     settings |= {"compile": config.compile or False, "dtype": config.dtype, "batch_size": pad_to}
     seeded = not config.pretrained and config.checkpoint is None  # random weights: the same on every rank, and run
-    devices = [config.device] if config.device.type == "cuda" else []
-    with torch.random.fork_rng(devices, enabled=seeded):  # the caller's generator as it was (main in a notebook)
+    with torch.random.fork_rng(devices=[], enabled=seeded):  # timm builds it on the CPU; the caller's seed stays
         if seeded:
-            torch.manual_seed(0)
+            torch.random.default_generator.manual_seed(0)
         model = get_model(config.model, config.device, **settings)
     dtype = f"{str(config.dtype).removeprefix('torch.')} ({config.dtype_reason})"
     run = f"{config.loader} loader, decoder {config.decoder}, {len(config.my_images)} images listed"
@@ -5846,7 +5851,9 @@ def _run(config: _RunConfig) -> _RunReport:
     except (RunStopped, RunInterrupted) as e:
         report.error = e
     if config.breakdown and report.breakdown is None and report.breakdown_cut is None:  # said, never left out
-        why = "a loader thread was left stuck" if report.error is None else "the run stopped before it"
+        why = "the run stopped before it" if report.result.partial else "a loader thread was left stuck"
+        if report.error is not None and not report.result.partial:  # a signal once the run had ended
+            why = _explain(report.error, config)[0]
         report.breakdown_cut = f"not run: {why}"
     report.ranks = _combine_ranks(report, config)
     return report
@@ -5904,7 +5911,7 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     if report.error is not None:
         message, status = _explain(report.error, config)
         job = report.job_stop_reason
-        if result.partial:  # else the run was whole, and the signal cut its breakdown alone (breakdown_cut)
+        if result.partial:  # else the run was whole: a signal came after it (breakdown_cut says it, if asked for)
             result.stop_reason = job or message
         _say(f"error: {_rank_label(shard)}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
     # A stopped job's rows are rank 0's alone (the others' stay with them): in its shard's order.

@@ -144,6 +144,7 @@ GROUPS: dict[str, Group] = {
             "tests/test_hostile14.py::test_batches_of_no_tensors_are_type_errors_naming_them",
             "tests/test_hostile14.py::test_numpy_counts_are_taken_and_written_as_json",
             "tests/test_hostile16.py::test_labels_that_name_no_class_of_the_model_are_counted_as_misses_and_warned_of",
+            "tests/test_hostile16.py::test_a_batch_that_is_no_pair_is_named_by_its_kind_and_length",
             *_RUN_AT_LIMIT,
         ],
         [
@@ -405,6 +406,9 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("_resize_region", _ok(b="ideal_start + src_len <= length"),
      "start is within REGION_TOLERANCE of ideal_start and start, src_len, length are integers: a region past "
      "the frame's end still fails, only fewer regions pass. " + _REGION),
+    ("_record_batch",
+     'for name, value in zip(("images", "labels"), batch, strict=False):  # not an AttributeError mid-loop',
+     "the line above refused a batch that is not two long: strict has nothing to check"),
     ("_job_total", 'job.warmup_included = timed[-1]["warmup_included"]',
      "the ranks in timed are all past the warm-up, or (none is) all the ranks, none past it: one value"),
     ("_Loop", "finite = logits.isfinite().all(dim=1)", "logits are N x C: their last dimension is dimension 1"),
