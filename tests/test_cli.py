@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,17 +188,28 @@ def test_help_shows_every_default():
         assert re.search(rf"{flag} \S+ .*?\(default: {re.escape(default)}\)", text), flag
 
 
-def test_the_readme_notebook_section_runs_as_written(demo_photos, lite0_checkpoint, tmp_path):
+def readme_notebook_code() -> str:
+    """The Python of README's section "In a notebook", as written."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## In a notebook") :]
     start = section.index("```python\n") + len("```python\n")
-    code = section[start : section.index("\n```", start)]
+    return section[start : section.index("\n```", start)]
+
+
+def run_in_the_demo(
+    code: str, demo_photos: Path, lite0_checkpoint: Path, tmp_path: Path
+) -> subprocess.CompletedProcess:
+    """``python -c code`` in a folder laid out as ``make demo`` lays out demo/ (photos, list, weights)."""
     (tmp_path / "demo").mkdir()
     shutil.copytree(demo_photos.parent / "val", tmp_path / "demo" / "val")
     shutil.copy(demo_photos, tmp_path / "demo" / "val.flist")
     shutil.copy(lite0_checkpoint, tmp_path / "demo" / "efficientnet_lite0.pth")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+
+
+def test_the_readme_notebook_section_runs_as_written(demo_photos, lite0_checkpoint, tmp_path):
+    proc = run_in_the_demo(readme_notebook_code(), demo_photos, lite0_checkpoint, tmp_path)
     assert proc.returncode == 0, proc.stderr
     fps, top1, top5, not_reached = proc.stdout.splitlines()[-1].split()
     assert float(fps) > 0 and float(top1) >= 0.9 and float(top5) == 1.0 and not_reached == "0"

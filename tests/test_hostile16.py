@@ -10,7 +10,6 @@ import json
 import logging
 import multiprocessing
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import torch
 
 import imagenet_classification as ic
 from tests.conftest import ROOT, TINY, make_jpeg_set, read_json, run_main
+from tests.test_cli import readme_notebook_code, run_in_the_demo
 
 
 def test_a_breakdown_the_run_never_reached_is_said_and_recorded(tmp_path, capfd):
@@ -129,10 +129,7 @@ def test_the_sweeps_caps_say_what_capped_them(caplog):
 def test_the_readme_notebook_pattern_keeps_a_stalled_runs_result(demo_photos, lite0_checkpoint, tmp_path):
     # A decode thread stuck in a hung read: auto_stop's exit raised SPDL's TimeoutError, which hid the
     # RunStopped and its result. The README's pattern, run as written but for a loader that hangs.
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## In a notebook") :]
-    start = section.index("```python\n") + len("```python\n")
-    code = section[start : section.index("\n```", start)]
+    code = readme_notebook_code()
     hang = "import time\ncalls = []\ndef hangs(items):  # the first batch only, then a read that hangs\n"
     hang += "    calls.append(1)\n    time.sleep(0 if len(calls) == 1 else 15)\n    return decode(items)\n"
     for old, new in (("pipeline = get_pipeline(", f"{hang}pipeline = get_pipeline("),
@@ -140,12 +137,7 @@ def test_the_readme_notebook_pattern_keeps_a_stalled_runs_result(demo_photos, li
         assert code.count(old) == 1, old
         code = code.replace(old, new)
     code += "\nprint(result.partial, result.classified, result.stop_reason)"
-    (tmp_path / "demo").mkdir()
-    shutil.copytree(demo_photos.parent / "val", tmp_path / "demo" / "val")
-    shutil.copy(demo_photos, tmp_path / "demo" / "val.flist")
-    shutil.copy(lite0_checkpoint, tmp_path / "demo" / "efficientnet_lite0.pth")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    proc = run_in_the_demo(code, demo_photos, lite0_checkpoint, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "TimeoutError" not in proc.stderr
     # The partial result: the first batch's 8 images classified, and the stall said.
