@@ -247,7 +247,8 @@ GROUPS: dict[str, Group] = {
     "shards": Group(
         ["source", "ImageList.shard", "_Shard", "_warmup_for_all_ranks"],
         _numbers("test_shard_sizes_by_hand", "test_each_rank_takes_every_nth_line_from_its_own")
-        + ["tests/test_distributed.py::test_shards_cover_every_line_once", *_numbers("test_torchrun_per_rank_figures")],
+        + ["tests/test_distributed.py::test_shards_cover_every_line_once", *_numbers("test_torchrun_per_rank_figures")]
+        + ["tests/test_accounting.py::test_a_rank_outside_the_job_is_refused_not_sliced"],
         ["tests/test_distributed.py::test_shards_cover_every_line_once", "tests/test_source.py", *_OLD_TORCHRUN],
     ),
     "bad-image policy": Group(
@@ -409,6 +410,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("_record_batch",
      'for name, value in zip(("images", "labels"), batch, strict=False):  # not an AttributeError mid-loop',
      "the line above refused a batch that is not two long: strict has nothing to check"),
+    ("ImageList.shard", "if not (_whole(world_size, 0) and _whole(rank, 0) and rank < world_size):",
+     "a rank of 0 or more below world_size makes world_size 1 or more: the same test"),
     ("_job_total", 'job.warmup_included = timed[-1]["warmup_included"]',
      "the ranks in timed are all past the warm-up, or (none is) all the ranks, none past it: one value"),
     ("_Loop", "finite = logits.isfinite().all(dim=1)", "logits are N x C: their last dimension is dimension 1"),
