@@ -2696,6 +2696,7 @@ def _quiet_worker(worker_id: int) -> None:
 
 
 _ABANDONED: list = []  # DataLoader iterators not shut down (an interrupt, a stall): their workers end with the process
+_RUNNING: list = []  # DataLoader iterators open: a signal forgets their workers (_interrupt)
 
 
 @contextlib.contextmanager
@@ -2703,9 +2704,11 @@ def _open_torch_loader(config: _RunConfig, images: ImageList) -> Iterator[_Loade
     dataset = _PILDataset(images, config.transform, config.max_image_bytes, config.batch_size)
     workers = iter(_get_torch_loader(dataset, config.num_threads, config.device, config.timeout))
     loader = _Loader(_torch_loader_batches(workers, config.device))
+    _RUNNING.append(workers)
     try:
         yield loader
     finally:
+        _RUNNING.remove(workers)
         if loader.stop_at_once:  # the process ends right after the report: no joining busy workers
             _ABANDONED.append(workers)
             _forget_workers(workers)  # nor torch's SIGCHLD error, mid-report, for a worker the signal ended too
@@ -3393,7 +3396,8 @@ _HELD = threading.local()  # .lists, each thread's: while the main thread's is n
 @contextlib.contextmanager
 def _uninterrupted() -> Iterator[list[int]]:
     """Counts updated together: a signal (the command line's, or a notebook's Ctrl-C) waits, in the list
-    yielded, to the end of the block, for the caller to raise; a second ends the command line's process."""
+    yielded, to the end of the block, for the caller to raise; a second ends the command line's process.
+    A stop raised in the block after a signal is the signal's (RunInterrupted)."""
     held: list[int] = []
     stack = _HELD.__dict__.setdefault("lists", [])
     default = threading.current_thread() is threading.main_thread()  # only there can a handler be set
@@ -3403,6 +3407,12 @@ def _uninterrupted() -> Iterator[list[int]]:
     try:
         stack.append(held)  # inside the try: a KeyboardInterrupt before it leaves no stale list on the stack
         yield held
+    except BaseException as e:
+        # A signal to the whole group (torchrun's, systemd's) ends the DataLoader's workers too: torch's
+        # SIGCHLD handler raises their death in the block, after the signal it caused was held.
+        if held and not isinstance(e, RunInterrupted) and _as_stop(e) is not None:
+            raise RunInterrupted(held[0]) from e
+        raise
     finally:
         if stack and stack[-1] is held:
             stack.pop()
@@ -5999,6 +6009,8 @@ def _interrupt(signum: int, _frame: object) -> None:
     """A signal of ``_SIGNALS``: RunInterrupted where the run is, its partial result reported; a second ends it."""
     for s in _SIGNALS:
         signal.signal(s, signal.SIG_DFL)
+    for workers in _RUNNING:  # a signal to the whole group (torchrun's, systemd's) ends them too: torch's
+        _forget_workers(workers)  # SIGCHLD handler would raise their death anywhere, in the report too
     if held := getattr(_HELD, "lists", None):
         held[-1].append(signum)
         return

@@ -218,10 +218,10 @@ def test_the_class_from_the_path_is_as_readme_says():
 
 
 def _torch_loader_run(tmp_path: Path, *extra: str, settle: float = 2) -> tuple[subprocess.Popen, set[int]]:
-    """A --loader torch run of 1,600 images in its own process group, ``settle`` seconds under way; its
+    """A --loader torch run of 8,000 images in its own process group, ``settle`` seconds under way; its
     DataLoader workers."""
     flist = make_jpeg_set(tmp_path, 8)
-    (tmp_path / "long.flist").write_text(flist.read_text() * 200)
+    (tmp_path / "long.flist").write_text(flist.read_text() * 1000)
     cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", tmp_path / "long.flist",
            "--prefix", f"{tmp_path}/", *TINY, "--no-compile", "-b", "8", "--loader", "torch", *extra]  # fmt: skip
     proc = subprocess.Popen(list(map(str, cmd)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
