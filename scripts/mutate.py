@@ -92,6 +92,7 @@ GROUPS: dict[str, Group] = {
             "tests/test_model.py::test_padding_label_never_counts",
             "tests/test_model.py::test_bundle_counts_match_manual_forward_and_padding_changes_nothing",
             "tests/test_gpu_paths.py::test_a_compiled_model_does_not_recompile_for_a_padded_or_planar_batch",
+            "tests/test_hostile17.py::test_images_and_labels_of_the_wrong_kind_are_refused_by_hand",
         ],
         [
             "tests/test_model.py::test_classification_counts_equal_direct_topk",
@@ -366,6 +367,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "logits are N x C: dim 1 is dim -1"),
     ("Classification.forward", "top = logits.topk(min(5, logits.shape[1]), dim=-1).indices",
      "logits are N x C: shape[1] is shape[-1]"),
+    ("Classification.forward", "hits = (top == labels.view(n, 1)) & logits.isfinite().all(dim=1, keepdim=True)",
+     "logits are N x C: dim 1 is dim -1"),
     ("ModelBundle.logits", "if self.batch_size is not None and 0 <= n < self.batch_size:",
      "only an empty batch differs, padded with rows that are cut off again; benchmark gives the model no empty batch"),
     ("ModelBundle.logits", "if self.batch_size is not None and -1 < n < self.batch_size:",

@@ -33,3 +33,17 @@ def test_a_stop_raised_after_a_held_signal_is_the_signals():
     assert stopped.value.signum == signal.SIGINT and len(calls) == 2
     assert stopped.value.result.partial and stopped.value.result.classified == 2
     assert stopped.value.result.stop_reason == "interrupted by SIGINT"
+
+
+def test_images_and_labels_of_the_wrong_kind_are_refused_by_hand():
+    # make mutate's classification group: an `and` for an `or` in either check went unseen there.
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False, dtype="float32")
+    size = model.transform.size
+    for shape in ((3, size, size), (2, size, size, 3), (2, 1, size, size)):  # one image; channels last; grey
+        with pytest.raises(ValueError, match=rf"images of shape \({', '.join(map(str, shape))}\): expected N x 3"):
+            model.logits(torch.zeros(shape, dtype=torch.uint8))
+    logits = torch.eye(4)
+    assert [int(hits) for hits in model.classification(logits, torch.arange(4))] == [4, 4]
+    for labels in (torch.arange(4).float(), torch.arange(4).to(torch.complex64), torch.ones(4, dtype=torch.bool)):
+        with pytest.raises(ValueError, match=rf"labels of type {labels.dtype}: expected whole numbers"):
+            model.classification(logits, labels)
