@@ -1241,17 +1241,17 @@ class EvalTransform:
             raise InputError(message, "--model")
         if test := [k for k in ("test_input_size", "test_crop_pct") if config.get(k) and cfg[k[5:]] == config[k]]:
             _LG.info("Transform: the config's %s, as timm's validate.py evaluates.", " and ".join(test))
-        fixed = (config.get("test_input_size") or config.get("input_size") or (0,))[-1]
-        if config.get("fixed_input_size") and width != fixed:  # e.g. ViT's and Swin's patch grids, built for it
-            message = f"its input size is fixed at {fixed} x {fixed}: the model refuses a {width} x {height} image"
+        fixed_h, fixed_w = (config.get("test_input_size") or config.get("input_size") or cfg["input_size"])[-2:]
+        if config.get("fixed_input_size") and (fixed_h, fixed_w) != (height, width):  # e.g. ViT's patch grid
+            message = f"its input size is fixed at {fixed_w} x {fixed_h}: the model refuses a {width} x {height} image"
             raise InputError(message, "--img-size")
-        short = math.floor(width / cfg["crop_pct"]) if _within(cfg["crop_pct"], 1e-6) else 0
-        if short * short > MAX_IMAGE_PIXELS:  # checked here too, to name the flag that sets it
-            message = f"{width} / {cfg['crop_pct']} resizes each image's shorter side to {short} pixels: "
-            raise InputError(message + f"every image would be over the limit of {MAX_IMAGE_PIXELS:,}", "--crop-pct")
-        if short < 1 and _within(cfg["crop_pct"], 1e-6):
-            message = f"{width} / {cfg['crop_pct']} resizes each image's shorter side to 0 pixels"
-            raise InputError(message, "--crop-pct")
+        if _within(crop_pct := cfg["crop_pct"], 1e-6):  # else the transform's own check refuses it
+            short = math.floor(width / crop_pct)  # checked here too, to name the flag that sets it
+            if short * short > MAX_IMAGE_PIXELS:
+                message = f"{width} / {crop_pct} resizes each image's shorter side to {short} pixels: every image"
+                raise InputError(f"{message} would be over the limit of {MAX_IMAGE_PIXELS:,}", "--crop-pct")
+            if short < 1:
+                raise InputError(f"{width} / {crop_pct} resizes each image's shorter side to 0 pixels", "--crop-pct")
         try:
             mean, std = tuple(map(float, cfg["mean"])), tuple(map(float, cfg["std"]))
             return cls(int(width), float(cfg["crop_pct"]), str(cfg["interpolation"]), mean, std, cfg["crop_mode"])
