@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import statistics
@@ -44,7 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import out_folder  # noqa: E402
+from cli_checks import out_file, out_folder  # noqa: E402
 from make_demo_data import PHOTOS, photo_path  # noqa: E402
 from parity_set import _crop_to_shape  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -118,7 +119,11 @@ def make_image_set(
         mix: ``default`` (the common sizes, baseline 4:2:0 colour JPEGs, quality 70-95) or a name
             in :py:data:`MIXES`.
     """
-    flist = root / (f"val{count}.flist" if mix == "default" else f"{mix}{count}.flist")
+    # Each mix in a folder of its own: the same names in one folder would write one mix's images over
+    # another's, which a list kept from before then reads as its own.
+    default = mix == "default"
+    folder, flist = ("val", f"val{count}.flist") if default else (f"val-{mix}", f"{mix}-{count}.flist")
+    flist = root / flist
     if flist.exists():
         return flist
     rng = random.Random(seed)
@@ -128,7 +133,7 @@ def make_image_set(
     lines = []
     for i in range(count):
         image, wnid = rng.choice(sources)
-        rel = Path("val") / wnid / f"{wnid}_{i:06d}.JPEG"
+        rel = Path(folder) / wnid / f"{wnid}_{i:06d}.JPEG"
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         if image_mix is None:
             _save_default(image, root / rel, rng)
@@ -158,12 +163,23 @@ def min_images(batch_size: int = 32, warmup: int = WARMUP_BATCHES) -> int:
     return (warmup + 1) * batch_size
 
 
-def check_image_count(parser: argparse.ArgumentParser, images: int, batch_size: int = 32) -> None:
+def check_image_count(
+    parser: argparse.ArgumentParser, images: int, batch_size: int = 32, threads: int = 1, warmup: int = WARMUP_BATCHES
+) -> None:
     """``parser.error`` unless a set of ``images`` fills the loader's warm-up batches and one to time
-    (fewer would time the warm-up, or nothing)."""
-    if images < (need := min_images(batch_size)):
-        parser.error(f"argument --images: {images}: at least {need} images ({WARMUP_BATCHES} warm-up batches "
+    (fewer would time the warm-up, or nothing); a warning where the loader at ``threads`` threads
+    may be timed too high: its window opens with up to ``threads`` batches under way (the module's
+    bound for the breakdown's loader alone), which a short window counts as decoded in it."""
+    if images < (need := min_images(batch_size, warmup)):
+        parser.error(f"argument --images: {images}: at least {need} images ({warmup} warm-up batches "
                      f"of {batch_size} and 1 to time)")  # fmt: skip
+    timed = images // batch_size - warmup
+    if (over := math.inf if timed <= threads else threads / (timed - threads)) > ic.FPS_WINDOW_SLACK:
+        enough = (warmup + threads + math.ceil(threads / ic.FPS_WINDOW_SLACK)) * batch_size
+        bound = "be that of batches already decoded" if over == math.inf else f"be up to {over:.0%} high"
+        print(f"{parser.prog}: warning: --images {images}: at {threads} threads the loader's timed window of "
+              f"{timed} batches opens with up to {threads} under way: its rates may {bound} (--images {enough} "
+              f"keeps it within {ic.FPS_WINDOW_SLACK:.0%})", file=sys.stderr)  # fmt: skip
 
 
 def decodable(flist: Path, batch_size: int = 32) -> tuple[Path, list[ic.ImageDecodeError]]:
@@ -182,9 +198,20 @@ def decodable(flist: Path, batch_size: int = 32) -> tuple[Path, list[ic.ImageDec
     good = [line for line in lines if f"{flist.parent}/{line}" not in failed]
     kept = flist.with_name(f"{flist.stem}.decodable.flist")
     kept.write_text("".join(f"{line}\n" for line in good))
-    print(f"compare_loaders: left out {len(bad)} of the set's {len(lines)} images, which do not decode "
+    print(f"{Path(sys.argv[0]).stem}: left out {len(bad)} of the set's {len(lines)} images, which do not decode "
           f"(the first: {bad[0]}); timing the other {len(good)}, listed in {kept}", file=sys.stderr)  # fmt: skip
     return kept, bad
+
+
+def decodable_set(
+    parser: argparse.ArgumentParser, flist: Path, images: int, batch_size: int = 32, warmup: int = WARMUP_BATCHES
+) -> tuple[Path, list[ic.ImageDecodeError]]:
+    """:py:func:`decodable`, or ``parser.error`` where too few decode for the loaders' warm-up and a batch to time."""
+    flist, left_out = decodable(flist, batch_size)
+    if (count := len(flist.read_text().splitlines())) < (need := min_images(batch_size, warmup)):
+        parser.error(f"argument --images: {images}: only {count} of them decode, and the loaders need "
+                     f"{need} ({warmup} warm-up batches and 1 to time)")  # fmt: skip
+    return flist, left_out
 
 
 def decode_only_rate(paths: list[str], threads: int = 1, as_loader: bool = False) -> float:
@@ -411,13 +438,16 @@ def main() -> None:
                      "(11 batches of 32: 5 of warm-up, 2 to time between, 4 at the end)")  # fmt: skip
     if args.scaling_sizes[0] >= args.scaling_sizes[1]:
         parser.error("argument --scaling-sizes: {} {}: SMALL must be less than LARGE".format(*args.scaling_sizes))
-    check_image_count(parser, args.images, args.batch_size)
+    check_image_count(parser, args.images, args.batch_size, args.max_threads)
     out_folder(parser, "--out", args.out)
-    flist, left_out = decodable(make_image_set(args.out / "images", args.images, mix=args.mix), args.batch_size)
+    out_file(parser, "--out", args.out / "results.json")
+    try:  # now, not after the loaders' minutes
+        ic._pretrained_config(args.model)
+    except ic.InputError as e:
+        parser.error(f"argument --model: {e}")
+    made = make_image_set(args.out / "images", args.images, mix=args.mix)
+    flist, left_out = decodable_set(parser, made, args.images, args.batch_size)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
-    if len(paths) < min_images(args.batch_size):
-        parser.error(f"argument --images: {args.images}: only {len(paths)} of them decode, and the loaders need "
-                     f"{min_images(args.batch_size)} ({WARMUP_BATCHES} warm-up batches and 1 to time)")  # fmt: skip
     threads = list(range(1, args.max_threads + 1))
     by_threads = lambda: {str(t): [] for t in threads}  # noqa: E731
     results = {"images": len(paths), "left_out": [str(e) for e in left_out], "mix": args.mix, "threads": threads,

@@ -186,7 +186,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=ic._count, default=5)
     parser.add_argument("--max-threads", type=ic._count, default=os.cpu_count())
     args = parser.parse_args()
-    check_image_count(parser, args.images)  # part 2's loader: 5 warm-up batches of 32 and 1 to time
+    check_image_count(parser, args.images, threads=args.max_threads)  # part 2's loader: 5 warm-up batches of 32
     if args.per_image is None:
         args.per_image = min(500, args.images)
     elif args.per_image > args.images:

@@ -58,7 +58,7 @@ if os.environ.get("GIL_BENCH_MODULE"):  # a child sampling another version of th
 
 import torch  # noqa: E402
 from cli_checks import out_folder  # noqa: E402
-from compare_loaders import check_image_count, decode_only_rate, make_image_set  # noqa: E402
+from compare_loaders import check_image_count, decodable, decodable_set, decode_only_rate, make_image_set  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -403,17 +403,20 @@ def main() -> None:
     if args.seconds < 1:  # py-spy samples whole seconds: int(seconds) would be 0
         parser.error(f"argument --seconds: {args.seconds:g}: at least 1 (py-spy samples whole seconds)")
     if args.targets:
-        check_image_count(parser, args.images)  # the loader's 5 warm-up batches of 32 and 1 to time
+        check_image_count(parser, args.images, threads=16)  # the loader's 5 warm-up batches of 32, at 16 threads
     out_folder(parser, "--out", args.out)
+    made = {name: make_image_set(args.out / "images", args.images, mix=name) for name in ("imagenet", "default")}
+    # The images that decode, the others a counted skip; with the targets, enough for the loader's timing.
+    sets = {name: (decodable_set(parser, flist, args.images) if args.targets else decodable(flist))[0]
+            for name, flist in made.items()}  # fmt: skip
     try:
-        measure(args)
+        measure(args, sets)
     except PySpyFailed as e:  # one line, no usage: the arguments were fine
         parser.exit(2, f"{parser.prog}: error: {e}\n")
 
 
-def measure(args: argparse.Namespace) -> None:
-    """Everything after the arguments' checks: the sampling, the targets, ``gil.json``."""
-    sets = {name: make_image_set(args.out / "images", args.images, mix=name) for name in ("imagenet", "default")}
+def measure(args: argparse.Namespace, sets: dict[str, Path]) -> None:
+    """Everything after the arguments' checks and the image sets: the sampling, the targets, ``gil.json``."""
     results: dict = {"sampled": {}, "env": ic._environment(torch.device("cpu"))}
     before = _module_at(args.before, args.out) if args.before else None
     for name, flist in sets.items() if args.sampling else ():

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "scripts")]
 
-from cli_checks import out_folder  # noqa: E402
+from cli_checks import out_folder, whole  # noqa: E402
 
 DECODER_FLAGS = {"ffmpeg": [], "nvjpeg": ["--use-nvjpeg"], "nvdec": ["--use-nvdec"]}
 AGREEMENT_RESERVE_S = 60  # kept for the unusual images and the photos through every decoder, uncompiled
@@ -376,6 +376,12 @@ def nccl_one_rank(device: str) -> dict:
         dist.destroy_process_group()
 
 
+def _layout(text: str) -> bool:
+    """``PROCESSESxTHREADS``, each a whole number from 1."""
+    parts = text.split("x")
+    return len(parts) == 2 and all(part.isdigit() and int(part) >= 1 for part in parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--bundle", type=Path, default=ROOT / "bench" / "gpu_bundle")
@@ -387,11 +393,11 @@ def main() -> None:
         help="where the generated images go (not --out: only the reports come back)",
     )
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--images", type=int, default=4000)
+    parser.add_argument("--images", type=whole(1), default=4000)
     parser.add_argument("--unchecked", default="", help="decoders timed without their colour self-check")
-    parser.add_argument("--repeat", type=int, default=10, help="times each leg lists the image set")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--repeat", type=whole(1), default=10, help="times each leg lists the image set")
+    parser.add_argument("--batch-size", type=whole(1), default=128)
+    parser.add_argument("--threads", type=whole(1), default=16)
     parser.add_argument("--decoders", default="ffmpeg,nvjpeg,nvdec")
     parser.add_argument("--layouts", default="4x4,2x8",
                         help="FFmpeg legs run again as PROCESSESxTHREADS (--decode-processes), against --threads "
@@ -411,10 +417,17 @@ def main() -> None:
     out_folder(parser, "--out", args.out)
     out_folder(parser, "--scratch", args.scratch)
     decoders = args.decoders.split(",")
+    if unknown := [d for d in decoders if d not in DECODER_FLAGS]:
+        parser.error(f"argument --decoders: {args.decoders}: {unknown[0]!r} is none of {', '.join(DECODER_FLAGS)}")
+    layouts = [tuple(map(int, text.split("x"))) for text in args.layouts.split(",") if _layout(text)]
+    if len(layouts) != len([text for text in args.layouts.split(",") if text]):  # 0x4 would be the --threads leg
+        parser.error(f"argument --layouts: {args.layouts}: expected PROCESSESxTHREADS, each a whole number from 1")
 
     from compare_loaders import make_image_set
 
-    sources = [(photos.parent / line, line.split("/")[1]) for line in photos.read_text().split()]
+    sources = [(photos.parent / line, line.split("/")[1]) for line in photos.read_text().split() if "/" in line]
+    if not sources:  # else make_image_set's default photos, not the bundle's
+        parser.error(f"argument --bundle: {args.bundle}: {photos} lists no photo as val/WNID/NAME")
     flist = make_image_set(args.scratch / "images", args.images, photos=sources)
     # Each leg lists the set ``--repeat`` times (the page cache holds it, as for a warm ImageNet):
     # a FPS window of seconds, not a tenth of one, at GPU rates.
@@ -440,7 +453,6 @@ def main() -> None:
         report["nvjpeg_rates"] = {"error": f"{type(e).__name__}: {e}"}
     print(f"nvJPEG decode-only and resize, images/s: {report['nvjpeg_rates']}", flush=True)
     write_report(report, args.out)
-    layouts = [tuple(map(int, text.split("x"))) for text in args.layouts.split(",") if text]
     legs = [(decoder, args.threads, 0) for decoder in decoders]
     legs += [("ffmpeg", threads, processes) for processes, threads in layouts if "ffmpeg" in decoders]
     with open(args.out / "gpu_check.log", "w") as log:

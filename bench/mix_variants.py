@@ -292,7 +292,7 @@ def main() -> None:
     parser.add_argument("--max-threads", type=ic._count, default=2)
     args = parser.parse_args()
     if args.pipeline_repeats:
-        check_image_count(parser, args.images)  # the loader's 5 warm-up batches of 32 and 1 to time
+        check_image_count(parser, args.images, threads=args.max_threads)  # 5 warm-up batches of 32, 1 to time
     out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import torch  # noqa: E402
-from cli_checks import out_folder  # noqa: E402
-from compare_loaders import make_image_set  # noqa: E402
+from cli_checks import out_file, out_folder  # noqa: E402
+from compare_loaders import check_image_count, decodable_set, make_image_set  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
 
@@ -76,8 +76,12 @@ def main() -> None:
     parser.add_argument("--max-threads", type=ic._count, default=os.cpu_count())
     parser.add_argument("--batch-size", type=ic._count, default=32)
     args = parser.parse_args()
+    warmup = 2
+    check_image_count(parser, args.images, args.batch_size, args.max_threads, warmup)
     out_folder(parser, "--out", args.out)
-    flist = make_image_set(args.out / "images", args.images)
+    out_file(parser, "--out", args.out / "read_ceiling.json")
+    flist, left_out = decodable_set(parser, make_image_set(args.out / "images", args.images), args.images,
+                                    args.batch_size, warmup)  # fmt: skip
     images = ic.read_file_list(flist, f"{flist.parent}/")
     _sync(list(images.paths))
     size = ic._examine_page_cache(images.paths).bytes
@@ -85,7 +89,6 @@ def main() -> None:
     runs: dict = {f"{what}_{state}": {str(t): [] for t in threads} for what in ("read", "loader")
                   for state in ("cold", "warm")}  # fmt: skip
     resident: dict = {key: [] for key in runs}
-    warmup = 2
     for repeat in range(args.repeats):  # interleaved, so that a drift of the machine hits every pass alike
         for t in threads:
             for what, rate in (("read", read_rate), ("loader", loader_rate)):
@@ -104,7 +107,8 @@ def main() -> None:
         first = (lambda v: v[0]) if what == "read" else (lambda v: v)
         return statistics.median(first(c) / first(w) for c, w in zip(cold, warm, strict=True))
 
-    results = {"images": len(images), "bytes": size, "threads": threads, "runs": runs, "resident": resident,
+    results = {"images": len(images), "left_out": [str(e) for e in left_out], "bytes": size, "threads": threads,
+               "runs": runs, "resident": resident,
                "ratios": {f"{what}_cold_over_warm_{t}threads": paired(t, what) for what in ("read", "loader")
                           for t in threads},
                "env": ic._environment(CPU)}  # fmt: skip

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import pytest
 import torch
 
 import imagenet_classification as ic
+from tests.conftest import ROOT
+from tests.test_helper_scripts import _one_error_line, _run
 
 
 def test_a_stop_raised_after_a_held_signal_is_the_signals():
@@ -47,3 +50,109 @@ def test_images_and_labels_of_the_wrong_kind_are_refused_by_hand():
     for labels in (torch.arange(4).float(), torch.arange(4).to(torch.complex64), torch.ones(4, dtype=torch.bool)):
         with pytest.raises(ValueError, match=rf"labels of type {labels.dtype}: expected whole numbers"):
             model.classification(logits, labels)
+
+
+def _configured(**config) -> torch.nn.Module:
+    """A module with a timm pretrained config of its own, as from_model reads it."""
+    module = torch.nn.Identity()
+    grey = (0.5, 0.5, 0.5)
+    module.pretrained_cfg = {"input_size": (3, 32, 32), "crop_pct": 1.0, "interpolation": "bilinear",
+                             "mean": grey, "std": grey, "crop_mode": "center", **config}  # fmt: skip
+    return module
+
+
+def test_a_transform_from_a_config_the_loader_cannot_reproduce_is_refused_by_hand():
+    # make mutate's geometry group: 23 mutants of from_model's refusals went unseen there (the CLI's
+    # tests of them are in other files). A fixed size that is not square was said as a square one.
+    def refused(module, overrides=None) -> tuple[str, str]:
+        with pytest.raises(ic.InputError) as error:
+            ic.EvalTransform.from_model(module, overrides)
+        return str(error.value), error.value.flag
+
+    assert refused(_configured(input_size=(3, 24, 32))) == (
+        "its evaluation transform cannot be reproduced here: its input is 32 x 24, not square",
+        "--model",
+    )
+    fixed = _configured(fixed_input_size=True)
+    assert ic.EvalTransform.from_model(fixed).size == 32  # its own size
+    assert refused(fixed, {"input_size": (3, 48, 48)}) == (
+        "its input size is fixed at 32 x 32: the model refuses a 48 x 48 image",
+        "--img-size",
+    )
+    tested = _configured(fixed_input_size=True, test_input_size=(3, 40, 40))  # evaluated at its test size
+    assert ic.EvalTransform.from_model(tested).size == 40
+    assert refused(tested, {"input_size": (3, 32, 32)})[0].startswith("its input size is fixed at 40 x 40")
+    wide = _configured(fixed_input_size=True, input_size=(3, 24, 40))  # no square size is the model's
+    assert refused(wide, {"input_size": (3, 40, 40)})[0].startswith("its input size is fixed at 40 x 24:")
+    # 161 / 0.0113 = 14247.8: floored, as the resize is; over the pixel limit, as 1 / 1.5 is under one pixel.
+    assert refused(_configured(), {"input_size": (3, 161, 161), "crop_pct": 0.0113}) == (
+        "161 / 0.0113 resizes each image's shorter side to 14247 pixels: every image would be over the limit of "
+        "178,956,970", "--crop-pct")  # fmt: skip
+    assert refused(_configured(), {"input_size": (3, 1, 1), "crop_pct": 1.5}) == (
+        "1 / 1.5 resizes each image's shorter side to 0 pixels",
+        "--crop-pct",
+    )
+    assert ic.EvalTransform.from_model(_configured(), {"input_size": (3, 1, 1)}).resize_short == 1
+    assert ic.EvalTransform.from_model(_configured(), {"crop_pct": 0.0125}).resize_short == 2560
+
+
+# --- The bench scripts (a sweep of bench/ under bad input) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--layouts", "0x4"], "argument --layouts: 0x4: expected PROCESSESxTHREADS"),  # named as the --threads leg
+        (["--layouts", "4y4"], "argument --layouts: 4y4: expected PROCESSESxTHREADS"),
+        (["--decoders", "bogus"], "argument --decoders: bogus: 'bogus' is none of ffmpeg, nvjpeg, nvdec"),
+        (["--images", "0"], "argument --images: 0: expected a whole number, 1 or more"),
+        (["--threads", "0"], "argument --threads: 0: expected a whole number, 1 or more"),  # each leg failed, exit 0
+        ([], "photos/val.flist lists no photo as val/WNID/NAME"),  # scikit-image's photos were taken instead
+    ],
+)
+def test_gpu_checks_arguments_are_refused_before_any_leg(tmp_path, args, words):
+    bundle = tmp_path / "bundle"
+    (bundle / "photos").mkdir(parents=True)
+    (bundle / "photos" / "val.flist").write_text("" if not args else "val/n01440764/a.JPEG\n")
+    (bundle / "efficientnet_lite0.pth").write_bytes(b"")
+    proc = _run(sys.executable, ROOT / "bench" / "gpu_check.py", "--bundle", bundle, "--out", tmp_path / "out",
+                "--scratch", tmp_path / "scratch", "--device", "cpu", *args)  # fmt: skip
+    _one_error_line(proc, words)
+    assert not (tmp_path / "scratch" / "images").exists()
+
+
+def test_compare_loaders_checks_its_model_and_results_file_first_and_warns_of_a_short_window(tmp_path):
+    # The model's name was checked after every loader's repeats (an InputError's traceback, no results),
+    # and a results.json that is a folder lost the whole run; 192 images at 2 threads printed loader
+    # rates of batches decoded before the clock started, with no word.
+    script, out = ROOT / "bench" / "compare_loaders.py", tmp_path / "out"
+    proc = _run(sys.executable, script, "--out", out, "--images", "192", "--max-threads", "2", "--model", "nosuch")
+    _one_error_line(proc, "argument --model: 'nosuch' is not a timm model")
+    warning = ("compare_loaders.py: warning: --images 192: at 2 threads the loader's timed window of 1 batches opens "
+               "with up to 2 under way: its rates may be that of batches already decoded (--images 864 keeps it "
+               "within 10%)")  # fmt: skip
+    assert warning in proc.stderr.splitlines() and not (out / "images").exists()
+    (out / "results.json").mkdir()
+    proc = _run(sys.executable, script, "--out", out, "--images", "2000", "--max-threads", "2")
+    _one_error_line(proc, f"argument --out: {out / 'results.json'}: a folder, not a file")
+    warning = "at 2 threads the loader's timed window of 57 batches opens with up to 2 under way"
+    assert warning not in proc.stderr and not (out / "images").exists()  # 2 / 55: within 10 %
+
+
+def test_read_ceiling_needs_its_warm_up_and_a_batch_to_time(tmp_path):
+    proc = _run(sys.executable, ROOT / "bench" / "read_ceiling.py", "--out", tmp_path / "out", "--images", "64")
+    _one_error_line(proc, "argument --images: 64: at least 96 images (2 warm-up batches of 32 and 1 to time)")
+
+
+def test_two_mixes_made_in_one_folder_keep_their_own_images(tmp_path, monkeypatch):
+    # The same names in one folder: gil.py's imagenet set then its default set wrote 37 of the
+    # imagenet list's 192 files over with default-mix images, which the list went on reading.
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from compare_loaders import make_image_set
+
+    default = make_image_set(tmp_path, 12)
+    before = {line: (tmp_path / line).read_bytes() for line in default.read_text().splitlines()}
+    mixed = make_image_set(tmp_path, 12, mix="imagenet")
+    assert {line: (tmp_path / line).read_bytes() for line in default.read_text().splitlines()} == before
+    assert not set(mixed.read_text().splitlines()) & set(before)
+    assert make_image_set(tmp_path, 12) == default and make_image_set(tmp_path, 12, mix="imagenet") == mixed
