@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import out_file, out_folder  # noqa: E402
+from cli_checks import out_file, out_folder, run  # noqa: E402
 from make_demo_data import PHOTOS, photo_path  # noqa: E402
 from parity_set import _crop_to_shape  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -516,4 +516,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

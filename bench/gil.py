@@ -58,6 +58,7 @@ if os.environ.get("GIL_BENCH_MODULE"):  # a child sampling another version of th
 
 import torch  # noqa: E402
 from cli_checks import out_folder  # noqa: E402
+from cli_checks import run as run_script  # noqa: E402 (run: the py-spy runs below)
 from compare_loaders import check_image_count, decodable, decodable_set, decode_only_rate, make_image_set  # noqa: E402
 from PIL import Image  # noqa: E402
 
@@ -467,4 +468,4 @@ def measure(args: argparse.Namespace, sets: dict[str, Path]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "scripts")]
 
-from cli_checks import out_folder, whole  # noqa: E402
+from cli_checks import out_folder, run, whole  # noqa: E402
 
 DECODER_FLAGS = {"ffmpeg": [], "nvjpeg": ["--use-nvjpeg"], "nvdec": ["--use-nvdec"]}
 AGREEMENT_RESERVE_S = 60  # kept for the unusual images and the photos through every decoder, uncompiled
@@ -511,4 +511,4 @@ def summary(leg: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -48,7 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import out_folder  # noqa: E402
+from cli_checks import out_folder, run  # noqa: E402
 from compare_loaders import (  # noqa: E402
     MIXES,
     check_image_count,
@@ -311,4 +311,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

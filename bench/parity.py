@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from cli_checks import out_folder  # noqa: E402
+from cli_checks import out_folder, run  # noqa: E402
 from parity_set import make_parity_set  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -334,4 +334,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from cli_checks import out_folder, whole  # noqa: E402
+from cli_checks import out_folder, run, whole  # noqa: E402
 from PIL import Image  # noqa: E402
 
 # The real photographs among scikit-image's bundled images (not the synthetic ones: colour
@@ -101,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import torch  # noqa: E402
-from cli_checks import out_file, out_folder  # noqa: E402
+from cli_checks import out_file, out_folder, run  # noqa: E402
 from compare_loaders import check_image_count, decodable_set, make_image_set  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -129,4 +129,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,3 +55,20 @@ def whole(low: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def run(main: Callable[[], int | None]) -> None:
+    """A script's entry: Ctrl-C, or SIGTERM (``timeout``, a closed job), runs its clean-up (``finally``,
+    ``atexit``: gil.py's uprobes) and ends it with one line and the shell's status, not a traceback."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        status = main()
+    except KeyboardInterrupt as e:
+        signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+        print(f"{Path(sys.argv[0]).name}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        sys.exit(128 + signum)
+    sys.exit(status)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import timm
 import torch
-from cli_checks import out_file
+from cli_checks import out_file, run
 
 
 def source_weights_path() -> Path:
@@ -68,4 +68,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

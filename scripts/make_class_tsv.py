@@ -13,6 +13,8 @@ import os
 import sys
 from importlib import resources
 
+from cli_checks import run
+
 
 def _timm_info(name: str) -> list[str]:
     return resources.files("timm.data").joinpath("_info", name).read_text().splitlines()
@@ -40,4 +42,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -15,7 +15,7 @@ import argparse
 import random
 from pathlib import Path
 
-from cli_checks import out_folder, whole
+from cli_checks import out_folder, run, whole
 from PIL import Image
 
 # scikit-image photo -> the ImageNet class it shows (WordNet ID).
@@ -83,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -18,7 +18,7 @@ import io
 from pathlib import Path
 
 import numpy as np
-from cli_checks import out_folder
+from cli_checks import out_folder, run
 from PIL import Image
 
 
@@ -62,4 +62,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -156,3 +157,18 @@ def test_two_mixes_made_in_one_folder_keep_their_own_images(tmp_path, monkeypatc
     assert {line: (tmp_path / line).read_bytes() for line in default.read_text().splitlines()} == before
     assert not set(mixed.read_text().splitlines()) & set(before)
     assert make_image_set(tmp_path, 12) == default and make_image_set(tmp_path, 12, mix="imagenet") == mixed
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_helper_script_stopped_by_a_signal_says_so_in_one_line(tmp_path, signum):
+    # Ctrl-C ended every bench/ and scripts/ program with a KeyboardInterrupt traceback; SIGTERM
+    # (`timeout`) skipped their clean-up: gil.py left its uprobe on the system's libpython.
+    cmd = [sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), str(tmp_path / "demo"), "--variants", "100000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "demo").glob("val/*/*.JPEG")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # writing its images
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signum and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines() == [f"make_demo_data.py: interrupted by {signal.Signals(signum).name}"], err
