@@ -5683,9 +5683,17 @@ def _tracing(path: Path | None, device: torch.device) -> Iterator[tuple[torch.pr
         os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     memfd = getattr(os, "memfd_create", None)  # Linux; elsewhere a temporary file
     spdl_trace = os.fdopen(memfd("pftrace"), "w+b") if memfd else tempfile.TemporaryFile()
-    with torch.profiler.profile(activities=activities) as profiler:
-        with spdl.io.utils.tracing(os.dup(spdl_trace.fileno())):  # SPDL closes the descriptor it is given
-            yield profiler, spdl_trace
+    with contextlib.ExitStack() as started:
+        profiler = started.enter_context(torch.profiler.profile(activities=activities))
+        started.enter_context(spdl.io.utils.tracing(os.dup(spdl_trace.fileno())))  # SPDL closes the one given
+        stopping = started.pop_all()
+    try:
+        yield profiler, spdl_trace
+    finally:
+        with _uninterrupted() as held:  # a signal as torch collects its results (cut: no trace) waits for it
+            stopping.close()
+        if held:
+            raise RunInterrupted(held[0])
 
 
 def _export_trace(trace: tuple[torch.profiler.profile, BinaryIO], path: Path, note: str = "") -> None:
@@ -5770,7 +5778,11 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
         if cold:
             _examine_page_cache(images.paths, evict=True, max_bytes=config.max_image_bytes)
         with _open_loader(config, images, config.policy()) as loader:
-            loader_fps = measure_loader(loader.batches, config.device, config.warmup_batches)
+            try:
+                loader_fps = measure_loader(loader.batches, config.device, config.warmup_batches)
+            except RunInterrupted:
+                loader.stop_at_once = True  # as in the run: not waiting for the workers' queued batches
+                raise
         # The read ceiling: the files read as the loader reads them, as many batches at once as it decodes.
         cache = _examine_page_cache(images.paths, evict=cold, max_bytes=config.max_image_bytes)
         limits = (config.max_image_bytes, config.timeout)
@@ -5966,8 +5978,8 @@ def _say(line: str) -> None:
     """One line on stderr; a closed stderr does not stop the run from ending well."""
     if sys.stderr is None:  # fd 2 closed at start (2>&-): print(file=None) would write it to stdout
         return
-    with contextlib.suppress(OSError, ValueError):
-        print(_printable(line), file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError, ValueError):  # one write: a native thread's log not amid the line
+        print(_printable(line) + "\n", end="", file=sys.stderr, flush=True)
 
 
 def _printable(text: str) -> str:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import imagenet_classification as ic
-from tests.conftest import ROOT
+from tests.conftest import ROOT, read_json
 from tests.test_helper_scripts import _one_error_line, _run
 
 
@@ -172,3 +172,20 @@ def test_a_helper_script_stopped_by_a_signal_says_so_in_one_line(tmp_path, signu
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signum and "Traceback" not in err, err[-2000:]
     assert err.strip().splitlines() == [f"make_demo_data.py: interrupted by {signal.Signals(signum).name}"], err
+
+
+def test_a_signal_during_the_breakdowns_decode_processes_stops_within_two_seconds(tmp_path):
+    # The breakdown's loader alone waited for its worker pool (3.6-6.7 s) where the run and the sweep
+    # end theirs at once.
+    from tests.test_processes import _start_in_two_processes
+
+    proc, out = _start_in_two_processes(tmp_path, "--max-samples", "320", "--breakdown")
+    while "Breakdown: timing the loader alone" not in (line := proc.stderr.readline()):
+        assert line or proc.poll() is None, "the run ended before its breakdown"
+    time.sleep(1.0)  # the loader alone's workers starting, or decoding
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and time.monotonic() - sent < 2.0, (time.monotonic() - sent, err[-2000:])
+    result = read_json(out)
+    assert result["breakdown_cut"] == "interrupted by SIGTERM" and result["partial"] is False
