@@ -52,6 +52,7 @@ def write_report(report: dict, out: Path) -> None:
 def run_leg(name: str, args: list[str], out: Path, timeout: float, log) -> dict:
     """Run the benchmark's CLI once; return its results file, or the error it stopped with."""
     results = out / f"{name}.json"
+    results.unlink(missing_ok=True)  # a run's before this one, into the same --out: not this leg's result
     cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), *args, "--results-file", str(results)]
     started, cpu = time.monotonic(), _children_cpu_s()
     try:
@@ -442,6 +443,8 @@ def main() -> None:
     first = args.out / "gpu_check.json"
     report: dict = json.loads(first.read_text()) if first.exists() else {}
     report.update({"device": args.device, "images": args.images, "legs": {}})
+    for key in ("decode_rates", "nvjpeg_rates", "unusual_images", "nvdec_planes", "nccl_one_rank", "agreement"):
+        report.pop(key, None)  # a run's before this one, into the same --out
     report["env"] = ic._environment(torch.device(args.device))
     deadline = time.monotonic() + args.time_budget - AGREEMENT_RESERVE_S
     report["decode_rates"] = decode_rates(flist)

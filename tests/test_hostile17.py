@@ -189,3 +189,14 @@ def test_a_signal_during_the_breakdowns_decode_processes_stops_within_two_second
     assert proc.returncode == 143 and time.monotonic() - sent < 2.0, (time.monotonic() - sent, err[-2000:])
     result = read_json(out)
     assert result["breakdown_cut"] == "interrupted by SIGTERM" and result["partial"] is False
+
+
+def test_a_gpu_check_leg_that_fails_carries_no_result_of_an_earlier_run(tmp_path, monkeypatch):
+    # Rerun into the same --out, a leg that failed (exit 2) still carried the last run's results file.
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from gpu_check import run_leg
+
+    (tmp_path / "ffmpeg.json").write_text('{"num_threads": 1}')
+    with open(tmp_path / "log", "w") as log:
+        entry = run_leg("ffmpeg", ["--num-threads", "0"], tmp_path, 120, log)
+    assert entry["exit"] == 2 and "result" not in entry and "--num-threads" in entry["error"], entry
