@@ -5215,12 +5215,17 @@ class _RunConfig:
         return min(self.num_threads, NVDEC_CONCURRENCY) if self.decoder == "nvdec" else self.num_threads
 
     @property
+    def at_once(self) -> int:
+        """Batches the decode stage decodes at once: its concurrency in every worker process."""
+        return self.decode_concurrency * max(1, self.decode_processes)
+
+    @property
     def loader_lead(self) -> int:
         """Batches the loader can hold ahead of the model: SPDL's sink buffer, the one its sink stage
         holds, its queue and the batches decoded at once; the DataLoader's prefetch (2 per worker)."""
         if self.loader == "torch":
             return 2 * self.num_threads
-        return self.queue_size + 1 + _SPDL_STAGE_BUFFER + self.decode_concurrency * max(1, self.decode_processes)
+        return self.queue_size + 1 + _SPDL_STAGE_BUFFER + self.at_once
 
     def policy(self) -> BadImagePolicy:
         if self.max_bad is None:
@@ -5786,8 +5791,7 @@ def _add_breakdown(report: _RunReport, config: _RunConfig, model: ModelBundle) -
         # The read ceiling: the files read as the loader reads them, as many batches at once as it decodes.
         cache = _examine_page_cache(images.paths, evict=cold, max_bytes=config.max_image_bytes)
         limits = (config.max_image_bytes, config.timeout)
-        at_once = config.decode_concurrency * max(1, config.decode_processes)  # in every worker process
-        reads = _read_batches(images, config.batch_size, at_once, *limits)
+        reads = _read_batches(images, config.batch_size, config.at_once, *limits)
         fps, mb_s = _measure_reads(reads, config.warmup_batches)
         read = fps, mb_s, cache.resident_after if cold else cache.resident, cold
         ran = sum(1 for images in result.timeline["batch_images"] if images)  # as many batches as ran the model
