@@ -1762,7 +1762,9 @@ def _decode_items(
             except ImageDecodeError as e:
                 if policy is None:
                     raise
-                failures.append(e)
+                # A copy, never raised: the traceback of e (and of its context) holds the frames, and
+                # so the images, of this batch: all kept till the run's end, the bad ones' batches' too.
+                failures.append(ImageDecodeError(e.path, e.reason))
                 continue
             except Exception as e:
                 e._while_decoding = path
