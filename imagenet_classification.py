@@ -4473,13 +4473,16 @@ class _Sweep:
     @property
     def recommended(self) -> _SweepPoint | None:
         """The smallest candidate run end to end within ``SWEEP_TOLERANCE`` of the best such run (the
-        bound says too little where loader and model share the cores); else the smallest candidate.
+        bound says too little where loader and model share the cores), a short window's only where no
+        window was steady; else the smallest candidate.
         None when there is no candidate, or the sweep stopped: a ranking of some settings is no answer."""
         if self.error is not None:
             return None
         measured = [p for p in self.candidates if p.e2e_fps is not None]
         if not measured:
             return self.candidates[0] if self.candidates else None
+        # A short window's rate holds start-up, or the model's alone: no match for a steady one's.
+        measured = [p for p in measured if not p.short_window] or measured
         best = max(p.e2e_fps for p in measured)
         return next(p for p in measured if p.e2e_fps >= (1 - SWEEP_TOLERANCE) * best)
 
@@ -4628,7 +4631,8 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         print(line + "measurement noise (a short, buffered window); the ranking near it is uncertain", file=file)
     if any(p.short_window for p in sweep.points):
         line = "  ~ too few batches in the list at this batch size for a steady window: its rates include start-up "
-        print(line + "or batches buffered in the warm-up; list more images (repeating the list is fine)", file=file)
+        line += "or batches buffered in the warm-up, or the model's alone after the loader's last batch; list more "
+        print(line + "images (repeating the list is fine)", file=file)
     if failed := sweep.failures:
         first = f"the first: {failed[0].path}: {failed[0].reason}"
         were, them = ("was", "it") if len(failed) == 1 else ("were", "them")
@@ -4637,7 +4641,8 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         print(_printable(f"{line} ({first}; a JSON --results-file lists them all)"), file=file)
     best = sweep.recommended
     if best is not None:
-        print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}", file=file)
+        short = " (~: its rate is not firm; list more images)" if best.short_window else ""
+        print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}{short}", file=file)
         skip = ["--skip-bad"] if sweep.failures and "--skip-bad" not in command else []
         print(f"  {shlex.join(_with_settings([*command, *skip], best))}", file=file)
     elif sweep.error is not None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+from imagenet_classification import _print_sweep, _Sweep, _SweepPoint
 from tests.conftest import ROOT, write_jpeg
 
 
@@ -30,3 +32,24 @@ def test_a_bad_images_record_holds_none_of_its_batchs_images(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1", "True", "None"]
     assert "leaked" not in proc.stderr, proc.stderr
+
+
+def test_a_short_windows_rate_is_not_ranked_against_a_steady_ones():
+    # A short list: an in-process setting's end-to-end rate was its rate while loading (36), the
+    # --decode-processes one's the whole window's, mostly the model's alone after the loader's end
+    # (127), both marked ~, and the second was recommended on it. A steady window's rate wins; a
+    # recommendation from short windows alone says it is not firm.
+    steady, short = _SweepPoint(1, 8, 4, 100, 300, 90.0), _SweepPoint(2, 8, 4, 101, 300, 127.0, 2, True)
+    sweep = _Sweep([steady, short], 64)
+    assert sweep.recommended is steady
+    out = io.StringIO()
+    _print_sweep(sweep, ["imagenet_classification.py", "--sweep", "num-threads=1,2"], out)
+    text = out.getvalue()
+    assert "The smallest setting within 5% of the best: --num-threads 1 --batch-size 8 --queue-size 4\n" in text
+    assert "or the model's alone after the loader's last batch" in text
+    steady.short_window = True
+    assert _Sweep([steady, short], 64).recommended is short
+    out = io.StringIO()
+    _print_sweep(_Sweep([steady, short], 64), ["imagenet_classification.py"], out)
+    flags = "--num-threads 2 --batch-size 8 --queue-size 4 --decode-processes 2"
+    assert f"of the best: {flags} (~: its rate is not firm; list more images)\n" in out.getvalue()
