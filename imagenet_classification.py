@@ -76,6 +76,9 @@ if __name__ in ("__main__", "__mp_main__") or _COMMAND:
 
     for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(_signum, _interrupted_while_starting)
+    # A --decode-processes worker is spawned with SIGINT blocked (get_pipeline): a Ctrl-C held ends it here.
+    if multiprocessing.current_process().name != "MainProcess":
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # What would stop the imports below with a traceback (or torch's "oneMKL FATAL ERROR"): one line.
     import importlib.util
 
@@ -2473,7 +2476,27 @@ def get_pipeline(
     else:
         builder = builder.pipe(decode_func, concurrency=concurrency, name="decode")
     pipeline = builder.add_sink(buffer_size)
-    return pipeline.build(num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval, **hooks)
+    build = functools.partial(
+        pipeline.build, num_threads=num_threads, max_failures=0, report_stats_interval=report_stats_interval, **hooks
+    )
+    return _spawning_workers(build) if decode_processes else build()
+
+
+def _spawning_workers(build: Callable[[], Pipeline]) -> Pipeline:
+    """``build()``, which spawns the decode workers in this thread, each with SIGINT blocked (a thread's
+    mask is inherited, as for multiprocessing's resource tracker): a Ctrl-C to the process group as one
+    starts ends it at the top of this module, quietly, not with a KeyboardInterrupt traceback. Here a
+    signal waits for the workers to be started: raised in Process.start, it left one reading its
+    start-up data (EOFError)."""
+    with _uninterrupted() as held:
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            pipeline = build()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)  # a Ctrl-C it held: in held now
+    if held:  # the pipeline's finalizer ends its workers
+        raise RunInterrupted(held[0])
+    return pipeline
 
 
 def _no_main_file() -> str | None:
@@ -2518,8 +2541,9 @@ def _start_resource_tracker() -> None:
     semaphores it removes after an interrupt, which ends this process at once (os._exit): its job."""
     from multiprocessing import resource_tracker
 
-    if threading.current_thread() is not threading.main_thread():
-        return  # only the main thread sets signal handlers; the pool then starts the tracker as it is
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sets signal handlers:
+        resource_tracker.ensure_running()  # started as it is, and before get_pipeline blocks SIGINT (it unblocks it)
+        return
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a disposition a child keeps through exec
     quiet = "ignore:resource_tracker:UserWarning"  # the tracker's -W (multiprocessing passes sys.warnoptions on)
     sys.warnoptions.append(quiet)
@@ -2542,6 +2566,7 @@ def _decode_worker_init() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # started blocked (get_pipeline), if not unblocked yet
     atexit.register(os._exit, 0)  # runs after multiprocessing's own exit handling, before the teardown
     parent = os.getppid()
 

@@ -86,3 +86,42 @@ def test_a_dataloader_worker_frozen_with_a_batch_sent_ends_at_the_time_out(tmp_p
     assert proc.returncode == 3 and "Traceback" not in err, err
     assert "error: no batch for 3 s (--timeout) from the DataLoader's workers" in err
     assert "(PARTIAL RUN)" in out
+
+
+def _spawned_workers(pid: int) -> set[int]:
+    """``pid``'s children that multiprocessing spawned (``--decode-processes`` workers), started or not."""
+    found = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+                with contextlib.suppress(OSError):
+                    if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                        found.add(int(child))
+    return found
+
+
+def test_a_ctrl_c_as_the_decode_processes_start_prints_no_traceback(tmp_path):
+    # Ctrl-C reaches the whole process group: a worker still starting had Python's default SIGINT
+    # handler, and printed a KeyboardInterrupt traceback (7 tries in 14 within 0.15 s of the first
+    # worker). They start with SIGINT blocked now, and one that gets it ends quietly.
+    flist = make_jpeg_set(tmp_path, 40)
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", flist, "--prefix",
+           f"{tmp_path}/", *TINY, "--no-compile", "-b", "4", "--decode-processes", "2"]  # fmt: skip
+    cmd += ["--num-threads", "1"]
+    for delay in (0.0, 0.03, 0.06, 0.09, 0.12, 0.15):
+        proc = subprocess.Popen(list(map(str, cmd)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while not _spawned_workers(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(delay)
+            os.killpg(proc.pid, signal.SIGINT)
+            sent = time.monotonic()
+            _, err = proc.communicate(timeout=60)
+            took = time.monotonic() - sent
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, (delay, err)
+        assert took < 2, (delay, took)
