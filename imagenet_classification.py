@@ -2586,7 +2586,12 @@ def _worker_decode_func(transform: EvalTransform, max_image_bytes: int) -> _Deco
 
 
 def _decode_in_worker(transform: EvalTransform, max_image_bytes: int, items: Sequence[tuple[str, int]]) -> _Batch:
-    return _worker_decode_func(transform, max_image_bytes)(items)
+    try:
+        return _worker_decode_func(transform, max_image_bytes)(items)
+    except Exception as e:  # the main process gets the text alone, whose root cause _one_line gives: this one
+        if (path := getattr(e, "_while_decoding", None)) is None:
+            raise
+        raise RuntimeError(f"{type(e).__name__} while decoding {path}: {e}")  # noqa: B904 (not from e: then _one_line gives e)
 
 
 def _received(

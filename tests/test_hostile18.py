@@ -125,3 +125,31 @@ def test_a_ctrl_c_as_the_decode_processes_start_prints_no_traceback(tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
         assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, (delay, err)
         assert took < 2, (delay, took)
+
+
+def test_an_error_in_a_decode_process_names_its_image(tmp_path):
+    # Not a bad image but an error (here os.open's "embedded null byte"): in the main process it named
+    # the image; from a --decode-processes worker, whose failure comes as its traceback's text, it did not.
+    good = write_jpeg(tmp_path / "good.JPEG", (320, 240), (200, 40, 40))
+    script = tmp_path / "notebook.py"  # a worker runs __main__ again: a file
+    script.write_text(
+        textwrap.dedent(f"""
+        import functools
+        import imagenet_classification as ic
+
+        if __name__ == "__main__":
+            items = [({str(good)!r}, 1)] * 3 + [("bad\\0name.JPEG", 2)]
+            decode = functools.partial(ic._decode_in_worker, ic.EvalTransform(), 1 << 26)
+            pipeline = ic.get_pipeline(items, 2, decode, 1, 2, 1, decode_processes=1)
+            try:
+                with pipeline.auto_stop():
+                    for batch in pipeline:
+                        pass
+            except Exception as e:
+                print(ic._loader_failed(e).args[0].replace("\\0", "<NUL>"))
+        """)
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "ValueError while decoding bad<NUL>name.JPEG: embedded null byte" in proc.stdout, proc.stdout
