@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import out_file, out_folder, run  # noqa: E402
+from cli_checks import max_threads, out_file, out_folder, run  # noqa: E402
 from make_demo_data import PHOTOS, photo_path  # noqa: E402
 from parity_set import _crop_to_shape  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -417,7 +417,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--images", type=ic._count, default=2000)
     parser.add_argument("--repeats", type=ic._count, default=5)
-    parser.add_argument("--max-threads", type=ic._count, default=os.cpu_count())
+    parser.add_argument("--max-threads", type=max_threads, default=os.cpu_count())
     parser.add_argument("--batch-size", type=ic._count, default=32)
     parser.add_argument("--model", default="mobilenetv3_large_100")
     parser.add_argument("--model-images", type=ic._count, default=256, help="images for model-only and end-to-end")

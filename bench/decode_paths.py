@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import out_folder, run  # noqa: E402
+from cli_checks import max_threads, out_folder, run  # noqa: E402
 from compare_loaders import check_image_count, make_image_set  # noqa: E402
 from make_demo_data import make_demo_data  # noqa: E402
 from spdl.pipeline import PipelineBuilder  # noqa: E402
@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--per-image", type=ic._count, help="images timed per chain in part 1 (default 500, "
                         "or --images if fewer; at most --images)")  # fmt: skip
     parser.add_argument("--repeats", type=ic._count, default=5)
-    parser.add_argument("--max-threads", type=ic._count, default=os.cpu_count())
+    parser.add_argument("--max-threads", type=max_threads, default=os.cpu_count())
     args = parser.parse_args()
     check_image_count(parser, args.images, threads=args.max_threads)  # part 2's loader: 5 warm-up batches of 32
     if args.per_image is None:

@@ -48,7 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import out_folder, run  # noqa: E402
+from cli_checks import max_threads, out_folder, run  # noqa: E402
 from compare_loaders import (  # noqa: E402
     MIXES,
     check_image_count,
@@ -289,7 +289,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*", choices=PER_IMAGE_VARIANTS, default=DEFAULT_VARIANTS)
     parser.add_argument("--pipeline-repeats", type=ic._count0, default=0, help="also time the whole loader so often")
     parser.add_argument("--pipeline-variants", nargs="+", choices=list(VARIANTS), default=["before", "current"])
-    parser.add_argument("--max-threads", type=ic._count, default=2)
+    parser.add_argument("--max-threads", type=max_threads, default=2)
     args = parser.parse_args()
     if args.pipeline_repeats:
         check_image_count(parser, args.images, threads=args.max_threads)  # 5 warm-up batches of 32, 1 to time

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import torch  # noqa: E402
-from cli_checks import out_file, out_folder, run  # noqa: E402
+from cli_checks import max_threads, out_file, out_folder, run  # noqa: E402
 from compare_loaders import check_image_count, decodable_set, make_image_set  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--images", type=ic._count, default=2000)
     parser.add_argument("--repeats", type=ic._count, default=3)
-    parser.add_argument("--max-threads", type=ic._count, default=os.cpu_count())
+    parser.add_argument("--max-threads", type=max_threads, default=os.cpu_count())
     parser.add_argument("--batch-size", type=ic._count, default=32)
     args = parser.parse_args()
     warmup = 2

@@ -41,20 +41,25 @@ def out_file(parser: argparse.ArgumentParser, name: str, path: Path) -> Path:
     return path
 
 
-def whole(low: int) -> Callable[[str], int]:
-    """An argparse ``type``: a whole number, ``low`` or more; otherwise argparse's one-line
-    ``error: argument NAME: VALUE: expected ...`` (exit 2)."""
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number, ``low`` or more (and ``high`` or less); otherwise
+    argparse's one-line ``error: argument NAME: VALUE: expected ...`` (exit 2)."""
+    expected = f" from {low} to {high}" if high is not None else f", {low} or more"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"{text}: expected a whole number, {low} or more")
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text}: expected a whole number{expected}")
         return value
 
     return parse
+
+
+# --max-threads of the bench scripts, which run every count from 1 up: 2**31 ran out of memory building them.
+max_threads = whole(1, 1024)
 
 
 def run(main: Callable[[], int | None]) -> None:

@@ -134,6 +134,9 @@ def test_help_without_docstrings(script):
         ("bench/parity_set.py", ["--colour-crops", "-1"], ["argument --colour-crops: -1: expected a whole number"]),
         ("bench/parity_set.py", ["--colour-crops", "0", "--grey-crops", "0"], ["both 0: no JPEG to write"]),
         ("scripts/make_demo_data.py", ["--variants", "0"], ["argument --variants: 0: expected a whole number, 1"]),
+        *[(f"bench/{name}.py", ["--max-threads", "2147483647"],  # each count from 1 up: out of memory
+           ["argument --max-threads: 2147483647: expected a whole number from 1 to 1024"])
+          for name in ("compare_loaders", "decode_paths", "mix_variants", "read_ceiling")],
     ],
 )  # fmt: skip
 def test_a_count_that_cannot_work_is_one_error_line(tmp_path, script, args, words):
