@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
 from cli_checks import max_threads, out_folder, run  # noqa: E402
-from compare_loaders import check_image_count, make_image_set  # noqa: E402
+from compare_loaders import check_image_count, decodable_set, make_image_set  # noqa: E402
 from make_demo_data import make_demo_data  # noqa: E402
 from spdl.pipeline import PipelineBuilder  # noqa: E402
 
@@ -192,7 +192,7 @@ def main() -> None:
     elif args.per_image > args.images:
         parser.error(f"argument --per-image: {args.per_image}: more than the set's --images {args.images}")
     out_folder(parser, "--out", args.out)
-    flist = make_image_set(args.out / "images", args.images)
+    flist, _ = decodable_set(parser, make_image_set(args.out / "images", args.images), args.images)  # a reused set's
     datas = [(flist.parent / line).read_bytes() for line in flist.read_text().splitlines()[: args.per_image]]
     photos = make_demo_data(args.out / "photos", variants=4)
     photo_paths = [f"{photos.parent}/{line}" for line in photos.read_text().splitlines()]

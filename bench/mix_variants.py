@@ -52,6 +52,8 @@ from cli_checks import max_threads, out_folder, run  # noqa: E402
 from compare_loaders import (  # noqa: E402
     MIXES,
     check_image_count,
+    decodable,
+    decodable_set,
     decode_only_rate,
     loader_rate,
     make_image_set,
@@ -295,7 +297,11 @@ def main() -> None:
         check_image_count(parser, args.images, threads=args.max_threads)  # 5 warm-up batches of 32, 1 to time
     out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
+    # A reused set's images that no longer decode are left out, counted; the loader needs its batches.
+    flist, _ = decodable_set(parser, flist, args.images) if args.pipeline_repeats else decodable(flist)
     paths = [f"{flist.parent}/{line}" for line in flist.read_text().splitlines()]
+    if not paths:
+        parser.error(f"argument --images: {args.images}: none of the set's images decode ({flist})")
     out = {"mix": args.mix, "env": ic._environment(torch.device("cpu"))}
     if args.variants and args.rounds:
         out |= per_kind_table(paths, args.variants, args.rounds, args.agreement_images)

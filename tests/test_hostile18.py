@@ -12,6 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from imagenet_classification import _print_sweep, _Sweep, _SweepPoint
 from tests.conftest import ROOT, TINY, make_jpeg_set, write_jpeg
 from tests.test_hostile15 import _dataloader_workers
@@ -153,3 +155,18 @@ def test_an_error_in_a_decode_process_names_its_image(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "ValueError while decoding bad<NUL>name.JPEG: embedded null byte" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("script, flist", [("decode_paths", "val200.flist"), ("mix_variants", "imagenet-200.flist")])
+def test_a_reused_bench_set_whose_images_no_longer_decode_is_one_error_line(tmp_path, script, flist):
+    # A set kept from before, its images gone or replaced (here a folder): an IsADirectoryError
+    # traceback. Now left out and counted, as compare_loaders, read_ceiling and gil leave them.
+    images = tmp_path / "images"
+    (images / "val" / "a.JPEG").mkdir(parents=True)
+    (images / flist).write_text("val/a.JPEG\nval/b.JPEG\n")
+    args = ["--out", str(tmp_path), "--images", "200", "--max-threads", "1"]
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{script}: left out 2 of the set's 2 images, which do not decode" in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith(f"{script}.py: error: argument --images: 200: ")
