@@ -439,6 +439,8 @@ def main() -> None:
     if args.scaling_sizes[0] >= args.scaling_sizes[1]:
         parser.error("argument --scaling-sizes: {} {}: SMALL must be less than LARGE".format(*args.scaling_sizes))
     check_image_count(parser, args.images, args.batch_size, args.max_threads)
+    if args.model_images > args.images:  # else cut to the set's, silently
+        parser.error(f"argument --model-images: {args.model_images}: more than the set's --images {args.images}")
     out_folder(parser, "--out", args.out)
     out_file(parser, "--out", args.out / "results.json")
     try:  # now, not after the loaders' minutes

@@ -295,6 +295,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.pipeline_repeats:
         check_image_count(parser, args.images, threads=args.max_threads)  # 5 warm-up batches of 32, 1 to time
+    if (agreeing := args.agreement_images) > args.images:  # else cut to the set's, silently
+        parser.error(f"argument --agreement-images: {agreeing}: more than the set's --images {args.images}")
     out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     # A reused set's images that no longer decode are left out, counted; the loader needs its batches.
