@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from cli_checks import run  # noqa: E402
+from cli_checks import out_folder, run  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
 
@@ -58,6 +58,8 @@ def main() -> None:
     if (made := tree_files(args.root)) not in (None, args.files):
         parser.error(f"argument --files: {args.files}: --root {args.root} holds a tree of {made} files made "
                      f"before; give --files {made}, or a new --root")  # fmt: skip
+    if made is None:  # a tree to make: a folder it can write in (else a PermissionError traceback)
+        out_folder(parser, "--root", args.root)
     make_tree(args.root, args.files)
     os.sync()
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset

@@ -238,6 +238,9 @@ def test_list_folder_refuses_another_count_on_a_tree_it_made(tmp_path, monkeypat
     assert tree_files(tmp_path / "tree") == 1000
     proc = _run(sys.executable, ROOT / "bench" / "list_folder.py", "--root", tmp_path / "tree", "--files", "2000")
     _one_error_line(proc, "argument --files: 2000:", "holds a tree of 1000 files made before; give --files 1000")
+    (tmp_path / "file").write_text("")  # a new tree where no folder can be made: a traceback before
+    proc = _run(sys.executable, ROOT / "bench" / "list_folder.py", "--root", tmp_path / "file" / "tree", "--files", "9")
+    _one_error_line(proc, f"argument --root: {tmp_path}/file/tree: cannot make the folder: Not a directory")
 
 
 # --- scripts/mutate.py and its semantic mutants -------------------------------------------------
