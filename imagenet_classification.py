@@ -3371,6 +3371,9 @@ def benchmark(
                     progress(loop.result.classified, loop.top1)
             _check_delivered(loop.result.classified + len(failures), listed)
         finally:
+            # A stop's traceback holds this frame, and a kept stop (IPython's sys.last_value, a user's
+            # list of them) would hold the last batch and the loader (a pipeline, its buffered batches).
+            batch = batches = loader = None
             with _uninterrupted() as held:  # a signal now (the predictions' rows take seconds) waits for it
                 loop.close(failures)
             if held and sys.exc_info()[1] is not None:  # the run was stopping: the signal stops it, as ever

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import signal
@@ -10,10 +11,13 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 from pathlib import Path
 
 import pytest
+import torch
 
+import imagenet_classification as ic
 from imagenet_classification import _print_sweep, _Sweep, _SweepPoint
 from tests.conftest import ROOT, TINY, make_jpeg_set, write_jpeg
 from tests.test_hostile15 import _dataloader_workers
@@ -170,3 +174,25 @@ def test_a_reused_bench_set_whose_images_no_longer_decode_is_one_error_line(tmp_
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{script}: left out 2 of the set's 2 images, which do not decode" in proc.stderr
     assert proc.stderr.splitlines()[-1].startswith(f"{script}.py: error: argument --images: 200: ")
+
+
+def test_a_kept_stop_holds_neither_the_loader_nor_its_last_batch():
+    # RunStopped's traceback holds benchmark's frame: its loader (a pipeline and the batches it buffers)
+    # and last batch stayed alive for as long as the stop was kept (IPython's sys.last_value).
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    size = model.transform.size
+
+    class Loader:
+        def __iter__(self):
+            yield torch.zeros(2, 3, size, size, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)
+
+    loader = Loader()
+    alive = weakref.ref(loader)
+    try:
+        ic.benchmark(loader, model, listed=4, warmup_batches=0)  # 2 of 4 delivered: RunStopped, incomplete
+    except ic.RunStopped as e:
+        kept = e
+    del loader
+    gc.collect()
+    assert kept.kind == "incomplete" and kept.result.classified == 2
+    assert alive() is None
