@@ -2735,6 +2735,18 @@ _ABANDONED: list = []  # DataLoader iterators not shut down (an interrupt, a sta
 _RUNNING: list = []  # DataLoader iterators open: a signal forgets their workers (_interrupt)
 
 
+def _end_abandoned() -> None:
+    """End the DataLoader workers an earlier run in this process abandoned (a notebook's main(), interrupted):
+    else each such run leaves its workers, their pipes and shared memory until the process ends."""
+    while _ABANDONED:
+        workers = _ABANDONED.pop()
+        for process in getattr(workers, "_workers", ()):  # torch's private list: no public way to end them
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                process.kill()
+        with contextlib.suppress(Exception):  # joins the dead workers, closes the queues
+            workers._shutdown_workers()
+
+
 @contextlib.contextmanager
 def _open_torch_loader(config: _RunConfig, images: ImageList) -> Iterator[_Loader]:
     dataset = _PILDataset(images, config.transform, config.max_image_bytes, config.batch_size)
@@ -6138,6 +6150,7 @@ def _start_time() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line's work; returns the exit status (argparse exits with 2 itself on a bad command line)."""
     start_time = _start_time()
+    _end_abandoned()  # a notebook's earlier run's (the command line's process ends with its run)
     for stream in (sys.stdout, sys.stderr):  # escape what a strict stream (a notebook's) cannot encode,
         with contextlib.suppress(AttributeError, ValueError):  # a name that is not UTF-8, rather than stop there
             stream.reconfigure(errors="backslashreplace")

@@ -196,3 +196,30 @@ def test_a_kept_stop_holds_neither_the_loader_nor_its_last_batch():
     gc.collect()
     assert kept.kind == "incomplete" and kept.result.classified == 2
     assert alive() is None
+
+
+def test_a_notebooks_interrupted_dataloader_run_leaves_no_workers_to_the_next(tmp_path):
+    # main() from a notebook, --loader torch, interrupted: its workers were abandoned, not waited for
+    # (the command line's process ends at once), and each such run left 2 more running, with their
+    # pipes and shared memory, till the kernel ended. The next run ends them.
+    flist = make_jpeg_set(tmp_path, 40)
+    (tmp_path / "long.flist").write_text(flist.read_text() * 200)  # 8,000: still running at 4 s
+    script = f"""
+        import os, signal, threading
+        import imagenet_classification as ic
+
+        def workers():
+            return sum(open(f"/proc/{{p}}/comm").read().strip() == "pt_data_worker" for p in
+                       open(f"/proc/{{os.getpid()}}/task/{{os.getpid()}}/children").read().split())
+
+        args = ["--prefix", {f"{tmp_path}/"!r}, *{TINY!r}, "--no-compile", "-b", "4", "--loader", "torch"]
+        threading.Timer(4, os.kill, (os.getpid(), signal.SIGINT)).start()
+        first = ic.main(["--input-flist", {str(tmp_path / "long.flist")!r}, *args])
+        left = workers()
+        second = ic.main(["--input-flist", {str(flist)!r}, *args])
+        print(first, left, second, workers())
+    """
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-4:] == ["130", "2", "0", "0"], proc.stdout
