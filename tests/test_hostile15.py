@@ -91,7 +91,7 @@ def _dataloader_workers(pid: int) -> set[int]:
 def test_frozen_dataloader_workers_are_not_joined_after_the_time_out(tmp_path):
     # Workers frozen (SIGSTOP) before their first batch, as stuck as in a hung read: at --timeout the
     # run stops, and ends, where torch joined each stuck worker for 5 s first. (Frozen with a batch
-    # sent and not yet taken: test_hostile18.)
+    # sent and not yet taken, they hang the main process inside torch, which Ctrl-C alone ends.)
     flist = make_jpeg_set(tmp_path, 8, sizes=((4000, 3000),))  # a batch takes a worker seconds
     cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", flist, "--prefix",
            f"{tmp_path}/", *TINY, "--no-compile", "-b", "4", "--loader", "torch", "--timeout", "3"]  # fmt: skip
