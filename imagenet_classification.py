@@ -2712,10 +2712,8 @@ def _quiet_worker(worker_id: int) -> None:
     a hand-over broken by the main process stopping, which multiprocessing's resource sharer sends
     to ``sys.excepthook``, prints no traceback."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    # Batches handed over by name in /dev/shm, not by file descriptor: for that the main process connects
-    # to this worker (multiprocessing's resource sharer) with no time-out, and a frozen worker (SIGSTOP)
-    # hung it there, past --timeout. The sender's setting, this process's alone.
-    torch.multiprocessing.set_sharing_strategy("file_system")
+    # Batches go by file descriptor (a worker frozen by SIGSTOP after it sent one hangs the hand-over), not
+    # torch's file_system sharing: its shm manager, one per worker, holds the terminal's pipe 2.4 s after a stop.
     # Ended with the main process, even one killed at once (a second signal): torch's own watch of
     # it takes 5 s, the terminal's pipe (| tee) held open meanwhile. Linux's prctl(PR_SET_PDEATHSIG).
     with contextlib.suppress(OSError, AttributeError):

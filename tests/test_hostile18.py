@@ -20,7 +20,6 @@ import torch
 import imagenet_classification as ic
 from imagenet_classification import _print_sweep, _Sweep, _SweepPoint
 from tests.conftest import ROOT, TINY, make_jpeg_set, write_jpeg
-from tests.test_hostile15 import _dataloader_workers
 
 
 def test_a_bad_images_record_holds_none_of_its_batchs_images(tmp_path: Path):
@@ -64,34 +63,6 @@ def test_a_short_windows_rate_is_not_ranked_against_a_steady_ones():
     _print_sweep(_Sweep([steady, short], 64), ["imagenet_classification.py"], out)
     flags = "--num-threads 2 --batch-size 8 --queue-size 4 --decode-processes 2"
     assert f"of the best: {flags} (~: its rate is not firm; list more images)\n" in out.getvalue()
-
-
-def test_a_dataloader_worker_frozen_with_a_batch_sent_ends_at_the_time_out(tmp_path):
-    # A worker frozen (SIGSTOP) after it had sent a batch hung the run past --timeout: the main process
-    # fetched the batch's memory by file descriptor, connecting to the frozen worker with no time-out
-    # (4 hangs in 4). Sent by name in /dev/shm, the batch needs no word from its worker.
-    flist = make_jpeg_set(tmp_path, 40)
-    flist.write_text(flist.read_text() * 50)  # 2,000 images: minutes at 2 threads
-    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", flist, "--prefix",
-           f"{tmp_path}/", *TINY, "--no-compile", "-b", "4", "--loader", "torch", "--timeout", "3"]  # fmt: skip
-    proc = subprocess.Popen(list(map(str, cmd)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    victim = None
-    try:
-        deadline = time.monotonic() + 120
-        while len(workers := _dataloader_workers(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(3)  # both well under way, batches sent ahead
-        victim = min(workers)
-        os.kill(victim, signal.SIGSTOP)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if victim is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGKILL)
-        proc.kill()
-    assert proc.returncode == 3 and "Traceback" not in err, err
-    assert "error: no batch for 3 s (--timeout) from the DataLoader's workers" in err
-    assert "(PARTIAL RUN)" in out
 
 
 def _spawned_workers(pid: int) -> set[int]:
