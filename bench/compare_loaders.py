@@ -420,7 +420,8 @@ def main() -> None:
     parser.add_argument("--max-threads", type=max_threads, default=os.cpu_count())
     parser.add_argument("--batch-size", type=ic._count, default=32)
     parser.add_argument("--model", default="mobilenetv3_large_100")
-    parser.add_argument("--model-images", type=ic._count, default=256, help="images for model-only and end-to-end")
+    parser.add_argument("--model-images", type=ic._count, help="images for model-only and end-to-end (default 256, "
+                        "or --images if fewer; at most --images)")  # fmt: skip
     parser.add_argument(
         "--scaling-sizes",
         type=int,
@@ -439,7 +440,9 @@ def main() -> None:
     if args.scaling_sizes[0] >= args.scaling_sizes[1]:
         parser.error("argument --scaling-sizes: {} {}: SMALL must be less than LARGE".format(*args.scaling_sizes))
     check_image_count(parser, args.images, args.batch_size, args.max_threads)
-    if args.model_images > args.images:  # else cut to the set's, silently
+    if args.model_images is None:
+        args.model_images = min(256, args.images)
+    elif args.model_images > args.images:  # else cut to the set's, silently
         parser.error(f"argument --model-images: {args.model_images}: more than the set's --images {args.images}")
     out_folder(parser, "--out", args.out)
     out_file(parser, "--out", args.out / "results.json")

@@ -287,7 +287,7 @@ def main() -> None:
     parser.add_argument("--images", type=ic._count, default=2000, help="images in the generated set")
     parser.add_argument("--mix", choices=sorted(MIXES), default="imagenet", help="the set (compare_loaders.py --mix)")
     parser.add_argument("--rounds", type=ic._count, default=5)
-    parser.add_argument("--agreement-images", type=ic._count, default=400)
+    parser.add_argument("--agreement-images", type=ic._count, help="default 400 (--images if fewer)")
     parser.add_argument("--variants", nargs="*", choices=PER_IMAGE_VARIANTS, default=DEFAULT_VARIANTS)
     parser.add_argument("--pipeline-repeats", type=ic._count0, default=0, help="also time the whole loader so often")
     parser.add_argument("--pipeline-variants", nargs="+", choices=list(VARIANTS), default=["before", "current"])
@@ -295,7 +295,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.pipeline_repeats:
         check_image_count(parser, args.images, threads=args.max_threads)  # 5 warm-up batches of 32, 1 to time
-    if (agreeing := args.agreement_images) > args.images:  # else cut to the set's, silently
+    if (agreeing := args.agreement_images) is None:
+        args.agreement_images = min(400, args.images)
+    elif agreeing > args.images:  # else cut to the set's, silently
         parser.error(f"argument --agreement-images: {agreeing}: more than the set's --images {args.images}")
     out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
