@@ -192,7 +192,8 @@ def main() -> None:
     elif args.per_image > args.images:
         parser.error(f"argument --per-image: {args.per_image}: more than the set's --images {args.images}")
     out_folder(parser, "--out", args.out)
-    flist, _ = decodable_set(parser, make_image_set(args.out / "images", args.images), args.images)  # a reused set's
+    made = make_image_set(args.out / "images", args.images)
+    flist, _ = decodable_set(parser, made, args.images)  # a reused set's images that no longer decode: left out
     datas = [(flist.parent / line).read_bytes() for line in flist.read_text().splitlines()[: args.per_image]]
     photos = make_demo_data(args.out / "photos", variants=4)
     photo_paths = [f"{photos.parent}/{line}" for line in photos.read_text().splitlines()]
