@@ -2591,7 +2591,8 @@ def _decode_in_worker(transform: EvalTransform, max_image_bytes: int, items: Seq
     except Exception as e:  # the main process gets the text alone, whose root cause _one_line gives: this one
         if (path := getattr(e, "_while_decoding", None)) is None:
             raise
-        raise RuntimeError(f"{type(e).__name__} while decoding {path}: {e}")  # noqa: B904 (not from e: then _one_line gives e)
+        # Not `from e`: _one_line would then give e, which names no image (its traceback shows all the same).
+        raise RuntimeError(f"{type(e).__name__} while decoding {path}: {e}")  # noqa: B904
 
 
 def _received(
