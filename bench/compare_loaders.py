@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import max_threads, out_file, out_folder, run  # noqa: E402
+from cli_checks import max_threads, of_the_set, out_file, out_folder, run  # noqa: E402
 from make_demo_data import PHOTOS, photo_path  # noqa: E402
 from parity_set import _crop_to_shape  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -440,10 +440,7 @@ def main() -> None:
     if args.scaling_sizes[0] >= args.scaling_sizes[1]:
         parser.error("argument --scaling-sizes: {} {}: SMALL must be less than LARGE".format(*args.scaling_sizes))
     check_image_count(parser, args.images, args.batch_size, args.max_threads)
-    if args.model_images is None:
-        args.model_images = min(256, args.images)
-    elif args.model_images > args.images:  # else cut to the set's, silently
-        parser.error(f"argument --model-images: {args.model_images}: more than the set's --images {args.images}")
+    args.model_images = of_the_set(parser, "--model-images", args.model_images, 256, args.images)
     out_folder(parser, "--out", args.out)
     out_file(parser, "--out", args.out / "results.json")
     try:  # now, not after the loaders' minutes

@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import max_threads, out_folder, run  # noqa: E402
+from cli_checks import max_threads, of_the_set, out_folder, run  # noqa: E402
 from compare_loaders import check_image_count, decodable_set, make_image_set  # noqa: E402
 from make_demo_data import make_demo_data  # noqa: E402
 from spdl.pipeline import PipelineBuilder  # noqa: E402
@@ -187,10 +187,7 @@ def main() -> None:
     parser.add_argument("--max-threads", type=max_threads, default=os.cpu_count())
     args = parser.parse_args()
     check_image_count(parser, args.images, threads=args.max_threads)  # part 2's loader: 5 warm-up batches of 32
-    if args.per_image is None:
-        args.per_image = min(500, args.images)
-    elif args.per_image > args.images:
-        parser.error(f"argument --per-image: {args.per_image}: more than the set's --images {args.images}")
+    args.per_image = of_the_set(parser, "--per-image", args.per_image, 500, args.images)
     out_folder(parser, "--out", args.out)
     made = make_image_set(args.out / "images", args.images)
     flist, _ = decodable_set(parser, made, args.images)  # a reused set's images that no longer decode: left out

@@ -48,7 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import max_threads, out_folder, run  # noqa: E402
+from cli_checks import max_threads, of_the_set, out_folder, run  # noqa: E402
 from compare_loaders import (  # noqa: E402
     MIXES,
     check_image_count,
@@ -295,10 +295,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.pipeline_repeats:
         check_image_count(parser, args.images, threads=args.max_threads)  # 5 warm-up batches of 32, 1 to time
-    if (agreeing := args.agreement_images) is None:
-        args.agreement_images = min(400, args.images)
-    elif agreeing > args.images:  # else cut to the set's, silently
-        parser.error(f"argument --agreement-images: {agreeing}: more than the set's --images {args.images}")
+    args.agreement_images = of_the_set(parser, "--agreement-images", args.agreement_images, 400, args.images)
     out_folder(parser, "--out", args.out)
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     # A reused set's images that no longer decode are left out, counted; the loader needs its batches.

@@ -58,6 +58,16 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def of_the_set(parser: argparse.ArgumentParser, name: str, value: int | None, default: int, images: int) -> int:
+    """A count of the set's ``images`` to use: ``value``, or if not given ``default`` (``images`` if fewer);
+    ``parser.error`` naming ``name`` above ``images``, which would be cut to the set silently."""
+    if value is None:
+        return min(default, images)
+    if value > images:
+        parser.error(f"argument {name}: {value}: more than the set's --images {images}")
+    return value
+
+
 # --max-threads of the bench scripts, which run every count from 1 up: 2**31 ran out of memory building them.
 max_threads = whole(1, 1024)
 
