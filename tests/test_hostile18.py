@@ -178,10 +178,10 @@ def test_a_notebooks_interrupted_dataloader_run_leaves_no_workers_to_the_next(tm
     script = f"""
         import os, signal, threading
         import imagenet_classification as ic
+        from tests.test_hostile15 import _dataloader_workers
 
         def workers():
-            return sum(open(f"/proc/{{p}}/comm").read().strip() == "pt_data_worker" for p in
-                       open(f"/proc/{{os.getpid()}}/task/{{os.getpid()}}/children").read().split())
+            return len(_dataloader_workers(os.getpid()))
 
         args = ["--prefix", {f"{tmp_path}/"!r}, *{TINY!r}, "--no-compile", "-b", "4", "--loader", "torch"]
         threading.Timer(4, os.kill, (os.getpid(), signal.SIGINT)).start()
