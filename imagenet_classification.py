@@ -255,6 +255,25 @@ def _images(n: int, noun: str = "image") -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith(('ch', 's')) else 's'}"
 
 
+def _percent(share: float, places: int = 1) -> str:
+    """``share`` as a percentage, never rounded onto 0 % or 100 % that it is not: 28,434,095 of
+    28,438,191 bytes is ">99.9%", 1.004 ">100%", not "100.0%" and "100%"."""
+    text, least = f"{share:.{places}%}", 10.0**-places / 100  # the smallest step shown
+    if text == f"{0:.{places}%}" and share > 0:
+        return f"<{least:.{places}%}"
+    if text == f"{1:.{places}%}" and share != 1:
+        return f">{1 - least if share < 1 else 1:.{places}%}"
+    return text
+
+
+def _in_seconds(seconds: float) -> str:
+    """Seconds with two decimals, and below 1 s three significant digits (0.145, 0.00531): enough
+    that a rate shown beside them is their quotient."""
+    if seconds >= 1 or seconds <= 0:
+        return f"{seconds:.2f}"
+    return f"{seconds:.{min(9, 2 - math.floor(math.log10(seconds)))}f}"
+
+
 def _first_line(error: BaseException) -> str:
     """An error's message to its first line break (huggingface_hub's, Gloo's and torch's run to many)."""
     return (str(error).splitlines() or [""])[0]
@@ -4788,8 +4807,13 @@ class _RunReport:
     job_stop_reason: str | None = None  # under torchrun: what stopped the job, if a peer's failure did
     trace: tuple[torch.profiler.profile, BinaryIO] | None = None  # --trace: written after the summary
 
+    @property
+    def world(self) -> int:
+        """The job's processes: ``world_size``, or one per entry of ``ranks``."""
+        return self.world_size or len(self.ranks)
+
     def to_dict(self) -> dict:
-        payload = {**self.result.to_dict(), "world_size": self.world_size or len(self.ranks), "ranks": self.ranks}
+        payload = {**self.result.to_dict(), "world_size": self.world, "ranks": self.ranks}
         payload.update(config=self.config, env=self.env)
         checks = {"breakdown": self.breakdown, "decoder_check": self.decoder_check, "parity": self.parity}
         payload.update({name: asdict(check) for name, check in checks.items() if check is not None})
@@ -4834,14 +4858,15 @@ def _print_summary(result: RunResult, file: TextIO | None = None, pil_loader: bo
     ends = (result.timeline or {}).get("batch_end_s") or []  # this process's (under torchrun, rank 0's)
     opened_at_start = result.batches_timed == result.batches and len(ends) > 1 and not result.warmup_included
     if opened_at_start and ends[0] > 3 * (ends[-1] - ends[0]) / (len(ends) - 1):  # 3 times the others' mean
-        line = f"WARNING: the FPS window opens at the start (no warm-up): its first batch took {ends[0]:.2f} s of its "
-        print(line + f"{result.elapsed_s:.2f} (start-up, compilation): give --warmup-batches 1 or more", file=file)
+        first, whole = _in_seconds(ends[0]), _in_seconds(result.elapsed_s)
+        line = f"WARNING: the FPS window opens at the start (no warm-up): its first batch took {first} s of its "
+        print(line + f"{whole} (start-up, compilation): give --warmup-batches 1 or more", file=file)
     if result.failed and not result.classified:
         line = f"WARNING: no image was classified, {result.failed} failed to decode: FPS and accuracy measure nothing"
         print(line, file=file)
     elif result.batches_timed and not result.frames_timed:
         print("WARNING: every image of the FPS window failed to decode: FPS measures nothing", file=file)
-    print(f"FPS={result.fps:.2f} ({result.frames_timed}/{result.elapsed_s:.2f})", file=file)
+    print(f"FPS={result.fps:.2f} ({result.frames_timed}/{_in_seconds(result.elapsed_s)})", file=file)
     skipped = f", {result.failed} failed to decode" if result.failed else ""
     for k, correct, acc in (("1", result.top1_correct, result.top1), ("5", result.top5_correct, result.top5)):
         shown = "n/a" if acc is None else f"{acc:.2%}"
@@ -4855,7 +4880,7 @@ def _print_summary(result: RunResult, file: TextIO | None = None, pil_loader: bo
     if result.decoder_fallbacks:
         share = result.decoder_fallbacks / result.classified if result.classified else 1.0
         note = "; the figures are mostly the CPU's" if share > FALLBACK_WARNING else ""
-        line = f"  {_images(result.decoder_fallbacks)} ({share:.1%}) decoded on the CPU: the GPU decoder cannot "
+        line = f"  {_images(result.decoder_fallbacks)} ({_percent(share)}) decoded on the CPU: the GPU decoder cannot "
         print(f"{line}take them{note}", file=file)
     on_gpu = {backend: n for backend, n in result.decoder_backends.items() if backend not in ("ffmpeg", "pil") and n}
     if on_gpu:
@@ -4863,7 +4888,7 @@ def _print_summary(result: RunResult, file: TextIO | None = None, pil_loader: bo
         print(f"  decoded on the GPU, per backend: {counts}", file=file)
     if (by_pil := result.decoder_backends.get("pil", 0)) and not pil_loader:  # --loader torch: PIL's by design
         share = by_pil / sum(result.decoder_backends.values())
-        line = f"  {_images(by_pil)} ({share:.1%}) decoded by PIL, not FFmpeg: not JPEG or PNG, an animated PNG, "
+        line = f"  {_images(by_pil)} ({_percent(share)}) decoded by PIL, not FFmpeg: not JPEG or PNG, an animated PNG, "
         print(f"{line}a CMYK or arithmetic-coded JPEG, or a small one", file=file)
     if result.page_cache is not None:
         print("\n".join(_page_cache_lines(result.page_cache)), file=file)
@@ -4880,8 +4905,8 @@ def _page_cache_lines(cache: _PageCache) -> list[str]:
     if cache.resident is None or (cache.cold and after is None):
         line += f"; how much of the listed {size} was in memory is unknown (mincore could not tell)"  # README: why
     else:
-        line += f"; before it, {cache.resident:.1%} of the listed {size} was in memory"
-        line += f", {after:.1%} after eviction" if after is not None else ""
+        line += f"; before it, {_percent(cache.resident)} of the listed {size} was in memory"
+        line += f", {_percent(after)} after eviction" if after is not None else ""
     if cache.skipped:
         line += f"; {_images(cache.skipped, 'listed path')} not examined (not opened as regular files, or over "
         line += "--max-image-mb)"
@@ -4891,7 +4916,8 @@ def _page_cache_lines(cache: _PageCache) -> list[str]:
         warning = f"  WARNING: {cache.repeats} listed lines ({share:.0%}) name a file listed before: those reads come "
         lines.append(warning + "from memory, not the disk (a cold run reads each file cold once)")
     if cache.cold and after is not None and after > COLD_RESIDUE:
-        effect = "had no effect" if after >= (cache.resident or 0.0) else f"left {after:.1%} of the bytes in memory"
+        left = f"left {_percent(after)} of the bytes in memory"
+        effect = "had no effect" if after >= (cache.resident or 0.0) else left
         warning = f"  WARNING: eviction {effect}: the file system ignores it (tmpfs, some network file systems) or "
         lines.append(warning + "those pages are not yet written to disk (run sync first); they were read from memory")
     return lines
@@ -4902,15 +4928,16 @@ def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
     rates = f"loader alone {b.loader_fps:.1f} | model alone {b.model_fps:.1f} | end-to-end {b.e2e_fps:.1f}"
     print(f"Breakdown (images/s): {rates}", file=file)
     if b.read_fps is not None:
-        share = "unknown" if b.read_resident is None else f"{b.read_resident:.1%}"
+        share = "unknown" if b.read_resident is None else _percent(b.read_resident)
         cache = f"{'cold' if b.read_cold else 'warm'}: {share} of the bytes in memory"
         line = f"Reading alone (the loader's reads, as many batches at once, no decode; {cache}): "
         print(f"{line}{b.read_fps:.1f} images/s, {b.read_mb_s:.1f} MB/s", file=file)
     noise = " (above 100 %: measurement noise, or a window too short for the loader's buffer or its drain)"
-    line = f"Bound {b.bound_fps:.1f} images/s, set by the {b.bottleneck}; end-to-end reaches {b.efficiency:.0%} of it"
+    reaches = f"end-to-end reaches {_percent(b.efficiency, 0)} of it"
+    line = f"Bound {b.bound_fps:.1f} images/s, set by the {b.bottleneck}; {reaches}"
     print(line + (noise if b.efficiency > 1 else ""), file=file)
     if b.bottleneck == "disk" and b.read_fps and b.loader_fps <= b.read_fps:
-        line = f"The loader runs at {b.loader_fps / b.read_fps:.0%} of reading alone: the disk sets its pace, "
+        line = f"The loader runs at {_percent(b.loader_fps / b.read_fps, 0)} of reading alone: the disk sets its pace, "
         print(line + "not the decode (more threads help only while the disk has bandwidth to spare)", file=file)
     elif b.bottleneck == "disk":
         line = "Reading alone was slower than the loader, which reads the same files: the disk's rate changed "
@@ -4940,7 +4967,7 @@ def _print_pipeline_stats(stats: dict, file: TextIO | None = None, timed: bool =
         verdict = "the loader ran ahead of the model"
     elif sink["occupancy"] <= 0.2:
         verdict = "the model waited for batches: loading is the bottleneck"
-    line = f"SPDL sink queue: a batch was waiting {sink['occupancy']:.0%} of the time, the model waited "
+    line = f"SPDL sink queue: a batch was waiting {_percent(sink['occupancy'], 0)} of the time, the model waited "
     print(f"{line}{sink['ave_get_wait_s'] * 1e3:.2f} ms per batch: {verdict}", file=file)
 
 
@@ -4998,8 +5025,9 @@ def _sliding_rate(ends: Sequence[float], images: Sequence[int], batches: int) ->
     return rates
 
 
-def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
-    """The run, batch by batch, as a PNG; False where matplotlib is missing."""
+def _plot_timeline(timeline: dict, path: Path | str, title: str = "", window_name: str = "FPS window") -> bool:
+    """The run, batch by batch, as a PNG; False where matplotlib is missing. ``window_name`` names the
+    dashed line's rate: under torchrun, rank 0's window (the title gives the job's FPS)."""
     if (plt := _pyplot()) is None:
         return False
     ends, images = timeline["batch_end_s"], timeline["batch_images"]
@@ -5016,7 +5044,7 @@ def _plot_timeline(timeline: dict, path: Path | str, title: str = "") -> bool:
     timed = sum(n for e, n in zip(ends, images, strict=True) if e > warm)
     if timed and end > warm:
         fps = timed / (end - warm)
-        ax.hlines(fps, warm, end, color="black", linestyle="--", label=f"FPS window: {fps:,.1f} images/s")
+        ax.hlines(fps, warm, end, color="black", linestyle="--", label=f"{window_name}: {fps:,.1f} images/s")
     ax.set(xlabel="seconds since the start", ylabel="images/s")
     ax.set_title(title or "The run, batch by batch", parse_math=False)  # a model's folder may hold a $
     ax.set_ylim(bottom=0)
@@ -5194,8 +5222,8 @@ def _run_title(report: _RunReport) -> str:
     settings = f"batch {c['batch_size']}, {c['loader']} {c['decoder']} x {workers}"
     head = f"{c['model']} on {c['device']} ({c['dtype']}, {compiled}), {settings}"
     tail = f"FPS {r.fps:,.1f}, top-1 {'n/a' if r.top1 is None else f'{r.top1:.1%}'} of {r.classified}"
-    if (world := report.world_size or len(report.ranks)) > 1:  # the timeline is rank 0's alone
-        tail += f", {world} ranks: the job's figures; the curve is rank 0's"
+    if report.world > 1:  # the timeline is rank 0's alone
+        tail += f", {report.world} ranks: the job's figures; the curve is rank 0's"
     return f"{head}\n{tail}" + (" (PARTIAL RUN)" if r.partial else "")
 
 
@@ -6004,10 +6032,11 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     note = "; this process only: the decode ran in worker processes, and is not in it" if elsewhere else ""
     ran = bool(timeline and timeline["batch_end_s"])  # a timeline with no batch: a run stopped before its first
     plot = config.plot if ran else None
+    window_name = "rank 0's window" if report.world > 1 else "FPS window"
     outputs = [  # a stopped run's too
         ("the results", config.results_file, lambda path: _write_results(path, report)),
         ("the per-image rows", config.predictions_file, lambda path: _write_predictions(path, rows)),
-        ("the plot", plot, lambda path: _plot_timeline(timeline, path, _run_title(report))),
+        ("the plot", plot, lambda path: _plot_timeline(timeline, path, _run_title(report), window_name)),
         ("the trace", config.trace if trace is not None else None, lambda path: _export_trace(trace, path, note)),
     ]
     printed = True

@@ -34,7 +34,7 @@ def test_full_run_prints_lines_and_writes_results(jpeg_set, tmp_path):
     proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile",
                    "--no-bf16", "--batch-size", "4", "--warmup-batches", "2", "--results-file", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"^FPS=\d+\.\d\d \(22/\d+\.\d\d\)$", proc.stdout, re.M), proc.stdout  # 30 - 2 x 4 warm-up
+    assert re.search(r"^FPS=\d+\.\d\d \(22/\d+\.\d{2,}\)$", proc.stdout, re.M), proc.stdout  # 30 - 2 x 4 warm-up
     assert re.search(r"^Accuracy \(top1\)=\d+\.\d\d% \(\d+/30\)$", proc.stdout, re.M)
     assert re.search(r"^Accuracy \(top5\)=\d+\.\d\d% \(\d+/30\)$", proc.stdout, re.M)
     assert "Images: listed=30 classified=30 failed=0 not_reached=0" in proc.stdout

@@ -288,7 +288,7 @@ def test_the_csv_row_and_the_title_name_the_processes_and_the_stop(capfd, jpeg_s
     # A -j 2 --decode-processes 2 row read as a -j 2 one; a partial row did not say why; the title
     # said "x 2 threads" of the DataLoader's worker processes.
     titles = []
-    monkeypatch.setattr(ic, "_plot_timeline", lambda timeline, path, title: titles.append(title))
+    monkeypatch.setattr(ic, "_plot_timeline", lambda timeline, path, title, window_name: titles.append(title))
     row_file = tmp_path / "r.csv"
     run = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--decode-processes",
                    "2", "--max-samples", "9", "--results-file", row_file, "--plot", tmp_path / "t.png")  # fmt: skip

@@ -1,0 +1,86 @@
+"""Hostile input, round nineteen (2026-12-07). Each test fails on the code before it."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import imagenet_classification as ic
+from tests.conftest import ROOT, TINY
+
+# --- Figures shown as they are: no rounding onto a value they are not ------------------------------------------
+
+
+@pytest.mark.parametrize("elapsed", [0.0053116, 0.1449, 0.0421, 0.98, 1.0, 22.287])
+def test_the_fps_lines_seconds_give_its_rate(elapsed):
+    # "FPS=188.27 (1/0.01)": the seconds to two places, where the images over them gave 100.
+    out = io.StringIO()
+    ic._print_summary(ic.RunResult(listed=9, classified=9, frames_timed=7, elapsed_s=elapsed, batches=3), out)
+    line = out.getvalue().splitlines()[0]
+    fps, shown = line.removeprefix("FPS=").split(" (7/")
+    assert fps == f"{7 / elapsed:.2f}"
+    assert 7 / float(shown.removesuffix(")")) == pytest.approx(7 / elapsed, rel=0.005), line
+
+
+@pytest.mark.parametrize(
+    ("share", "places", "shown"),
+    [(28_434_095 / 28_438_191, 1, ">99.9%"), (1.0, 1, "100.0%"), (0.0, 1, "0.0%"), (3e-5, 1, "<0.1%"),
+     (0.996, 0, ">99%"), (1.004, 0, ">100%"), (0.9, 0, "90%"), (0.0625, 1, "6.2%"), (1.02, 0, "102%")],
+)  # fmt: skip
+def test_a_share_is_never_shown_as_all_or_none_that_is_not(share, places, shown):
+    assert ic._percent(share, places) == shown
+
+
+def test_the_page_cache_line_does_not_say_all_in_memory_when_a_page_is_not():
+    # One page of 28 MB out of memory: "100.0% of the listed 28.4 MB was in memory".
+    cache = ic._PageCache(True, files=1, bytes=28_438_191, resident_bytes=28_434_095, resident_after_bytes=4096)
+    line = ic._page_cache_lines(cache)[0]
+    assert "before it, >99.9% of the listed 28.4 MB was in memory, <0.1% after eviction" in line, line
+    whole = ic._PageCache(False, files=1, bytes=1000, resident_bytes=1000)
+    assert "before it, 100.0% of the listed" in ic._page_cache_lines(whole)[0]
+
+
+def test_the_breakdowns_efficiency_is_not_rounded_onto_100():
+    # 99.6 % of the bound was "reaches 100% of it"; 100.4 % "reaches 100% of it (above 100 %: ...)".
+    for e2e, shown in ((39.84, ">99%"), (40.16, ">100%")):
+        out = io.StringIO()
+        ic._print_breakdown(ic._Breakdown.from_rates(40.0, 600.0, e2e, torch.device("cuda", 0)), out)
+        assert f"end-to-end reaches {shown} of it" in out.getvalue(), out.getvalue()
+
+
+# --- The plot under torchrun: its dashed line is rank 0's rate ---------------------------------------------------
+
+_LEGEND = """
+import json, sys
+from pathlib import Path
+import imagenet_classification as ic
+
+def save(fig, plt, ax, path):  # the legend's words, where the PNG would be
+    Path(path).write_text(json.dumps([t.get_text() for t in ax.get_legend().get_texts()]))
+
+ic._save = save
+ic.entrypoint(sys.argv[1:])
+"""
+
+
+def test_a_jobs_plot_labels_its_dashed_rate_as_rank_0s(jpeg_set, tmp_path):
+    # The title gave the job's FPS (447.0) and the legend "FPS window: 227.4 images/s", rank 0's.
+    script = tmp_path / "legend.py"
+    script.write_text(textwrap.dedent(_LEGEND))
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    args = ["--input-flist", str(jpeg_set), "--prefix", f"{jpeg_set.parent}/", *TINY, "--num-threads", "1",
+            "--no-compile", "--no-bf16", "--batch-size", "3", "--warmup-batches", "1"]  # fmt: skip
+    plot, results = tmp_path / "t.png", tmp_path / "r.json"
+    proc = subprocess.run([*launcher, str(script), *args, "--plot", str(plot), "--results-file", str(results)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    labels = json.loads(plot.read_text())
+    rank0 = json.loads(results.read_text())["ranks"][0]["fps"]
+    assert f"rank 0's window: {rank0:,.1f} images/s" in labels, labels
+    assert not any(label.startswith("FPS window") for label in labels)
