@@ -2526,11 +2526,22 @@ def _no_main_file() -> str | None:
     return None
 
 
+def _not_as_a_worker_starts(what: str) -> None:
+    """RuntimeError in a spawned process still starting: it runs the main script again, and one without
+    an ``if __name__ == "__main__":`` guard calls ``what`` again in each --decode-processes worker,
+    which would then run the benchmark itself while the run waits for its batches until --timeout."""
+    # multiprocessing's own check (_check_not_importing_main) reads this flag: no public API tells.
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        message = f"{what}() was called as a worker process started: each runs the main script again, whose "
+        raise RuntimeError(message + f'top level calls {what}(); call it under `if __name__ == "__main__":`')
+
+
 def _check_sendable(decode_func: Callable) -> None:
     """TypeError unless a spawned worker can run ``decode_func``: it runs ``__main__`` again from its
     file, and imports the function's module (it is pickled by name): one typed into a notebook or
     ``python -c`` is in a ``__main__`` no worker has. Else the worker fails, and SPDL waits for its
     batches: for ever without a time-out."""
+    _not_as_a_worker_starts("get_pipeline")
     if why := _no_main_file():
         raise TypeError(f"decode_processes: {why}: run the script from its file, or decode_processes=0")
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
@@ -2548,9 +2559,38 @@ def _check_sendable(decode_func: Callable) -> None:
         raise TypeError(message) from None
 
 
-def _decode_worker_died(why: str) -> RunStopped:
-    message = f"the loading pipeline failed: a --decode-processes worker died ({why}): killed, by the "
-    return RunStopped(message + "out-of-memory killer? (dmesg says)", "loader")
+def _decode_worker_died(why: str, killed: bool = True) -> RunStopped:
+    """``killed``: by SIGKILL, or, at the time-out, by what is not known."""
+    oom = ": killed, by the out-of-memory killer? (dmesg says)" if killed else ""
+    return RunStopped(f"the loading pipeline failed: a --decode-processes worker died ({why}){oom}", "loader")
+
+
+WORKER_POLL_S = 1.0  # how soon a --decode-processes worker that ended with an error stops the run
+
+
+def _watching(batches: Iterator, pool: Sequence[multiprocessing.Process], timeout: float) -> Iterator:
+    """``batches``, SPDL's iterator with a time-out of WORKER_POLL_S, given --timeout's: a worker of
+    ``pool`` that exits with an error or is killed stops the run at the next poll. SPDL would wait for
+    its batches until the time-out: a worker ended as it starts (a script without a main guard, the
+    out-of-memory killer) sends none. One that exits cleanly is left to :py:func:`_received`."""
+    waited = time.monotonic()
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except TimeoutError:
+            if codes := [p.exitcode for p in pool if p.exitcode]:  # each call reaps the process if it ended
+                how = f"exit status {codes[0]}; its error is above"
+                if codes[0] < 0:
+                    how = f"killed by signal {-codes[0]} ({signal.strsignal(-codes[0])})"
+                why = f"{len(codes)} of {len(pool)} gone, {how}"
+                raise _decode_worker_died(why, codes[0] == -signal.SIGKILL) from None
+            if time.monotonic() - waited < timeout:
+                continue
+            raise
+        yield batch
+        waited = time.monotonic()
 
 
 def _start_resource_tracker() -> None:
@@ -5707,7 +5747,11 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
     pipeline = get_pipeline(images, config.batch_size, decode, *sizes, stats=stats, decode_processes=in_processes)
     # Not SPDL's auto_stop: its one timeout is set as it starts, and an interrupt's stop cannot wait.
     pipeline.start()
-    batches = pipeline.get_iterator(timeout=config.timeout)
+    if in_processes:  # spawned as it was built
+        pool = [p for p in multiprocessing.active_children() if p not in others]
+        batches = _watching(pipeline.get_iterator(timeout=min(WORKER_POLL_S, config.timeout)), pool, config.timeout)
+    else:
+        batches = pipeline.get_iterator(timeout=config.timeout)
     delivered = _ending_once_complete(batches, len(images))
     loader = _Loader(_received(delivered, config.device, in_processes, others) if in_processes else delivered, stats)
     try:
@@ -6177,6 +6221,7 @@ def _start_time() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line's work; returns the exit status (argparse exits with 2 itself on a bad command line)."""
+    _not_as_a_worker_starts("main")
     start_time = _start_time()
     _end_abandoned()  # a notebook's earlier run's (the command line's process ends with its run)
     for stream in (sys.stdout, sys.stderr):  # escape what a strict stream (a notebook's) cannot encode,
@@ -6257,6 +6302,7 @@ def _program() -> list[str]:
 def entrypoint(argv: Sequence[str] | None = None) -> None:
     """:py:func:`main`, then the process ends at once with its status (the interpreter's shutdown would
     wait forever for a decode thread stuck in a hung read, or abort as Gloo's threads free tensors)."""
+    _not_as_a_worker_starts("entrypoint")
     _fill_closed_streams()
     try:
         status = main(argv)

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
 
 import imagenet_classification as ic
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, make_jpeg_set
 
 # --- Figures shown as they are: no rounding onto a value they are not ------------------------------------------
 
@@ -84,3 +88,69 @@ def test_a_jobs_plot_labels_its_dashed_rate_as_rank_0s(jpeg_set, tmp_path):
     rank0 = json.loads(results.read_text())["ranks"][0]["fps"]
     assert f"rank 0's window: {rank0:,.1f} images/s" in labels, labels
     assert not any(label.startswith("FPS window") for label in labels)
+
+
+# --- --decode-processes workers that end: a script without a main guard, a worker that exits -------------------
+
+
+def test_a_script_without_a_main_guard_says_so_at_once(tmp_path):
+    # Each spawned worker ran the script again, so main() again; the run waited out --timeout (124 s),
+    # then blamed the out-of-memory killer.
+    script = tmp_path / "unguarded.py"
+    args = ["--input-flist", "LIST", "--prefix", "PREFIX", *TINY, "--batch-size", "8", "--decode-processes", "2"]
+    script.write_text(f"import imagenet_classification as ic\nic.main({[*args, '--timeout', '90']!r})\n")
+    jpegs = make_jpeg_set(tmp_path / "jpegs", 16)
+    text = script.read_text().replace("'LIST'", repr(str(jpegs))).replace("'PREFIX'", repr(f"{jpegs.parent}/"))
+    script.write_text(text)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert time.monotonic() - started < 60, proc.stderr[-2000:]  # not the 90 s time-out
+    guard = "main() was called as a worker process started: each runs the main script again, whose top level calls "
+    assert guard + 'main(); call it under `if __name__ == "__main__":`' in proc.stderr
+    said = "error: the loading pipeline failed: a --decode-processes worker died (2 of 2 gone, exit status 1; "
+    assert said + "its error is above)" in proc.stderr.splitlines(), proc.stderr[-2000:]
+    assert "Images: listed=16 classified=0 failed=0 not_reached=16 (PARTIAL RUN)" in proc.stdout
+
+
+class _NoBatch:
+    """SPDL's iterator while no batch comes: each wait ends in its time-out."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        time.sleep(0.05)
+        raise TimeoutError
+
+
+@pytest.mark.parametrize(
+    ("target", "args", "said"),
+    [(os._exit, (3,), "(1 of 1 gone, exit status 3; its error is above)"),
+     (time.sleep, (60,), "(1 of 1 gone, killed by signal 9 (Killed)): killed, by the out-of-memory killer?")],
+)  # fmt: skip
+def test_a_worker_that_ends_stops_the_wait_at_once(target, args, said):
+    worker = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    worker.start()
+    try:
+        if target is time.sleep:
+            os.kill(worker.pid, signal.SIGKILL)
+        worker.join(30)
+        started = time.monotonic()
+        with pytest.raises(ic.RunStopped) as stopped:
+            next(ic._watching(_NoBatch(), [worker], timeout=60.0))
+        assert time.monotonic() - started < 10 and stopped.value.kind == "loader"
+        assert str(stopped.value).startswith(f"the loading pipeline failed: a --decode-processes worker died {said}")
+        assert ("out-of-memory" in str(stopped.value)) is (target is time.sleep)
+    finally:
+        worker.kill()
+        worker.join()
+
+
+def test_a_worker_that_ended_cleanly_leaves_the_wait_to_its_time_out():
+    worker = multiprocessing.get_context("spawn").Process(target=os._exit, args=(0,))
+    worker.start()
+    worker.join(30)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        next(ic._watching(_NoBatch(), [worker], timeout=0.5))
+    assert time.monotonic() - started >= 0.5
