@@ -202,6 +202,9 @@ class RunStopped(Exception):
         self.kind, self.advice, self.where = kind, advice, where
         self.result: RunResult | None = None
 
+    def __reduce__(self) -> tuple:  # pickled (a run in a process pool) and copied with its result
+        return type(self), (str(self), self.kind), self.__dict__
+
 
 # What reading from a worker process raises once the worker died (the OOM killer?): its pipe was
 # refused or reset, or it ended. Both loaders' workers: the DataLoader's and --decode-processes'.
@@ -217,6 +220,9 @@ class RunInterrupted(KeyboardInterrupt):
         self.signum, self.result = signum, result
         self.reason = f"interrupted by {signal.Signals(signum).name}"
         super().__init__(self.reason)
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.signum,), self.__dict__
 
 
 # --- Arguments ---

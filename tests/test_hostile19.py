@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -154,3 +156,23 @@ def test_a_worker_that_ended_cleanly_leaves_the_wait_to_its_time_out():
     with pytest.raises(TimeoutError):
         next(ic._watching(_NoBatch(), [worker], timeout=0.5))
     assert time.monotonic() - started >= 0.5
+
+
+# --- A stopped run's exception travels: pickled (a process pool), copied ------------------------------------------
+
+
+def test_a_stopped_or_interrupted_run_pickles_with_its_partial_result():
+    # RunStopped's pickle called __init__(message) (kind missing): a run in a ProcessPoolExecutor
+    # that stopped broke the pool, and in multiprocessing.Pool the result thread died and get() hung.
+    result = ic.RunResult(listed=8, classified=3, failed=1, partial=True)
+    stopped = ic.RunStopped("no batch within 5 s", "stalled", advice="raise --timeout", where="decoding x.JPEG")
+    stopped.result = result
+    interrupted = ic.RunInterrupted(signal.SIGTERM, result)
+    for error in (stopped, interrupted):
+        for again in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
+            assert type(again) is type(error) and str(again) == str(error)
+            assert again.__dict__.keys() == error.__dict__.keys()
+            assert again.result.to_dict() == result.to_dict()
+    again = pickle.loads(pickle.dumps(stopped))
+    assert (again.kind, again.advice, again.where) == ("stalled", "raise --timeout", "decoding x.JPEG")
+    assert pickle.loads(pickle.dumps(interrupted)).signum == signal.SIGTERM
