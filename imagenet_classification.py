@@ -1716,14 +1716,30 @@ class _Batch(tuple):
 _DecodeFunc = Callable[[Sequence[tuple[str, int]]], _Batch]  # see get_decode_func
 
 
+def _check_images_shape(images: Tensor) -> None:
+    if images.dim() != 4 or images.shape[1] != 3:  # one image, or N x H x W x 3: its first size no count
+        raise ValueError(f"images of shape {tuple(images.shape)}: expected N x 3 x H x W")
+
+
+def _check_labels_shape(labels: Tensor, n: int) -> None:
+    if tuple(labels.shape) not in ((n,), (n, 1)):  # a row of N against N x 5: N hits per image
+        raise ValueError(f"labels of shape {tuple(labels.shape)} for {_images(n)}: expected {n} x 1 (or {n})")
+
+
 def _record_batch(batch: tuple, failures: list[ImageDecodeError]) -> None:
     """The bad images of a batch (a user's loader may yield plain tuples, which list none).
-    TypeError for a batch that is no ``(images, labels)`` pair (a dict, a DataLoader's triple)."""
+    TypeError for a batch that is no ``(images, labels)`` pair (a dict, a DataLoader's triple);
+    ValueError for images not ``N x 3 x H x W`` (one image of a loader that does not batch) or labels
+    not one per image, before they are counted."""
     if not (isinstance(batch, tuple | list) and len(batch) == 2):
         what = f"{type(batch).__name__} of {len(batch)}" if isinstance(batch, tuple | list) else type(batch).__name__
         raise TypeError(f"a batch that is a {what}: expected a pair (images, labels), as get_decode_func's are")
     for name, value in zip(("images", "labels"), batch, strict=True):  # not an AttributeError mid-loop
         _check_type(f"a batch's {name}", value, Tensor, "a tensor")
+    images, labels = batch
+    if images.numel():  # an empty batch (every image failed) of any shape holds none
+        _check_images_shape(images)
+    _check_labels_shape(labels, images.shape[0] if images.dim() else 0)
     failures += getattr(batch, "failures", ())
 
 
@@ -2859,8 +2875,7 @@ class Classification(torch.nn.Module):
             raise ValueError(f"logits of shape {tuple(logits.shape)}: expected N x C")
         n = logits.shape[0]
         _check_type("labels", labels, Tensor, "a tensor of class indices")  # a loader's list of them
-        if tuple(labels.shape) not in ((n,), (n, 1)):  # a row of N against N x 5: N hits per image
-            raise ValueError(f"labels of shape {tuple(labels.shape)} for {n} images: expected {n} x 1 (or {n})")
+        _check_labels_shape(labels, n)
         if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:  # 1.5: a miss
             raise ValueError(f"labels of type {labels.dtype}: expected whole numbers, class indices (int64)")
         top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
@@ -2897,8 +2912,7 @@ class ModelBundle(torch.nn.Module):
         _check_type("images", images, Tensor, "a uint8 tensor N x 3 x H x W")
         if images.dtype != torch.uint8:
             raise ValueError(f"images of type {images.dtype}: expected torch.uint8 (0-255), as the decoders give")
-        if images.dim() != 4 or images.shape[1] != 3:  # one image, or N x H x W x 3: its first size no count
-            raise ValueError(f"images of shape {tuple(images.shape)}: expected N x 3 x H x W")
+        _check_images_shape(images)
         n = images.shape[0]
         # Padded and laid out channels-last outside inference mode, as the loader's batches are:
         # a compiled model would recompile for another layout or for an inference tensor.
@@ -3893,6 +3907,8 @@ def measure_loader(
         for batch in batches:  # (images, ...): labels, or what else a loader gives, are not looked at
             if not (isinstance(batch, tuple | list) and batch and isinstance(batch[0], Tensor)):
                 raise TypeError(f"a batch that is a {type(batch).__name__}: expected (images, labels), images a tensor")
+            if batch[0].numel():  # 3 x H x W, one image unbatched, would count 3
+                _check_images_shape(batch[0])
             window.add(batch[0].shape[0])
             if failures is not None:
                 failures += getattr(batch, "failures", ())

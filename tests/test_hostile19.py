@@ -8,11 +8,13 @@ import json
 import multiprocessing
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import pytest
 import torch
@@ -176,3 +178,41 @@ def test_a_stopped_or_interrupted_run_pickles_with_its_partial_result():
     again = pickle.loads(pickle.dumps(stopped))
     assert (again.kind, again.advice, again.where) == ("stalled", "raise --timeout", "decoding x.JPEG")
     assert pickle.loads(pickle.dumps(interrupted)).signum == signal.SIGTERM
+
+
+# --- Batches of another shape: refused before they are counted ---------------------------------------------------
+
+
+def _uint8(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize(
+    ("images", "said"),
+    [(_uint8(3, 64, 64), "images of shape (3, 64, 64): expected N x 3 x H x W"),
+     (_uint8(64 * 64 * 3), "images of shape (12288,): expected N x 3 x H x W"),
+     (_uint8(2, 64, 64, 3), "images of shape (2, 64, 64, 3): expected N x 3 x H x W")],
+)  # fmt: skip
+def test_the_loader_alone_refuses_images_it_would_miscount(images, said):
+    # An unbatched loader (3 x H x W each) of 40 images/s measured 116: the channels counted as images.
+    batches = [(images, torch.zeros(1, dtype=torch.int64))] * 3
+    with pytest.raises(ValueError, match=re.escape(said)):
+        ic.measure_loader(batches, "cpu", warmup_batches=1)
+    with pytest.warns(ic.WarmupIncluded):  # empty batches (every image failed), of any shape: none counted
+        assert ic.measure_loader([(_uint8(0), torch.zeros(0))] * 2, "cpu", warmup_batches=1) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("images", "labels", "said"),
+    [(_uint8(3, 32, 32), torch.tensor(5), "images of shape (3, 32, 32): expected N x 3 x H x W"),
+     (_uint8(2, 32, 32, 3), torch.zeros(2, dtype=torch.int64), "images of shape (2, 32, 32, 3): expected N x 3"),
+     (_uint8(1, 3, 32, 32), torch.tensor(5), "labels of shape () for 1 image: expected 1 x 1 (or 1)")],
+)  # fmt: skip
+def test_a_run_names_a_batch_of_the_wrong_shape_before_anything_else(images, labels, said):
+    # A 0-d label: "TypeError: len() of a 0-d tensor"; N x H x W x 3 first warned "images of 3 x 32 for
+    # a model whose transform crops 32 x 32", which was not the fault.
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning first
+        with pytest.raises(ValueError, match=re.escape(said)):
+            ic.benchmark([(images, labels)], model, listed=1, warmup_batches=0)
