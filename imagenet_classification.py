@@ -3435,7 +3435,8 @@ def benchmark(
         policy: The bad-image policy, applied as each batch comes (a ``max_bad_percent`` needs ``listed``).
         sync_clocks: Called just before each clock start, e.g. a barrier across a torchrun job's ranks;
             then every batch counts towards the warm-up, so that each rank's call comes at the same batch.
-        progress: Called after each batch with the images classified and the top-1 count (a device tensor).
+        progress: Called after each batch with the images classified and the top-1 count so far (a device
+            tensor of its own: the run's tally goes on).
         predictions: Keep each image's top-5 classes and probabilities (``result.predictions``).
         loader_lead: Batches the loader can hold ahead of the model, for ``result.fps_max_overstatement``.
 
@@ -3458,7 +3459,7 @@ def benchmark(
                 policy.check(failures, listed)
                 loop.classify(batch)
                 if progress is not None:
-                    progress(loop.result.classified, loop.top1)
+                    progress(loop.result.classified, loop.top1.clone())  # a copy: no sync, and not the tally
             _check_delivered(loop.result.classified + len(failures), listed)
         finally:
             # A stop's traceback holds this frame, and a kept stop (IPython's sys.last_value, a user's

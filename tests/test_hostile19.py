@@ -216,3 +216,27 @@ def test_a_run_names_a_batch_of_the_wrong_shape_before_anything_else(images, lab
         warnings.simplefilter("error")  # no warning first
         with pytest.raises(ValueError, match=re.escape(said)):
             ic.benchmark([(images, labels)], model, listed=1, warmup_batches=0)
+
+
+def test_progress_gets_the_top1_count_of_its_batch_not_the_running_tally():
+    # progress was given the run's own tally tensor: a history kept without a sync read the final
+    # count at every step, and a callback that changed it in place changed the result.
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    size = model.transform.size
+    images = torch.randint(0, 256, (4, 3, size, size), dtype=torch.uint8)
+    with torch.inference_mode():
+        top = model.logits(images).argmax(dim=-1)
+    labels = [top.view(-1, 1), torch.full((4, 1), -1), top.view(-1, 1)]  # 4 hits, none, 4 hits
+    seen = []
+
+    def progress(classified, top1):
+        seen.append((classified, top1))
+        top1.zero_()  # the callback's own tensor
+
+    result = ic.benchmark([(images, label) for label in labels], model, listed=12, warmup_batches=1, progress=progress)
+    assert result.top1_correct == 8
+    assert [(n, int(t)) for n, t in seen] == [(4, 0), (8, 0), (12, 0)]  # zeroed: each its own
+    seen.clear()
+    result = ic.benchmark([(images, label) for label in labels], model, listed=12, warmup_batches=1,
+                          progress=lambda n, top1: seen.append((n, top1)))  # fmt: skip
+    assert [(n, int(t)) for n, t in seen] == [(4, 4), (8, 4), (12, 8)]
