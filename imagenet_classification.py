@@ -1057,7 +1057,7 @@ def _examine_file(
     this user's nor writable: Linux (5.2 on) says all of it is in memory (mincore(2))."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a name no file can have (an embedded NUL)
         return None
     try:
         info = os.fstat(fd)
@@ -1466,6 +1466,8 @@ def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
             os.close(fd)
     except OSError as e:
         raise ImageDecodeError(path, e.strerror or str(e)) from None
+    except ValueError as e:  # a name no file can have: an embedded NUL, a surrogate no byte gives
+        raise ImageDecodeError(path, f"no file can have this name ({e})") from None
     if len(data) > max_bytes:  # it grew while being read
         raise ImageDecodeError(path, f"file over the {max_bytes / 2**20:g} MiB limit")
     if not data:
@@ -1802,6 +1804,7 @@ def _decode_items(
                     raise TypeError(
                         f"{item!r}: expected a (path, label) pair, its path a str, not {type(path).__name__}"
                     )
+                path = os.fsdecode(path)  # a str, as ImageList's: the results and predictions write it
                 decoded.append(decode_one(path))
             except ImageDecodeError as e:
                 if policy is None:
@@ -3692,6 +3695,9 @@ def _loader_failed(error: BaseException) -> RunStopped:
     (named), a --decode-processes worker's death, or something else (SPDL's log says what)."""
     # SPDL's "failed N times" is raised from the stage's first error, whose image _decode_items named.
     causes = [e.__cause__ or e for e in getattr(error, "exceptions", ())]
+    if bad := next((e for e in causes if isinstance(e, ImageDecodeError)), None):  # a decode function with no policy
+        advice = "give get_decode_func the policy given to benchmark: BadImagePolicy(skip=True) skips such images"
+        return RunStopped(f"cannot decode {bad.path}: {bad.reason}", "bad_image", advice)
     cause = next((e for e in causes if hasattr(e, "_while_decoding")), None)
     if cause is None:
         if (lost := _worker_death(error)) is not None:

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import imagenet_classification as ic
-from tests.conftest import ROOT, TINY, make_jpeg_set
+from tests.conftest import ROOT, TINY, make_jpeg_set, write_jpeg
 
 # --- Figures shown as they are: no rounding onto a value they are not ------------------------------------------
 
@@ -240,3 +240,46 @@ def test_progress_gets_the_top1_count_of_its_batch_not_the_running_tally():
     result = ic.benchmark([(images, label) for label in labels], model, listed=12, warmup_batches=1,
                           progress=lambda n, top1: seen.append((n, top1)))  # fmt: skip
     assert [(n, int(t)) for n, t in seen] == [(4, 4), (8, 4), (12, 8)]
+
+
+# --- A notebook's own items and decode functions: bad images stay bad images -----------------------------------
+
+
+@pytest.mark.parametrize("odd", ["x\0y.JPEG", "x\ud800y.JPEG"])
+def test_a_path_no_file_can_have_is_a_counted_bad_image(tmp_path, odd):
+    # ImageList takes it; os.open raised "ValueError: embedded null byte" naming no image, and a
+    # skipping run stopped on it as the pipeline's failure.
+    good = str(write_jpeg(tmp_path / "good.JPEG", (96, 80), (20, 200, 40)))
+    decode = ic.get_decode_func("cpu", ic.EvalTransform(size=32), policy=ic.BadImagePolicy(skip=True))
+    batch = decode([(good, 1), (str(tmp_path / odd), 2), (good, 3)])
+    assert batch[1].view(-1).tolist() == [1, 3] and [f.path for f in batch.failures] == [str(tmp_path / odd)]
+    assert batch.failures[0].reason.startswith("no file can have this name (")
+
+
+def test_paths_given_as_path_or_bytes_come_back_as_str(tmp_path):
+    # A Path or bytes item was kept as given: json.dumps(result.to_dict()) raised TypeError at the end.
+    good = write_jpeg(tmp_path / "good.JPEG", (96, 80), (20, 200, 40))
+    (tmp_path / "bad.JPEG").write_bytes(b"not a JPEG")
+    decode = ic.get_decode_func("cpu", ic.EvalTransform(size=32), policy=ic.BadImagePolicy(skip=True))
+    batch = decode([(good, 1), (os.fsencode(good), 2), (tmp_path / "bad.JPEG", 3)])
+    assert batch.paths == (str(good), str(good)) and batch.failures[0].path == str(tmp_path / "bad.JPEG")
+    json.dumps({"paths": batch.paths, "failures": [f.path for f in batch.failures]})
+
+
+def test_a_decode_function_without_the_policy_stops_as_a_bad_image_and_says_why(tmp_path):
+    # The policy given to benchmark, not to get_decode_func: the first bad image failed the pipeline,
+    # and the run stopped as the loader's failure (kind "loader") after SPDL's tracebacks.
+    good = str(write_jpeg(tmp_path / "good.JPEG", (96, 80), (20, 200, 40)))
+    (tmp_path / "bad.JPEG").write_bytes(b"not a JPEG")
+    items = [(good, 1), (good, 2), (str(tmp_path / "bad.JPEG"), 3), (good, 4)]
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    pipeline = ic.get_pipeline(items, 2, ic.get_decode_func("cpu", model.transform), 1, 2, 1)
+    with pipeline.auto_stop(), pytest.raises(ic.RunStopped) as stopped:
+        ic.benchmark(pipeline.get_iterator(timeout=60), model, listed=4, policy=ic.BadImagePolicy(skip=True))
+    assert (
+        stopped.value.kind == "bad_image"
+        and str(stopped.value)
+        == f"cannot decode {tmp_path}/bad.JPEG: " + "not an image: its data is no format PIL or FFmpeg is used for"
+    )
+    assert stopped.value.advice.startswith("give get_decode_func the policy given to benchmark")
+    assert stopped.value.result.classified + stopped.value.result.failed <= 4
