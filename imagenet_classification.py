@@ -644,12 +644,14 @@ def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
     name = "<stdin>" if str(path) == "-" else str(path)
     if name == "<stdin>" and sys.stdin is None:  # started with it closed (<&-): Python's sys.stdin is None
         raise InputError(f"{name}: not open ({flag} -)")
-    if name == "<stdin>" and sys.stdin.isatty():  # it would wait for typing
-        raise InputError(f"{name}: is a terminal; pipe the list in ({flag} - < FILE, or find ... | ...)")
-    f = sys.stdin.buffer if name == "<stdin>" else None  # a closed stdin is no trouble for a file
+    f = None  # a closed stdin is no trouble for a file
+    if name == "<stdin>":  # a notebook's own (io.StringIO) has text alone
+        f = getattr(sys.stdin, "buffer", None) or io.BytesIO(os.fsencode(sys.stdin.read()))
     try:
         if f is None:
             f = _open_fifo(path) if stat.S_ISFIFO(os.stat(path).st_mode) else open(path, "rb")  # noqa: SIM115
+        if f.isatty():  # it would wait for typing: -, /dev/stdin, /dev/tty
+            raise InputError(f"{name}: is a terminal; pipe the list in ({flag} - < FILE, or find ... | ...)")
         _note_a_silent_pipe(f, name)
         for lineno in itertools.count(1):
             raw = f.readline(_MAX_LINE_BYTES)

@@ -8,11 +8,13 @@ import json
 import multiprocessing
 import os
 import pickle
+import pty
 import re
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 
@@ -283,3 +285,37 @@ def test_a_decode_function_without_the_policy_stops_as_a_bad_image_and_says_why(
     )
     assert stopped.value.advice.startswith("give get_decode_func the policy given to benchmark")
     assert stopped.value.result.classified + stopped.value.result.failed <= 4
+
+
+# --- Lists read from a terminal or a notebook's own standard input ------------------------------------------------
+
+
+def test_a_list_named_by_a_terminals_path_is_refused_not_waited_for():
+    # "-" on a terminal was refused; /dev/stdin, /dev/tty or the terminal's own name waited for typing.
+    main, terminal = pty.openpty()
+    outcome = []
+
+    def read() -> None:
+        try:
+            ic.read_file_list(os.ttyname(terminal))
+        except ic.InputError as e:
+            outcome.append(str(e))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(30)
+    try:
+        assert outcome == [f"{os.ttyname(terminal)}: is a terminal; pipe the list in (--input-flist - < FILE, or "
+                           "find ... | ...)"]  # fmt: skip
+    finally:
+        os.close(main)
+        os.close(terminal)
+
+
+def test_a_notebooks_own_text_stdin_is_read(monkeypatch, tmp_path):
+    # io.StringIO has no .buffer: AttributeError from read_file_list("-") and read_labels("-").
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a/n01440764/x.JPEG\nb/n01443537/y.JPEG\n"))
+    images = ic.read_file_list("-", prefix="/data/")
+    assert images.paths == ("/data/a/n01440764/x.JPEG", "/data/b/n01443537/y.JPEG") and images.labels == (0, 1)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("x n01443537\ny 7\n"))
+    assert dict(ic.read_labels("-")) == {"x": 1, "y": 7}
