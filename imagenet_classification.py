@@ -1203,6 +1203,30 @@ _CROP_PCT_MAX = 2.0  # above 1 pads the crop with black (volo_d4_448's 1.15); 87
 _TRANSFORM_OVERRIDES = frozenset({"img_size", "input_size", "crop_pct", "interpolation", "mean", "std", "crop_mode"})
 
 
+def _checked_overrides(overrides: Mapping | None) -> dict:
+    """``overrides`` for timm's ``resolve_data_config``, sizes as Python ints (it refuses numpy's);
+    ValueError for a value it would coerce or ignore (a size of 200.7, a crop_pct of "0.9", one
+    channel). Values of another shape are left to timm's own checks."""
+    _check_type("overrides", overrides, Mapping | None, "a dict of timm's data config keys, or None")
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}  # None: the config's own
+    if unknown := sorted(overrides.keys() - _TRANSFORM_OVERRIDES):  # timm would ignore them
+        raise ValueError(f"unknown transform overrides {unknown}: expected some of {sorted(_TRANSFORM_OVERRIDES)}")
+    if flags := sorted(k for k, v in overrides.items() if isinstance(v, bool)):  # True would be taken for 1
+        raise ValueError(f"transform overrides {flags}: True and False are no sizes, filters or numbers")
+    size, shape, crop_pct = (overrides.get(k) for k in ("img_size", "input_size", "crop_pct"))
+    if size is not None:
+        if not _whole(size, 1):
+            raise ValueError(f"transform overrides {{'img_size': {size!r}}}: expected a whole number of pixels")
+        overrides["img_size"] = int(size)
+    if isinstance(shape, tuple | list):  # another kind: timm's check
+        if not (len(shape) == 3 and shape[0] == 3 and all(_whole(v, 1) for v in shape)):
+            raise ValueError(f"transform overrides {{'input_size': {shape!r}}}: expected (3, height, width) in pixels")
+        overrides["input_size"] = tuple(map(int, shape))
+    if crop_pct is not None and not _within(crop_pct, -math.inf):  # the transform's check says the range
+        raise ValueError(f"transform overrides {{'crop_pct': {crop_pct!r}}}: expected a number")
+    return overrides
+
+
 @dataclass(frozen=True)
 class EvalTransform:
     """The evaluation transform: the shorter side (``crop_mode="squash"``: both) resized to
@@ -1244,12 +1268,7 @@ class EvalTransform:
         timm model, or a transform not reproduced here) or ValueError (an override timm ignores)."""
         import timm.data
 
-        _check_type("overrides", overrides, Mapping | None, "a dict of timm's data config keys, or None")
-        overrides = dict(overrides or {})
-        if unknown := sorted(overrides.keys() - _TRANSFORM_OVERRIDES):  # timm would ignore them
-            raise ValueError(f"unknown transform overrides {unknown}: expected some of {sorted(_TRANSFORM_OVERRIDES)}")
-        if flags := sorted(k for k, v in overrides.items() if isinstance(v, bool)):  # True would be taken for 1
-            raise ValueError(f"transform overrides {flags}: True and False are no sizes, filters or numbers")
+        overrides = _checked_overrides(overrides)
         if isinstance(model, str):
             config = _pretrained_config(model)
         elif isinstance(model, ModelBundle):  # get_model's transform, which may not be its config's

@@ -319,3 +319,25 @@ def test_a_notebooks_own_text_stdin_is_read(monkeypatch, tmp_path):
     assert images.paths == ("/data/a/n01440764/x.JPEG", "/data/b/n01443537/y.JPEG") and images.labels == (0, 1)
     monkeypatch.setattr(sys, "stdin", io.StringIO("x n01443537\ny 7\n"))
     assert dict(ic.read_labels("-")) == {"x": 1, "y": 7}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [({"input_size": (3, 200.7, 200.7)}, "{'input_size': (3, 200.7, 200.7)}: expected (3, height, width) in pixels"),
+     ({"input_size": (1, 224, 224)}, "{'input_size': (1, 224, 224)}: expected (3, height, width) in pixels"),
+     ({"img_size": 96.5}, "{'img_size': 96.5}: expected a whole number of pixels"),
+     ({"crop_pct": "0.9"}, "{'crop_pct': '0.9'}: expected a number")],
+)  # fmt: skip
+def test_transform_overrides_are_not_coerced(overrides, said):
+    # A crop of 200.7 became 200, one channel was ignored, crop_pct "0.9" was taken: while
+    # img_size=np.int64(224) was refused as "not values timm takes".
+    with pytest.raises(ValueError, match=re.escape(f"transform overrides {said}")):
+        ic.EvalTransform.from_model("test_efficientnet", overrides)
+
+
+def test_numpy_sizes_are_taken_as_sizes():
+    import numpy as np
+
+    assert ic.EvalTransform.from_model("test_efficientnet", {"img_size": np.int64(96)}).size == 96
+    shape = (np.int64(3), np.int32(80), np.int64(80))
+    assert ic.EvalTransform.from_model("test_efficientnet", {"input_size": shape, "crop_pct": None}).size == 80
