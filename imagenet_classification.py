@@ -2614,29 +2614,16 @@ def _decode_worker_died(why: str, killed: bool = True) -> RunStopped:
 WORKER_POLL_S = 1.0  # how soon a --decode-processes worker that ended with an error stops the run
 
 
-def _watching(batches: Iterator, pool: Sequence[multiprocessing.Process], timeout: float) -> Iterator:
-    """``batches``, SPDL's iterator with a time-out of WORKER_POLL_S, given --timeout's: a worker of
-    ``pool`` that exits with an error or is killed stops the run at the next poll. SPDL would wait for
-    its batches until the time-out: a worker ended as it starts (a script without a main guard, the
+def _worker_ended(pool: Sequence[multiprocessing.Process]) -> RunStopped | None:
+    """A RunStopped if a worker of ``pool`` exited with an error or was killed: SPDL would wait for
+    its batches until the time-out, and one ended as it starts (a script without a main guard, the
     out-of-memory killer) sends none. One that exits cleanly is left to :py:func:`_received`."""
-    waited = time.monotonic()
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except TimeoutError:
-            if codes := [p.exitcode for p in pool if p.exitcode]:  # each call reaps the process if it ended
-                how = f"exit status {codes[0]}; its error is above"
-                if codes[0] < 0:
-                    how = f"killed by signal {-codes[0]} ({signal.strsignal(-codes[0])})"
-                why = f"{len(codes)} of {len(pool)} gone, {how}"
-                raise _decode_worker_died(why, codes[0] == -signal.SIGKILL) from None
-            if time.monotonic() - waited < timeout:
-                continue
-            raise
-        yield batch
-        waited = time.monotonic()
+    if not (codes := [p.exitcode for p in pool if p.exitcode]):  # each call reaps the process if it ended
+        return None
+    how = f"exit status {codes[0]}; its error is above"
+    if codes[0] < 0:
+        how = f"killed by signal {-codes[0]} ({signal.strsignal(-codes[0])})"
+    return _decode_worker_died(f"{len(codes)} of {len(pool)} gone, {how}", codes[0] == -signal.SIGKILL)
 
 
 def _start_resource_tracker() -> None:
@@ -5797,12 +5784,9 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
     pipeline = get_pipeline(images, config.batch_size, decode, *sizes, stats=stats, decode_processes=in_processes)
     # Not SPDL's auto_stop: its one timeout is set as it starts, and an interrupt's stop cannot wait.
     pipeline.start()
-    if in_processes:  # spawned as it was built
-        pool = [p for p in multiprocessing.active_children() if p not in others]
-        batches = _watching(pipeline.get_iterator(timeout=min(WORKER_POLL_S, config.timeout)), pool, config.timeout)
-    else:
-        batches = pipeline.get_iterator(timeout=config.timeout)
-    delivered = _ending_once_complete(batches, len(images))
+    pool = [p for p in multiprocessing.active_children() if p not in others] if in_processes else []  # just spawned
+    batches = pipeline.get_iterator(timeout=min(WORKER_POLL_S, config.timeout) if pool else config.timeout)
+    delivered = _ending_once_complete(batches, len(images), pool, config.timeout)
     loader = _Loader(_received(delivered, config.device, in_processes, others) if in_processes else delivered, stats)
     try:
         yield loader
@@ -5814,12 +5798,15 @@ def _open_loader(config: _RunConfig, images: ImageList, policy: BadImagePolicy) 
             gc.collect()  # then warn of their semaphores as leaked
 
 
-def _ending_once_complete(batches: Iterator, listed: int) -> Iterator:
+def _ending_once_complete(
+    batches: Iterator, listed: int, pool: Sequence[multiprocessing.Process] = (), timeout: float = 0.0
+) -> Iterator:
     """The loader's batches, ended by a time-out once they hold every listed image (classified or
     failed): SPDL's iterator time-out covers the wait for the stream's end too, which a --timeout
     of 0.05 s is shorter than. The run (a notebook's loader too), the sweep's passes and the
-    breakdown's loader alone alike."""
-    delivered = 0
+    breakdown's loader alone alike. With --decode-processes' ``pool``, SPDL's time-out is
+    WORKER_POLL_S, ``timeout`` the run's: a worker that ends with an error stops the run at a poll."""
+    delivered, waited = 0, time.monotonic()
     while True:
         try:
             batch = next(batches)
@@ -5828,9 +5815,14 @@ def _ending_once_complete(batches: Iterator, listed: int) -> Iterator:
         except TimeoutError:
             if delivered >= listed:
                 return
+            if (ended := _worker_ended(pool)) is not None:
+                raise ended from None
+            if pool and time.monotonic() - waited < timeout:
+                continue
             raise
         yield batch
         delivered += len(batch[1]) + len(getattr(batch, "failures", ()))  # once taken: the loop checks it first
+        waited = time.monotonic()
 
 
 def _stop_pipeline(pipeline: Pipeline, at_once: bool, in_processes: bool, others: Set[Any] = frozenset()) -> bool:

@@ -143,7 +143,7 @@ def test_a_worker_that_ends_stops_the_wait_at_once(target, args, said):
         worker.join(30)
         started = time.monotonic()
         with pytest.raises(ic.RunStopped) as stopped:
-            next(ic._watching(_NoBatch(), [worker], timeout=60.0))
+            next(ic._ending_once_complete(_NoBatch(), 1, [worker], timeout=60.0))
         assert time.monotonic() - started < 10 and stopped.value.kind == "loader"
         assert str(stopped.value).startswith(f"the loading pipeline failed: a --decode-processes worker died {said}")
         assert ("out-of-memory" in str(stopped.value)) is (target is time.sleep)
@@ -158,7 +158,7 @@ def test_a_worker_that_ended_cleanly_leaves_the_wait_to_its_time_out():
     worker.join(30)
     started = time.monotonic()
     with pytest.raises(TimeoutError):
-        next(ic._watching(_NoBatch(), [worker], timeout=0.5))
+        next(ic._ending_once_complete(_NoBatch(), 1, [worker], timeout=0.5))
     assert time.monotonic() - started >= 0.5
 
 
