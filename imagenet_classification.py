@@ -34,6 +34,7 @@ import contextlib
 import errno
 import functools
 import gc
+import importlib.util
 import io
 import itertools
 import json
@@ -4743,7 +4744,8 @@ def _sweep_command(config: _RunConfig) -> int:
         if config.plot is not None and not sweep.points:
             _say(f"note: {config.plot} not drawn: the sweep stopped before its first setting")
         if config.plot is None:
-            _say(f"note: --plot PATH draws the sweep ({PLOT_HINT if _pyplot() is None else 'matplotlib is here'})")
+            here = "matplotlib is here" if importlib.util.find_spec("matplotlib") else PLOT_HINT
+            _say(f"note: --plot PATH draws the sweep ({here})")
     lost = not_written or not printed
     return _held_status(held) or status or (EXIT_FAILED if lost else 0)  # a signal's status, as ever
 
@@ -4824,9 +4826,9 @@ def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
 def _plot_sweep(sweep: _Sweep, path: Path | str, title: str) -> bool:
     """Images/s against decode threads: the loader alone (lines), end to end (crosses), the model
     alone (dashed), the recommended setting circled, in plain numbers. False without matplotlib."""
-    if (plt := _pyplot()) is None:
+    if (fig := _figure(11, 5)) is None:
         return False
-    fig, ax = plt.subplots(figsize=(11, 5))
+    ax = fig.subplots()
     groups: dict[tuple, list[_SweepPoint]] = {}
     for p in sorted(sweep.points, key=lambda p: p.threads):
         groups.setdefault((p.batch_size, p.queue_size, p.decode_processes), []).append(p)
@@ -4859,7 +4861,7 @@ def _plot_sweep(sweep: _Sweep, path: Path | str, title: str) -> bool:
     ax.set(xlabel="decode threads (in all processes)", ylabel="images/s")
     ax.set_title(title, parse_math=False)  # a model's folder may hold a $
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    _save(fig, plt, ax, path)
+    _save(fig, ax, path)
     return True
 
 
@@ -5083,13 +5085,14 @@ def _print_loader_alone_window(report: _RunReport, file: TextIO | None) -> None:
 PLOT_HINT = "pip install matplotlib (or, in the checkout, pip install '.[plot]') to draw it"
 
 
-def _pyplot() -> Any:
+def _figure(width: float, height: float) -> Any:
+    """A matplotlib Figure outside pyplot, which keeps its backend (a notebook's) and no figure of ours;
+    None without matplotlib."""
     try:
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError:
         return None
-    plt.switch_backend("Agg")
-    return plt
+    return Figure(figsize=(width, height))
 
 
 def _sliding_rate(ends: Sequence[float], images: Sequence[int], batches: int) -> list[float]:
@@ -5105,12 +5108,12 @@ def _sliding_rate(ends: Sequence[float], images: Sequence[int], batches: int) ->
 def _plot_timeline(timeline: dict, path: Path | str, title: str = "", window_name: str = "FPS window") -> bool:
     """The run, batch by batch, as a PNG; False where matplotlib is missing. ``window_name`` names the
     dashed line's rate: under torchrun, rank 0's window (the title gives the job's FPS)."""
-    if (plt := _pyplot()) is None:
+    if (fig := _figure(9, 4.5)) is None:
         return False
     ends, images = timeline["batch_end_s"], timeline["batch_images"]
     warm, end = timeline["warmup_end_s"], timeline["window_end_s"]
     window = min(20, max(2, len(ends) // 10))
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax = fig.subplots()
     rates = _sliding_rate(ends, images, window)
     ax.plot(ends, rates, marker="." if len(ends) < 60 else None, label=f"images/s over the last {window} batches")
     first = next((end for end, n in zip(ends, images, strict=True) if n), 0.0)  # the first that ran the model
@@ -5136,16 +5139,15 @@ def _plot_timeline(timeline: dict, path: Path | str, title: str = "", window_nam
         handles += steps
         twin.set(ylim=(0, 1.05), ylabel="share of the time a batch was waiting")
     ax.legend(handles=handles, loc="lower right", fontsize=8)
-    _save(fig, plt, ax, path)
+    _save(fig, ax, path)
     return True
 
 
-def _save(fig: Any, plt: Any, ax: Any, path: Path | str) -> None:
+def _save(fig: Any, ax: Any, path: Path | str) -> None:
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
     _write_atomically(path, buffer.getvalue())
 
 

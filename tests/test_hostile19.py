@@ -71,7 +71,7 @@ import json, sys
 from pathlib import Path
 import imagenet_classification as ic
 
-def save(fig, plt, ax, path):  # the legend's words, where the PNG would be
+def save(fig, ax, path):  # the legend's words, where the PNG would be
     Path(path).write_text(json.dumps([t.get_text() for t in ax.get_legend().get_texts()]))
 
 ic._save = save
@@ -341,3 +341,27 @@ def test_numpy_sizes_are_taken_as_sizes():
     assert ic.EvalTransform.from_model("test_efficientnet", {"img_size": np.int64(96)}).size == 96
     shape = (np.int64(3), np.int32(80), np.int64(80))
     assert ic.EvalTransform.from_model("test_efficientnet", {"input_size": shape, "crop_pct": None}).size == 80
+
+
+_BACKEND = """
+import matplotlib.pyplot as plt
+import imagenet_classification as ic
+
+plt.switch_backend("svg")  # a notebook's own (inline), with a figure of its own open
+plt.figure()
+timeline = {"batch_end_s": [0.5, 1.0, 1.5], "batch_images": [4, 4, 4], "warmup_end_s": 0.5, "window_end_s": 1.5,
+            "end_s": 1.6, "interval_s": 1.0, "sink_occupancy": [0.5, 1.0]}
+drawn = ic._plot_timeline(timeline, "t.png")
+points = [ic._SweepPoint(t, 8, 2, 100.0 * t, 900.0) for t in (1, 2)]
+drawn &= ic._plot_sweep(ic._Sweep(points, 40), "s.png", "a sweep")
+print(drawn, plt.get_backend(), plt.get_fignums())
+"""
+
+
+def test_plots_leave_a_notebooks_matplotlib_as_it_was(tmp_path):
+    # main() switched pyplot's backend to Agg for good (a notebook's inline plots no longer showed),
+    # with --plot, and with --sweep without it.
+    proc = subprocess.run([sys.executable, "-c", _BACKEND], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[0] == "True svg [1]"
+    assert (tmp_path / "t.png").read_bytes()[:4] == (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"

@@ -123,7 +123,7 @@ def test_a_run_stopped_before_its_first_batch_draws_no_plot_and_warns_of_no_warm
 def test_the_plots_last_occupancy_bin_reaches_the_runs_end(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     saved = []
-    monkeypatch.setattr(ic, "_save", lambda fig, plt, ax, path: saved.append(fig))
+    monkeypatch.setattr(ic, "_save", lambda fig, ax, path: saved.append(fig))
     timeline = {
         "interval_s": 1.0, "images": [4, 4, 2], "batch_end_s": [0.5, 1.5, 2.5], "batch_images": [4, 4, 2],
         "warmup_end_s": 0.5, "window_end_s": 2.5, "end_s": 2.6, "sink_occupancy": [0.2, 0.5, 1.0],
@@ -248,7 +248,7 @@ def test_the_sweep_counts_a_failed_line_each_time_as_a_run_does(capfd, tmp_path)
 def test_the_plots_first_batch_is_the_first_that_ran_the_model(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     saved = []
-    monkeypatch.setattr(ic, "_save", lambda fig, plt, ax, path: saved.append(fig))
+    monkeypatch.setattr(ic, "_save", lambda fig, ax, path: saved.append(fig))
     timeline = {
         "interval_s": 1.0, "images": [8], "batch_end_s": [0.01, 0.25, 0.5], "batch_images": [0, 4, 4],
         "warmup_end_s": 0.25, "window_end_s": 0.5, "end_s": 0.6,

@@ -220,14 +220,14 @@ def test_timeline_bins_cover_the_run_like_the_queues_and_the_plot_draws(tmp_path
 
 
 def test_sweep_plot_reads_in_plain_numbers(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
-
+    import imagenet_classification as ic
     from imagenet_classification import _plot_sweep, _Sweep, _SweepPoint
 
     points = [_SweepPoint(t, 128, 16, 190.0 * t, 47000.0) for t in (1, 2, 4, 8, 16)]
     points[-1].e2e_fps = 2950.0
     kept = []
-    monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to read it
+    save = ic._save
+    monkeypatch.setattr(ic, "_save", lambda fig, ax, path: (kept.append(fig), save(fig, ax, path)))  # to read it
     assert _plot_sweep(_Sweep(points, 4000), tmp_path / "s.png", "a title")
     ax = kept[0].axes[0]
     assert [label.get_text() for label in ax.get_xticklabels()] == ["1", "2", "4", "8", "16"]
