@@ -3589,7 +3589,7 @@ def _as_stop(error: BaseException) -> RunStopped | RunInterrupted | None:
         return _loader_failed(error)
     if isinstance(error, RuntimeError) and _DATALOADER_DIED in str(error):
         return _worker_died(error)  # torch's SIGCHLD handler raises it wherever the loop is when a worker dies
-    if not isinstance(error, TimeoutError):
+    if not isinstance(error, TimeoutError) or not _a_loaders_time_out(error):
         return None
     stuck_on = _oldest_in_progress()
     if stuck_on is None:
@@ -3597,6 +3597,16 @@ def _as_stop(error: BaseException) -> RunStopped | RunInterrupted | None:
     else:
         where = f"the decode stage has been on {stuck_on[0]} for {stuck_on[1]:.1f} s"
     return RunStopped(f"no batch within the loader's time-out: {where}", "stalled", where=where)
+
+
+def _a_loaders_time_out(error: TimeoutError) -> bool:
+    """SPDL's iterator's time-out, or the DataLoader's (as _torch_loader_batches raises it): no batch in
+    time. Another (a notebook's own loader's socket, a progress callback's) is that code's error."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    raised_in = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    return raised_in == __file__ or raised_in.startswith(os.path.dirname(spdl.__file__) + os.sep)
 
 
 class _Loop:
@@ -3754,7 +3764,8 @@ _END = object()  # a loader's end: None is a batch, which the loop refuses, nami
 
 def _next_batch(batches: Iterator) -> Any:
     """The loader's next batch, or _END. An error of a notebook's own loader (an OSError of its dataset)
-    as RunStopped, the partial result kept: ``bad_image`` for an ImageDecodeError, else ``loader``."""
+    as RunStopped, the partial result kept: ``bad_image`` for an ImageDecodeError, ``stalled`` for
+    a TimeoutError, else ``loader``."""
     try:
         return next(batches, _END)
     except ImageDecodeError as e:
@@ -3762,8 +3773,12 @@ def _next_batch(batches: Iterator) -> Any:
     except Exception as e:
         if _as_stop(e) is not None:  # the pipeline's failure, a stall, a dead DataLoader worker: said as such
             raise
-        first = _first_line(e)
-        raise RunStopped(f"the loader failed: {type(e).__name__}: {first}", "loader") from e
+        why = f"{type(e).__name__}: {_first_line(e)}".removesuffix(": ")
+        if "\nOriginal Traceback" in str(e):  # a DataLoader worker's error: its own is the text's last line
+            why = f"{[line for line in str(e).splitlines() if line.strip()][-1].strip()} ({why.rstrip('.')})"
+        if isinstance(e, TimeoutError):  # its own time-out (a socket's): a stall, in its own words
+            raise RunStopped(f"the loader timed out: {why}", "stalled", where=why) from e
+        raise RunStopped(f"the loader failed: {why}", "loader") from e
 
 
 def _check_delivered(delivered: int, listed: int | None, ended: bool = True) -> None:
@@ -3919,8 +3934,9 @@ def measure_loader(
     if failures is not None and not isinstance(failures, list):  # += on a tuple would keep none of them
         raise TypeError(f"failures={failures!r}: expected a list to add the bad images to, or None")
     window = _TimingWindow(_resolve_device(str(device)), warmup_batches)  # InputError: "meta", no CUDA
-    with _stopped_runs(None):  # a stall, the pipeline's failure: RunStopped, as the run says them
-        for batch in batches:  # (images, ...): labels, or what else a loader gives, are not looked at
+    batches = iter(batches)
+    with _stopped_runs(None):  # a stall, the pipeline's failure, the loader's error: RunStopped, as the run says them
+        while (batch := _next_batch(batches)) is not _END:  # (images, ...): labels, or what else it gives, unread
             if not (isinstance(batch, tuple | list) and batch and isinstance(batch[0], Tensor)):
                 raise TypeError(f"a batch that is a {type(batch).__name__}: expected (images, labels), images a tensor")
             if batch[0].numel():  # 3 x H x W, one image unbatched, would count 3

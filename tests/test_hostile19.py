@@ -365,3 +365,63 @@ def test_plots_leave_a_notebooks_matplotlib_as_it_was(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[0] == "True svg [1]"
     assert (tmp_path / "t.png").read_bytes()[:4] == (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# --- A notebook's own loader and callback: their errors are theirs -------------------------------------------------
+
+
+def _batches(count: int, error: BaseException | None = None):
+    for _ in range(count):
+        yield _uint8(4, 3, 32, 32), torch.zeros(4, dtype=torch.int64)
+    if error is not None:
+        raise error
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle():
+    return ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False, transform={"img_size": 32})
+
+
+def test_a_loaders_own_time_out_is_said_in_its_own_words(tiny_bundle):
+    # A socket's TimeoutError (S3, NFS) was "no batch within the loader's time-out: the decode stage is
+    # decoding no image", its own text lost; a progress callback's, the same.
+    with pytest.raises(ic.RunStopped) as stopped:
+        ic.benchmark(_batches(2, TimeoutError("S3 GetObject read timed out")), tiny_bundle, listed=12)
+    assert (stopped.value.kind, str(stopped.value)) == ("stalled", "the loader timed out: TimeoutError: S3 GetObject "
+                                                        "read timed out")  # fmt: skip
+    assert stopped.value.result.classified == 8 and stopped.value.result.not_reached == 4
+
+    def progress(classified, top1):
+        raise TimeoutError("my dashboard's post timed out")
+
+    with pytest.raises(TimeoutError, match="my dashboard's post timed out"):  # the callback's own error, as any
+        ic.benchmark(_batches(2), tiny_bundle, listed=8, progress=progress)
+
+
+class _FailingDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise OSError(5, "Input/output error", "/mnt/nfs/val/img_5.JPEG")
+        return _uint8(3, 32, 32), 0
+
+
+def test_a_dataloader_workers_error_is_said_by_its_own_words(tiny_bundle):
+    # "the loader failed: OSError: Caught OSError in DataLoader worker process 0.": the reason was in
+    # torch's text, past its first line.
+    loader = torch.utils.data.DataLoader(_FailingDataset(), batch_size=4, num_workers=1)
+    with pytest.raises(ic.RunStopped) as stopped:
+        ic.benchmark(loader, tiny_bundle, listed=8, warmup_batches=0)
+    assert str(stopped.value) == ("the loader failed: OSError: [Errno 5] Input/output error: '/mnt/nfs/val/img_5.JPEG' "
+                                  "(OSError: Caught OSError in DataLoader worker process 0)")  # fmt: skip
+    assert stopped.value.result.classified == 4
+
+
+def test_the_loader_alone_stops_on_a_loaders_error_as_a_run_does():
+    # measure_loader let the loader's OSError out raw, though it says it raises RunStopped as benchmark.
+    failure = OSError(5, "Input/output error", "/mnt/nfs/val/x.JPEG")
+    with pytest.raises(ic.RunStopped) as stopped:
+        ic.measure_loader(_batches(3, failure), "cpu", warmup_batches=1)
+    assert stopped.value.kind == "loader" and str(stopped.value).startswith("the loader failed: OSError: [Errno 5]")
