@@ -633,7 +633,10 @@ _LABELS_EXPECTED = "labels by image name (read_labels, or a dict of class indice
 
 
 def _image_name(path: str) -> str:
-    return os.path.splitext(os.path.basename(path))[0]
+    """A file's name without an image extension: ``cat.v1.JPEG`` and ``cat.v1`` are ``cat.v1``."""
+    name = os.path.basename(path)
+    stem, extension = os.path.splitext(name)
+    return stem if extension.lower() in IMAGE_EXTENSIONS else name
 
 
 def _rows(path: Path | str, flag: str) -> Iterator[tuple[str, str]]:
@@ -777,7 +780,7 @@ def _image_list(pairs: Iterator[tuple[str, int]], max_samples: int | None, origi
 
 
 def read_labels(path: Path | str) -> _Labels:
-    """Read labels for a flat folder of images, by image name (matched without its extension):
+    """Read labels for a flat folder of images, by image name (matched without an image extension):
     Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``, whose first WordNet ID is
     the class) or ``name label`` lines, the label a WordNet ID or a class index. InputError names
     a bad line with its number, and both lines that give one name two classes."""
@@ -794,7 +797,7 @@ def read_labels(path: Path | str) -> _Labels:
         if label is None:
             raise InputError(f"{where}: expected 'name label' or 'ImageId,WNID …', got {text!r}")
         # The last label must not silently win: a.JPEG and a.png are one name (the extension is dropped).
-        _one_class(first, _image_name(name.strip()), label, where, " (names are matched without their extension)")
+        _one_class(first, _image_name(name.strip()), label, where, " (names are matched without an image extension)")
     if not first:
         raise InputError(f"{'<stdin>' if str(path) == '-' else path}: no labels in it")
     return _Labels(str(path), {name: label for name, (label, _) in first.items()})

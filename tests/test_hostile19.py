@@ -425,3 +425,21 @@ def test_the_loader_alone_stops_on_a_loaders_error_as_a_run_does():
     with pytest.raises(ic.RunStopped) as stopped:
         ic.measure_loader(_batches(3, failure), "cpu", warmup_batches=1)
     assert stopped.value.kind == "loader" and str(stopped.value).startswith("the loader failed: OSError: [Errno 5]")
+
+
+# --- Labels by name: a dot in a name is no extension ---------------------------------------------------------------
+
+
+def test_labels_match_names_that_hold_a_dot_without_cutting_them(tmp_path):
+    # "cat.v1" was keyed "cat": cat.v1.JPEG had "no label", and the label of "cat.2024" was given to
+    # cat.JPEG without a word (a cat scored as an espresso).
+    labels = tmp_path / "labels.txt"
+    labels.write_text("cat.v1 n02123045\ncup.v2.JPEG n07920052\ncat.2024 n07920052\nILSVRC2012_val_01 7\n")
+    named = ic.read_labels(labels)
+    assert dict(named) == {"cat.v1": 281, "cup.v2": 967, "cat.2024": 967, "ILSVRC2012_val_01": 7}
+    flist = tmp_path / "list.txt"
+    flist.write_text("a/cat.v1.JPEG\na/cup.v2.png\nb/ILSVRC2012_val_01.jpeg\n")
+    assert ic.read_file_list(flist, labels=named).labels == (281, 967, 7)
+    flist.write_text("a/cat.JPEG\n")
+    with pytest.raises(ic.InputError, match=re.escape(f"{flist}:1: {labels} has no label for 'cat'")):
+        ic.read_file_list(flist, labels=named)
