@@ -3603,8 +3603,11 @@ def _as_stop(error: BaseException) -> RunStopped | RunInterrupted | None:
 
 
 def _a_loaders_time_out(error: TimeoutError) -> bool:
-    """SPDL's iterator's time-out, or the DataLoader's (as _torch_loader_batches raises it): no batch in
-    time. Another (a notebook's own loader's socket, a progress callback's) is that code's error."""
+    """SPDL's iterator's time-out, or the DataLoader's (as _torch_loader_batches raises it), or one that
+    says nothing more: no batch in time. Another, in its own words (a notebook's own loader's socket,
+    a progress callback's), is that code's error."""
+    if not str(error):
+        return True
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -3852,7 +3855,7 @@ class _Progress:
         rate = self.done / (now - self.started)
         top1 = int(self.top1_correct) / self.done if self.done else 0.0
         text = f"{self.done}/{self.total or '?'} images classified, {rate:.0f} images/s since the start, "
-        text += f"top-1 so far {top1:.2%}"
+        text += f"top-1 so far {_percent(top1, 2)}"
         if not self.live:
             _LG.info(text)
             return
@@ -4967,7 +4970,7 @@ def _print_summary(result: RunResult, file: TextIO | None = None, pil_loader: bo
     print(f"FPS={result.fps:.2f} ({result.frames_timed}/{_in_seconds(result.elapsed_s)})", file=file)
     skipped = f", {result.failed} failed to decode" if result.failed else ""
     for k, correct, acc in (("1", result.top1_correct, result.top1), ("5", result.top5_correct, result.top5)):
-        shown = "n/a" if acc is None else f"{acc:.2%}"
+        shown = "n/a" if acc is None else _percent(acc, 2)
         print(f"Accuracy (top{k})={shown} ({correct}/{result.classified}{skipped})", file=file)
     line = f"Images: listed={result.listed} classified={result.classified} failed={result.failed} "
     print(line + f"not_reached={result.not_reached}{' (PARTIAL RUN)' if result.partial else ''}", file=file)
@@ -5319,7 +5322,7 @@ def _run_title(report: _RunReport) -> str:
         workers = f"{_images(c['decode_processes'], 'process')} x {workers}"
     settings = f"batch {c['batch_size']}, {c['loader']} {c['decoder']} x {workers}"
     head = f"{c['model']} on {c['device']} ({c['dtype']}, {compiled}), {settings}"
-    tail = f"FPS {r.fps:,.1f}, top-1 {'n/a' if r.top1 is None else f'{r.top1:.1%}'} of {r.classified}"
+    tail = f"FPS {r.fps:,.1f}, top-1 {'n/a' if r.top1 is None else _percent(r.top1)} of {r.classified}"
     if report.world > 1:  # the timeline is rank 0's alone
         tail += f", {report.world} ranks: the job's figures; the curve is rank 0's"
     return f"{head}\n{tail}" + (" (PARTIAL RUN)" if r.partial else "")

@@ -47,6 +47,20 @@ def test_a_share_is_never_shown_as_all_or_none_that_is_not(share, places, shown)
     assert ic._percent(share, places) == shown
 
 
+def test_accuracy_is_not_rounded_onto_100_in_the_summary_or_the_plots_title():
+    # "Accuracy (top1)=100.00% (19999/20000)", and the plot's title "top-1 100.0%" for 1999 of 2000.
+    out = io.StringIO()
+    result = ic.RunResult(listed=20000, classified=20000, top1_correct=19999, top5_correct=20000, frames_timed=1,
+                          elapsed_s=1.0, batches=2)  # fmt: skip
+    ic._print_summary(result, out)
+    assert "Accuracy (top1)=>99.99% (19999/20000)" in out.getvalue().splitlines()
+    assert "Accuracy (top5)=100.00% (20000/20000)" in out.getvalue().splitlines()
+    config = {"compile": None, "num_threads": 2, "loader": "spdl", "decode_processes": 0, "batch_size": 4,
+              "decoder": "ffmpeg", "model": "m", "device": "cpu", "dtype": "float32"}  # fmt: skip
+    result = ic.RunResult(listed=2000, classified=2000, top1_correct=1999, frames_timed=8, elapsed_s=1.0)
+    assert "top-1 >99.9% of 2000" in ic._run_title(ic._RunReport(result, config, {}, [{"rank": 0}]))
+
+
 def test_the_page_cache_line_does_not_say_all_in_memory_when_a_page_is_not():
     # One page of 28 MB out of memory: "100.0% of the listed 28.4 MB was in memory".
     cache = ic._PageCache(True, files=1, bytes=28_438_191, resident_bytes=28_434_095, resident_after_bytes=4096)
