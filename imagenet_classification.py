@@ -2922,8 +2922,10 @@ class ModelBundle(torch.nn.Module):
         self.dtype, self.transform, self.batch_size = dtype, transform, batch_size
 
     def logits(self, images: Tensor) -> Tensor:
-        """uint8 images ``N x 3 x H x W`` -> float32 logits ``N x C``. ValueError for another type
-        (floats on the 0-1 scale would be divided by 255 again)."""
+        """uint8 images ``N x 3 x H x W`` -> float32 logits ``N x C``, with no autograd graph. ValueError for
+        another type (floats on the 0-1 scale would be divided by 255 again), or a model in training mode."""
+        if self.model.training:  # model.train(): benchmark checks each module once, before its first batch
+            _check_eval_mode(self)
         _check_type("images", images, Tensor, "a uint8 tensor N x 3 x H x W")
         if images.dtype != torch.uint8:
             raise ValueError(f"images of type {images.dtype}: expected torch.uint8 (0-255), as the decoders give")
@@ -2935,11 +2937,20 @@ class ModelBundle(torch.nn.Module):
             if self.batch_size is not None and 0 < n < self.batch_size:
                 images = torch.cat([images, images.new_zeros((self.batch_size - n, *images.shape[1:]))])
             images = images.contiguous(memory_format=torch.channels_last)
-        return self.model(self.preprocessing(images).to(self.dtype))[:n].float()
+        with torch.no_grad():  # called by hand: no graph (benchmark's inference mode holds already)
+            return self.model(self.preprocessing(images).to(self.dtype))[:n].float()
 
     def forward(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """uint8 images ``N x 3 x H x W``, int64 labels ``N x 1`` -> top-1, top-5 counts."""
         return self.classification(self.logits(images), labels)
+
+
+def _check_eval_mode(bundle: ModelBundle) -> None:
+    # Private classes, the public ones' bases: batch norm and dropout are what training mode changes.
+    changing = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd)
+    if any(m.training for m in bundle.model.modules() if isinstance(m, changing)):
+        raise ValueError("the model is in training mode: batch norm would use each batch's statistics (and change "
+                         "its own), dropout drop; call model.eval() first")  # fmt: skip
 
 
 def _resolve_device(spec: str, local_rank: int = 0) -> torch.device:
@@ -3518,11 +3529,7 @@ def _check_run_arguments(
     if policy is not None and policy.max_bad_percent is not None and listed is None:  # else no limit at all
         raise ValueError("BadImagePolicy(max_bad_percent=...) is a share of the images listed: pass listed= too")
     _check_type("model", model, ModelBundle, "a ModelBundle (get_model makes one)")
-    # Private classes, the public ones' bases: batch norm and dropout are what training mode changes.
-    changing = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd)
-    if any(m.training for m in model.model.modules() if isinstance(m, changing)):
-        raise ValueError("the model is in training mode: batch norm would use each batch's statistics (and change "
-                         "its own), dropout drop; call model.eval() first")  # fmt: skip
+    _check_eval_mode(model)
     weights = next((p.dtype for p in model.model.parameters() if p.is_floating_point()), model.dtype)
     if weights != model.dtype:  # torch would say only that the input's type and the weights' differ
         message = f"the model's weights are {weights}, but the bundle feeds it {model.dtype}: "

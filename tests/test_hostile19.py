@@ -457,3 +457,19 @@ def test_labels_match_names_that_hold_a_dot_without_cutting_them(tmp_path):
     flist.write_text("a/cat.JPEG\n")
     with pytest.raises(ic.InputError, match=re.escape(f"{flist}:1: {labels} has no label for 'cat'")):
         ic.read_file_list(flist, labels=named)
+
+
+def test_the_bundle_called_by_hand_refuses_training_mode_and_builds_no_graph(tiny_bundle):
+    # benchmark refused a model in training mode; the bundle's own call ran it, and its batch norm
+    # rewrote its running statistics for good. Called by hand, it also built an autograd graph.
+    images = _uint8(4, 3, 32, 32) + 100
+    before = tiny_bundle.logits(images)
+    assert not before.requires_grad
+    tiny_bundle.train()
+    try:
+        for call in (lambda: tiny_bundle.logits(images), lambda: tiny_bundle(images, torch.zeros(4, 1).long())):
+            with pytest.raises(ValueError, match="the model is in training mode"):
+                call()
+    finally:
+        tiny_bundle.eval()
+    assert torch.equal(tiny_bundle.logits(images), before)
