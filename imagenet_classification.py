@@ -2826,20 +2826,27 @@ def _quiet_worker(worker_id: int) -> None:
     sys.excepthook = hook
 
 
-_ABANDONED: list = []  # DataLoader iterators not shut down (an interrupt, a stall): their workers end with the process
+_ABANDONED: list = []  # DataLoader iterators not shut down (an interrupt, a stall): their workers killed, not joined
 _RUNNING: list = []  # DataLoader iterators open: a signal forgets their workers (_interrupt)
 
 
 def _end_abandoned() -> None:
-    """End the DataLoader workers an earlier run in this process abandoned (a notebook's main(), interrupted):
-    else each such run leaves its workers, their pipes and shared memory until the process ends."""
+    """Shut down the DataLoader iterators an earlier run in this process abandoned (a notebook's main(),
+    interrupted): else each such run leaves its workers' pipes and shared memory until the process ends."""
     while _ABANDONED:
         workers = _ABANDONED.pop()
-        for process in getattr(workers, "_workers", ()):  # torch's private list: no public way to end them
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                process.kill()
+        _kill_workers(workers)
         with contextlib.suppress(Exception):  # joins the dead workers, closes the queues
             workers._shutdown_workers()
+
+
+def _kill_workers(workers: Iterator) -> None:
+    """SIGKILL a DataLoader iterator's workers, and reap those that end within 0.1 s (one stuck in a
+    read ends when it returns): no worker is waited for, nor left running."""
+    for process in getattr(workers, "_workers", ()):  # torch's private list: no public way to end them
+        with contextlib.suppress(OSError, ValueError, AttributeError, AssertionError):
+            process.kill()
+            process.join(0.1)
 
 
 @contextlib.contextmanager
@@ -2852,9 +2859,10 @@ def _open_torch_loader(config: _RunConfig, images: ImageList) -> Iterator[_Loade
         yield loader
     finally:
         _RUNNING.remove(workers)
-        if loader.stop_at_once:  # the process ends right after the report: no joining busy workers
+        if loader.stop_at_once:  # no joining busy workers: killed, their queues closed by the next run
             _ABANDONED.append(workers)
             _forget_workers(workers)  # nor torch's SIGCHLD error, mid-report, for a worker the signal ended too
+            _kill_workers(workers)
         elif hasattr(workers, "_shutdown_workers"):  # torch's private one: no public way to do it now
             # Not when the iterator is collected (a traceback keeps this frame): until then torch's
             # SIGCHLD handler raises anywhere for a dead worker, in here too, for a reported death.
@@ -3401,7 +3409,9 @@ def _model_device(model: ModelBundle) -> torch.device:
     return next(itertools.chain(model.buffers(), model.parameters()), torch.empty(0)).device
 
 
-def _is_out_of_memory(error: BaseException) -> bool:
+def _is_out_of_memory(error: BaseException | None) -> bool:
+    if error is None:
+        return False
     if isinstance(error, torch.OutOfMemoryError | MemoryError):
         return True
     return "can't allocate memory" in str(error) or "out of memory" in str(error).lower()
@@ -3414,11 +3424,12 @@ def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
 
 @contextlib.contextmanager
 def _out_of_memory_stops(device: torch.device, batch_size: int) -> Iterator[None]:
-    """Memory running out in the block stops with out_of_memory and its advice, as in the run."""
+    """Memory running out in the block stops with out_of_memory and its advice, as in the run (a
+    loader's, said as the loader's failure by :py:func:`_next_batch`, too)."""
     try:
         yield
-    except (RuntimeError, MemoryError) as e:
-        if not _is_out_of_memory(e):
+    except (RuntimeError, MemoryError, RunStopped) as e:
+        if not _is_out_of_memory(e.__cause__ if isinstance(e, RunStopped) else e):
             raise
         raise _out_of_memory(device, batch_size) from None
 
