@@ -341,6 +341,20 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or ""
 
 
+class _Parser(argparse.ArgumentParser):
+    def _print_message(self, message: str, file: TextIO | None = None) -> None:
+        """argparse's own drops an OSError: ``--help`` or ``--version`` into a full disk read as a success."""
+        try:
+            if message and (file := file or sys.stderr) is not None:
+                file.write(message)
+                file.flush()
+        except BrokenPipeError:  # ``| head``: the reader chose to stop
+            pass
+        except OSError as e:
+            _say(f"error: the text could not be written ({e.strerror or e})")
+            raise SystemExit(EXIT_FAILED) from None
+
+
 def _data_flags(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     where = data.add_mutually_exclusive_group()  # one of them required: _parse_args, after --sweep's DATA_DIR
@@ -443,7 +457,7 @@ def _reads_stdin(path: Path | None) -> bool:
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     program = _program()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=" ".join(program) if program[:2] == ["python", "-m"] else None,  # not the module file's name
         description=(__doc__ or "").split("\n\n")[0],  # python -OO drops it
         epilog="README.md describes every flag, the output, the results file and the exit statuses.",

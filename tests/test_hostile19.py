@@ -473,3 +473,15 @@ def test_the_bundle_called_by_hand_refuses_training_mode_and_builds_no_graph(tin
     finally:
         tiny_bundle.eval()
     assert torch.equal(tiny_bundle.logits(images), before)
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_help_or_version_into_a_full_disk_is_no_success(flag):
+    # argparse drops the OSError: exit 0 with nothing written, where a run's summary says so.
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, str(ROOT / "imagenet_classification.py"), flag], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr == "error: the text could not be written (No space left on device)\n"
+    piped = subprocess.run(f"{sys.executable} {ROOT / 'imagenet_classification.py'} {flag} | head -c 1", shell=True,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert piped.stderr == ""  # a reader that stops is no failure
