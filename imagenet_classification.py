@@ -3128,8 +3128,6 @@ def _create_timm_model(model_name: str, pretrained: bool) -> torch.nn.Module:
 
     config = _pretrained_config(model_name)
     _check_imagenet_head(model_name, config.get("num_classes"))
-    hub_log = logging.getLogger("huggingface_hub")
-    hub_log.propagate = not hub_log.handlers
     with _offline_if_unreachable(config.get("hf_hub_id") if pretrained else None) as unreachable:
         try:
             model = timm.create_model(model_name, pretrained=pretrained)
@@ -6322,31 +6320,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     _not_as_a_worker_starts("main")
     start_time = _start_time()
     _end_abandoned()  # a notebook's earlier run's (the command line's process ends with its run)
-    for stream in (sys.stdout, sys.stderr):  # escape what a strict stream (a notebook's) cannot encode,
-        with contextlib.suppress(AttributeError, ValueError):  # a name that is not UTF-8, rather than stop there
-            stream.reconfigure(errors="backslashreplace")
     if argv is not None:  # the words as subprocess takes them: str, or a path; not one string of the whole line
         words = not isinstance(argv, str | bytes) and isinstance(argv, Sequence)
         if not (words and all(isinstance(word, str | os.PathLike) for word in argv)):
             raise TypeError(f"argv={argv!r}: expected a list of the command line's words, e.g. shlex.split(line)")
         argv = [os.fsdecode(word) for word in argv]
-    args = _parse_args(argv)
-    with _own_logging_and_warnings():
-        return _main(args, (*_program(), *(sys.argv[1:] if argv is None else argv)), start_time)
+    with _own_logging_and_warnings():  # its streams escape a name that is not UTF-8 in a usage error too
+        args = _parse_args(argv)
+        try:
+            return _main(args, (*_program(), *(sys.argv[1:] if argv is None else argv)), start_time)
+        finally:  # nothing of the run's kept (nanobind would list SPDL's objects as leaked at a script's exit)
+            _ffmpeg_jpeg_configs.cache_clear()
+            gc.collect()
 
 
 @contextlib.contextmanager
 def _own_logging_and_warnings() -> Iterator[None]:
-    """The run's logging and warnings filters, and a notebook's own put back after it (its log file
-    not closed, as ``basicConfig(force=True)`` would close it)."""
+    """The run's logging, warnings filters and standard streams' errors, and a notebook's own put back
+    after it (its log file not closed, as ``basicConfig(force=True)`` would close it)."""
     root, names = logging.getLogger(), ("spdl.pipeline", "torch.utils.cpp_extension")
     handlers, level, levels = root.handlers[:], root.level, {name: logging.getLogger(name).level for name in names}
+    hub_log, streams = logging.getLogger("huggingface_hub"), [s for s in (sys.stdout, sys.stderr) if s is not None]
+    propagates, errors = hub_log.propagate, [getattr(stream, "errors", None) for stream in streams]
+    hub_log.propagate = not hub_log.handlers  # its own handlers (a verbosity set): not each line twice
     for handler in handlers:
         root.removeHandler(handler)
+    for stream in streams:  # escape what a strict stream (a notebook's) cannot encode, a name that is
+        with contextlib.suppress(AttributeError, ValueError):  # not UTF-8, rather than stop there
+            stream.reconfigure(errors="backslashreplace")
     try:
         with warnings.catch_warnings():
             yield
     finally:
+        hub_log.propagate = propagates
+        for stream, was in zip(streams, errors, strict=True):
+            with contextlib.suppress(AttributeError, ValueError, TypeError):
+                stream.reconfigure(errors=was)
         for handler in root.handlers[:]:
             root.removeHandler(handler)
             handler.close()

@@ -485,3 +485,30 @@ def test_help_or_version_into_a_full_disk_is_no_success(flag):
     piped = subprocess.run(f"{sys.executable} {ROOT / 'imagenet_classification.py'} {flag} | head -c 1", shell=True,
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert piped.stderr == ""  # a reader that stops is no failure
+
+
+_STATE = """
+import logging, sys
+import imagenet_classification as ic
+
+if __name__ == "__main__":
+    sys.stdout.reconfigure(errors="strict")
+    sys.stderr.reconfigure(errors="replace")
+    hub = logging.getLogger("huggingface_hub")
+    ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    after_get_model = hub.propagate
+    status = ic.main(sys.argv[1:])
+    print(status, after_get_model, hub.propagate, sys.stdout.errors, sys.stderr.errors)
+"""
+
+
+def test_main_and_get_model_leave_the_callers_state_as_it_was(jpeg_set, tmp_path):
+    # main() left stdout and stderr escaping (backslashreplace), get_model() the hub's logger not
+    # propagating; a script that called main() printed nanobind's "leaked" lines at its exit.
+    script = tmp_path / "state.py"
+    script.write_text(_STATE)
+    args = ["--input-flist", str(jpeg_set), "--prefix", f"{jpeg_set.parent}/", *TINY, "--no-compile", "-b", "8"]
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "0 True True strict replace"
+    assert "leaked" not in proc.stderr, proc.stderr[-2000:]
