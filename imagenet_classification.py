@@ -3204,6 +3204,8 @@ def get_model(
     """
     _check_type("model_name", model_name, str, "a timm model's name")
     _check_type("checkpoint", checkpoint, str | os.PathLike | None, "a checkpoint file's path, or None")
+    if checkpoint is not None and not os.fspath(checkpoint):  # Path("") is ".": "not a regular file"
+        raise ValueError("checkpoint='': expected a checkpoint file's path, or None")
     _check_type("pretrained", pretrained, bool, "True or False")  # "no" is true
     _check_type("use_bf16", use_bf16, bool | None, "True, False or None")
     _check_type("dtype", dtype, torch.dtype | str, "a torch dtype, its name, or 'auto'")
@@ -3211,7 +3213,7 @@ def get_model(
     device = _resolve_device(str(device))
     compile = device.type == "cuda" if compile is None else compile  # the CPU's: minutes, and a C++ compiler
     mode = COMPILE_MODE if compile is True else compile
-    if compile and mode not in COMPILE_MODES:
+    if compile is not False and mode not in COMPILE_MODES:  # "" too: no mode, not "not compiled"
         raise ValueError(f"compile={compile!r}: True, False or one of {', '.join(COMPILE_MODES)}")
     if batch_size is not None and not _whole(batch_size, 1, _COUNT_MAX):
         raise ValueError(f"batch_size={batch_size!r}: expected at least 1, or None (no padding); at most {_COUNT_MAX}")

@@ -512,3 +512,11 @@ def test_main_and_get_model_leave_the_callers_state_as_it_was(jpeg_set, tmp_path
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "0 True True strict replace"
     assert "leaked" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_get_model_refuses_an_empty_compile_mode_or_checkpoint_path():
+    # compile="" meant no compile without a word; checkpoint="" was ".: cannot load checkpoint".
+    with pytest.raises(ValueError, match=r"^compile='': True, False or one of"):
+        ic.get_model("test_efficientnet", "cpu", pretrained=False, compile="")
+    with pytest.raises(ValueError, match=r"^checkpoint='': expected a checkpoint file's path, or None"):
+        ic.get_model("test_efficientnet", "cpu", checkpoint="")
