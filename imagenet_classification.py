@@ -3475,9 +3475,8 @@ def benchmark(
 ) -> RunResult:
     """Run the model over every batch and measure throughput and accuracy.
 
-    The first ``warmup_batches`` batches that hold images (one whose images all failed runs no model)
-    count towards accuracy but not towards FPS; a run with no more batches than that times all of them
-    (``warmup_included``, and a WarmupIncluded warning).
+    The first ``warmup_batches`` batches that hold images count towards accuracy but not FPS; a run with
+    no more batches than that times all of them (``warmup_included``, and a WarmupIncluded warning).
 
     Args:
         loader: Yields ``(images, labels)`` batches, e.g. a pipeline's iterator; ``model``: from :py:func:`get_model`.
@@ -3486,15 +3485,14 @@ def benchmark(
         policy: The bad-image policy, applied as each batch comes (a ``max_bad_percent`` needs ``listed``).
         sync_clocks: Called just before each clock start, e.g. a barrier across a torchrun job's ranks;
             then every batch counts towards the warm-up, so that each rank's call comes at the same batch.
-        progress: Called after each batch with the images classified and the top-1 count so far (a device
-            tensor of its own: the run's tally goes on).
+        progress: Called after each batch with the images classified and the top-1 count (a device tensor, a copy).
         predictions: Keep each image's top-5 classes and probabilities (``result.predictions``).
         loader_lead: Batches the loader can hold ahead of the model, for ``result.fps_max_overstatement``.
 
     Raises:
         RunStopped: the run ended early (``kind`` says why; RunInterrupted: a signal), the partial result: ``.result``.
-        ValueError: a policy's ``max_bad_percent`` without ``listed``, a count no whole number from 0, a
-            model in training mode or whose weights are not of its ``dtype``, labels that are no whole numbers.
+        ValueError: a policy's ``max_bad_percent`` without ``listed``, a count no whole number from 0, a model
+            in training mode or whose weights are not of its ``dtype``, batches or labels of another shape or type.
         TypeError: an argument of the wrong kind (a model no ModelBundle), a batch no ``(images, labels)``.
     """
     listed, loader_lead = _check_run_arguments(model, policy, listed, loader_lead, predictions, [sync_clocks, progress])
@@ -3512,9 +3510,7 @@ def benchmark(
                 if progress is not None:
                     progress(loop.result.classified, loop.top1.clone())  # a copy: no sync, and not the tally
             _check_delivered(loop.result.classified + len(failures), listed)
-        finally:
-            # A stop's traceback holds this frame, and a kept stop (IPython's sys.last_value, a user's
-            # list of them) would hold the last batch and the loader (a pipeline, its buffered batches).
+        finally:  # a kept stop's traceback (sys.last_value) holds this frame: not the batch and the loader
             batch = batches = loader = None
             with _uninterrupted() as held:  # a signal now (the predictions' rows take seconds) waits for it
                 loop.close(failures)
@@ -5535,6 +5531,7 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         for folder, what in protected:
             if any(os.path.commonpath([folder, p]) == folder for p in named):
                 raise InputError(f"{flag} {path}: that is inside {folder}, {what}")
+        _check_not_scanned(flag, path, target, args.data_dir)
         listed, target_id = False, _file_id(target)  # None: not there yet, so no input nor listed image
         if target_id is not None and target_id not in input_ids:
             if links is None:  # a link's target may have any name: an lstat per listed image, once
@@ -5560,6 +5557,14 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
     if csv_row and (lost := [f"--{flag}" for flag in ("breakdown", "parity") if getattr(args, flag)]):
         note = "--results-file %s: a CSV row holds no %s figures (a .json name writes them)."
         _LG.warning(note, args.results_file, " and ".join(lost))
+
+
+def _check_not_scanned(flag: str, path: Path, target: str, data_dir: str | None) -> None:
+    """No image file written inside --data-dir: its next scan would count it (a PNG plot classified as
+    a tabby cat, the next run's denominator one more)."""
+    scanned = os.path.realpath(data_dir) if data_dir is not None else None
+    if scanned and path.name.lower().endswith(IMAGE_EXTENSIONS) and os.path.commonpath([scanned, target]) == scanned:
+        raise InputError(f"{flag} {path}: that is inside --data-dir {data_dir}, whose next scan would count it")
 
 
 def _file_id(path: str | os.PathLike) -> tuple[int, int] | None:
