@@ -5531,7 +5531,6 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         for folder, what in protected:
             if any(os.path.commonpath([folder, p]) == folder for p in named):
                 raise InputError(f"{flag} {path}: that is inside {folder}, {what}")
-        _check_not_scanned(flag, path, target, args.data_dir)
         listed, target_id = False, _file_id(target)  # None: not there yet, so no input nor listed image
         if target_id is not None and target_id not in input_ids:
             if links is None:  # a link's target may have any name: an lstat per listed image, once
@@ -5546,6 +5545,7 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
         if target in seen or target_id in input_ids or listed:
             why = "that file is one of the run's inputs or outputs; writing would replace it"
             raise InputError(f"{flag} {path}: {why}")
+        _check_not_scanned(flag, path, target, args.data_dir)
         seen.add(target)
         if target_id is not None:  # nor may another output of this run be it
             input_ids.add(target_id)
