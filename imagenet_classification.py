@@ -914,7 +914,9 @@ def _folder_rows(root: str, labels: _Labels | None) -> Iterator[tuple[str, int]]
     with os.scandir(root) as it:
         top = sorted((e for e in it if e.name[0] != "."), key=lambda e: e.name)
     if loose := next((e.name for e in top if e.name.lower().endswith(IMAGE_EXTENSIONS) and not _is_folder(e)), None):
-        raise InputError(f"{root}: holds image files beside class folders (e.g. {loose}); a flat folder needs labels")
+        none = "" if any(e.name in _class_index() and _is_folder(e) for e in top) else "of which it has none; "
+        loose = f"beside class folders ({none}e.g. {loose})"
+        raise InputError(f"{root}: holds image files {loose}; a flat folder needs labels")
     folders = []
     for entry in top:
         if not entry.is_dir():  # a class's name on no folder: its images would be left out without a word
@@ -3312,7 +3314,7 @@ class RunResult:
     def to_dict(self) -> dict:
         over = self.fps_max_overstatement
         return {
-            **{k: v for k, v in asdict(self).items() if k != "predictions"},
+            **{k: v for k, v in asdict(replace(self, predictions=None)).items() if k != "predictions"},  # not copied
             "page_cache": self.page_cache.to_dict() if self.page_cache is not None else None,  # with its shares
             "not_reached": self.not_reached,
             "fps": self.fps,
