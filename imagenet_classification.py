@@ -352,7 +352,7 @@ class _Parser(argparse.ArgumentParser):
             pass
         except OSError as e:
             _say(f"error: the text could not be written ({e.strerror or e})")
-            raise SystemExit(EXIT_FAILED) from None
+            raise SystemExit(EXIT_USAGE if file is sys.stderr else EXIT_FAILED) from None  # stderr: a usage error
 
 
 def _data_flags(parser: argparse.ArgumentParser) -> None:

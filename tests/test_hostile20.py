@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
 
 import imagenet_classification as ic
 from imagenet_classification import InputError
+from tests.conftest import ROOT
 
 
 def test_the_results_dict_leaves_the_predictions_alone():
@@ -29,3 +32,11 @@ def test_a_flat_folder_is_not_said_to_hold_class_folders(tmp_path):
     (tmp_path / "flat" / "n01440764").mkdir()  # beside a class folder: said as before
     with pytest.raises(InputError, match=r"beside class folders \(e\.g\. ILSVRC2012_val_00000001\.JPEG\)"):
         ic.scan_folder(tmp_path / "flat")
+
+
+def test_a_usage_error_into_a_full_disk_still_exits_2():
+    # The usage could not be written to stderr: exit 1, a run's failure, where a script tells a usage error by 2.
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, str(ROOT / "imagenet_classification.py"), "--bogus"], stdout=full,
+                              stderr=full, timeout=120)  # fmt: skip
+    assert proc.returncode == 2
