@@ -5969,7 +5969,8 @@ def _run_loop(config: _RunConfig, model: ModelBundle, report: _RunReport) -> boo
     progress = _Progress(len(images)) if shard.rank == 0 else None
     warmup = _warmup_for_all_ranks(shard, len(config.images), config.batch_size, config.warmup_batches)
     options = {"listed": len(images), "warmup_batches": warmup, "policy": policy, "progress": progress}
-    options |= {"predictions": config.predictions_file is not None, "loader_lead": config.loader_lead}
+    # No warm-up: the window opens as the loader starts, nothing yet made or under way (as the breakdown's).
+    options |= {"predictions": config.predictions_file is not None, "loader_lead": config.loader_lead if warmup else 0}
     options["sync_clocks"] = _barrier if shard.world_size > 1 else None  # the FPS window opens on every rank at once
     loader = None
     try:
