@@ -2450,7 +2450,8 @@ class _PipelineStats:
             for i in range(min(int(t0 // interval), bins - 1), min(int(t1 // interval), bins - 1) + 1):
                 bin_end = math.inf if i == bins - 1 else (i + 1) * interval
                 totals[i] += max(0.0, min(t1, bin_end) - max(t0, i * interval))
-        return [round(s / interval, 4) for s in totals]
+        lengths = [min(interval, end - start - i * interval) for i in range(bins)]  # the last: up to the end
+        return [round(s / length, 4) if length > 0 else 0.0 for s, length in zip(totals, lengths, strict=True)]
 
     def window_lead(self, concurrency: int) -> tuple[int, float | None] | None:
         """At the FPS window's opening: the batches decoded and not taken, plus those perhaps under way

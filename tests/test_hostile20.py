@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+import types
 
 import pytest
 
@@ -54,3 +55,14 @@ def test_a_window_without_warm_up_opened_with_no_lead(jpeg_set, tmp_path, capfd,
     result = json.loads(out.read_text())
     assert (result["loader_lead"], result["fps_max_overstatement"]) == (0, 0.0)
     assert "may have had" not in proc.stdout
+
+
+def test_the_timelines_last_second_is_a_share_of_its_own_length():
+    # A batch waited all the time, but the run's last 0.5 s was divided by a whole second: 50 %, and the
+    # plot's "a batch waiting" line dropped at the end where nothing changed.
+    stats = ic._PipelineStats()
+    stats.queues.append(types.SimpleNamespace(changes=[(10.0, True)]))
+    assert stats.waiting_per_interval(10.0, 11.5, 1.0, 2) == [1.0, 1.0]
+    assert stats.waiting_per_interval(10.0, 11.5, 1.0, 3) == [1.0, 1.0, 0.0]  # a bin past the end: none
+    stats.queues[-1].changes = [(10.0, False), (11.25, True)]
+    assert stats.waiting_per_interval(10.0, 11.5, 1.0, 2) == [0.0, 0.5]
