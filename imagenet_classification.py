@@ -5079,9 +5079,10 @@ def _print_breakdown(breakdown: _Breakdown, file: TextIO | None = None) -> None:
         print(f"{line}{b.shared_fps:.1f} images/s", file=file)
 
 
-def _print_pipeline_stats(stats: dict, file: TextIO | None = None, timed: bool = True) -> None:
+def _print_pipeline_stats(stats: dict, file: TextIO | None = None, timed: bool = True, start_up: bool = False) -> None:
     """SPDL's stages, and the sink queue's verdict: none without an image ``timed`` in the FPS window
-    (its one get may be the stream's end, waited for: no pace of the loader's)."""
+    (its one get may be the stream's end, waited for: no pace of the loader's), nor over a window that
+    holds the ``start_up`` (the first batch waited for the pipeline to start, not for its pace)."""
     stages = []
     for stage in stats["stages"]:
         failed = f" ({stage['failures']} failed)" if stage["failures"] else ""
@@ -5099,6 +5100,8 @@ def _print_pipeline_stats(stats: dict, file: TextIO | None = None, timed: bool =
         verdict = "the loader ran ahead of the model"
     elif sink["occupancy"] <= 0.2:
         verdict = "the model waited for batches: loading is the bottleneck"
+    if start_up:
+        verdict = "no verdict, the window holds the start-up (not more batches than the warm-up)"
     line = f"SPDL sink queue: a batch was waiting {_percent(sink['occupancy'], 0)} of the time, the model waited "
     print(f"{line}{sink['ave_get_wait_s'] * 1e3:.2f} ms per batch: {verdict}", file=file)
 
@@ -5106,7 +5109,8 @@ def _print_pipeline_stats(stats: dict, file: TextIO | None = None, timed: bool =
 def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
     _print_summary(report.result, file, report.config.get("loader") == "torch")
     if report.pipeline_stats is not None:
-        _print_pipeline_stats(report.pipeline_stats, file, report.result.frames_timed > 0)
+        result = report.result
+        _print_pipeline_stats(report.pipeline_stats, file, result.frames_timed > 0, result.warmup_included)
     if report.parity is not None:
         print(report.parity.summary(), file=file)
     if report.breakdown is not None:

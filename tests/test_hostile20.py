@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -66,3 +67,18 @@ def test_the_timelines_last_second_is_a_share_of_its_own_length():
     assert stats.waiting_per_interval(10.0, 11.5, 1.0, 3) == [1.0, 1.0, 0.0]  # a bin past the end: none
     stats.queues[-1].changes = [(10.0, False), (11.25, True)]
     assert stats.waiting_per_interval(10.0, 11.5, 1.0, 2) == [0.0, 0.5]
+
+
+def test_no_sink_queue_verdict_over_a_window_that_holds_the_start_up():
+    # 3 images, the warm-up included: the one batch waited for the pipeline to start, and the summary
+    # said "loading is the bottleneck" beside --breakdown's "Bound ..., set by the model".
+    stats = {"stages": [], "sink_queue": {"items": 1, "occupancy": 0.0, "ave_get_wait_s": 0.015}}
+    result = ic.RunResult(listed=3, classified=3, frames_timed=3, elapsed_s=0.1, batches=1, warmup_included=True)
+    out = io.StringIO()
+    ic._print_report(ic._RunReport(result, {}, {}, [], pipeline_stats=stats), out)
+    assert "SPDL sink queue: a batch was waiting 0% of the time" in out.getvalue()
+    assert "bottleneck" not in out.getvalue() and "no verdict, the window holds the start-up" in out.getvalue()
+    result.warmup_included = False
+    out = io.StringIO()
+    ic._print_report(ic._RunReport(result, {}, {}, [], pipeline_stats=stats), out)
+    assert "loading is the bottleneck" in out.getvalue()
