@@ -1496,8 +1496,11 @@ def _read_image_bytes(path: str, max_bytes: int = MAX_IMAGE_MB << 20) -> bytes:
                 kind = _NOT_A_FILE.get(stat.S_IFMT(info.st_mode), "a device")
                 raise ImageDecodeError(path, f"is {kind}, not an image file")
             if info.st_size > max_bytes:
-                mib = info.st_size / 2**20
-                raise ImageDecodeError(path, f"file of {mib:.1f} MiB, over the {max_bytes / 2**20:g} MiB limit")
+                mib, limit = info.st_size / 2**20, f"{max_bytes / 2**20:g} MiB"
+                if round(mib, 1) > max_bytes / 2**20:
+                    raise ImageDecodeError(path, f"file of {mib:.1f} MiB, over the {limit} limit")
+                limit += f" limit ({max_bytes} bytes)"  # not "1.0 MiB, over the 1 MiB limit": the bytes of both
+                raise ImageDecodeError(path, f"file of {info.st_size} bytes, over the {limit}")
             # A byte more than its size, to see if it grew (or is bigger than it says, as in /proc):
             # asking for max_bytes would allocate that much per image.
             data = os.read(fd, info.st_size + 1)

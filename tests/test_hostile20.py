@@ -82,3 +82,14 @@ def test_no_sink_queue_verdict_over_a_window_that_holds_the_start_up():
     out = io.StringIO()
     ic._print_report(ic._RunReport(result, {}, {}, [], pipeline_stats=stats), out)
     assert "loading is the bottleneck" in out.getvalue()
+
+
+def test_a_file_just_over_the_size_limit_says_by_how_much(tmp_path):
+    # "file of 1.0 MiB, over the 1 MiB limit": rounded onto the limit it is over.
+    path = tmp_path / "a.JPEG"
+    path.write_bytes(b"\xff" * (2**20 + 1))
+    with pytest.raises(ic.ImageDecodeError, match=r"file of 1048577 bytes, over the 1 MiB limit \(1048576 bytes\)"):
+        ic._read_image_bytes(str(path), 2**20)
+    path.write_bytes(b"\xff" * (3 * 2**20))
+    with pytest.raises(ic.ImageDecodeError, match=r"file of 3\.0 MiB, over the 1 MiB limit$"):
+        ic._read_image_bytes(str(path), 2**20)
