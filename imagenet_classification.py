@@ -6263,16 +6263,31 @@ def _print_out(printer: Callable[..., None], *args: Any, label: str = "") -> boo
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a hang-up: the terminal or ssh went, the files stay
 
 
+# A signal this soon after the first is that one sent twice: GNU timeout sends it to the process, then to
+# its process group; torchrun forwards to its workers a Ctrl-C the terminal sent them too.
+REPEAT_S = 1.0
+
+
 def _interrupt(signum: int, _frame: object) -> None:
     """A signal of ``_SIGNALS``: RunInterrupted where the run is, its partial result reported; a second ends it."""
     for s in _SIGNALS:
-        signal.signal(s, signal.SIG_DFL)
+        signal.signal(s, functools.partial(_interrupt_again, time.monotonic()))
     for workers in _RUNNING:  # a signal to the whole group (torchrun's, systemd's) ends them too: torch's
         _forget_workers(workers)  # SIGCHLD handler would raise their death anywhere, in the report too
     if held := getattr(_HELD, "lists", None):
         held[-1].append(signum)
         return
     raise RunInterrupted(signum)
+
+
+def _interrupt_again(first: float, signum: int, _frame: object) -> None:
+    """A second signal ends the process at once, as its default does; one within ``REPEAT_S`` of the
+    first is the first, delivered twice: it would have cut the report short and lost every file."""
+    if time.monotonic() - first < REPEAT_S:
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # the signal blocked in this thread (while worker processes spawn)
 
 
 def _held_status(held: list[int], shard: _Shard = _Shard()) -> int:

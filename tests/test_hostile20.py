@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import subprocess
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -93,3 +95,30 @@ def test_a_file_just_over_the_size_limit_says_by_how_much(tmp_path):
     path.write_bytes(b"\xff" * (3 * 2**20))
     with pytest.raises(ic.ImageDecodeError, match=r"file of 3\.0 MiB, over the 1 MiB limit$"):
         ic._read_image_bytes(str(path), 2**20)
+
+
+@pytest.mark.parametrize("sweep", [[], ["--sweep", "num-threads=1,2", "batch-size=2,4,8"]])
+def test_a_signal_sent_twice_at_once_is_one(jpeg_set, tmp_path, sweep):
+    # GNU timeout sends its signal to the process, then to its group: the repeat, taken for a second
+    # signal, killed the process as it wrote its report. Every setting measured, or the partial
+    # result, was lost with the results file, the summary cut off mid-line.
+    flist = tmp_path / "many.flist"
+    flist.write_text(jpeg_set.read_text() * 200)
+    results = tmp_path / "r.json"
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), "--prefix",
+           f"{jpeg_set.parent}/", *TINY, "--no-compile", "-b", "2", "--results-file", str(results), *sweep]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:  # the loop under way
+            if "Page cache:" in line or "Sweep:" in line:
+                break
+        time.sleep(3)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)  # the first one handled: the repeat meets its handler
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    assert "interrupted by SIGTERM" in err and "Traceback" not in err
+    assert results.exists() and out.endswith("\n"), out[-500:]
