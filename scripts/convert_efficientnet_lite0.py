@@ -16,7 +16,7 @@ from pathlib import Path
 
 import timm
 import torch
-from cli_checks import out_file, run
+from cli_checks import out_file, replacing, run
 
 
 def source_weights_path() -> Path:
@@ -54,7 +54,8 @@ def convert(out: Path, half: bool = False) -> Path:
     if half:
         mapped = {k: v.half() if v.is_floating_point() else v for k, v in mapped.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(mapped, out)
+    with replacing(out) as partial:  # a full disk leaves no truncated checkpoint for parity.py to load
+        torch.save(mapped, partial)
     return out
 
 

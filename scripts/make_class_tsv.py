@@ -39,6 +39,9 @@ def main() -> None:
     except BrokenPipeError:  # the reader stopped early (`| head`): no traceback, and none at exit either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    except OSError as e:  # a full disk: cli_checks.run says so in one line, naming what it wrote
+        e.filename = e.filename or "standard output"
+        raise
 
 
 if __name__ == "__main__":

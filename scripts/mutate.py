@@ -40,7 +40,6 @@ import io
 import json
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -55,7 +54,7 @@ MODULE = "imagenet_classification.py"
 SEMANTIC = "semantic"  # the group of hand-written mutants (scripts/semantic_mutants.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_checks import out_file, whole  # noqa: E402
+from cli_checks import out_file, run, whole, write_text  # noqa: E402
 from semantic_mutants import MUTANTS as SEMANTIC_MUTANTS  # noqa: E402
 
 
@@ -1091,11 +1090,10 @@ def main(argv: list[str] | None = None) -> int:
               "known_edit_results": [asdict(e) | {"source": None} for e in edits],
               "results": [asdict(m) | {"source": None} for m in mutants],
               "semantic_results": [asdict(m) | {"source": None} for m in semantic]}  # fmt: skip
-    args.report.write_text(json.dumps(report, indent=1) + "\n")
+    write_text(args.report, json.dumps(report, indent=1) + "\n")
     print(f"Report: {args.report}")
     return 1 if any(m.status == "error" for m in semantic) else 0
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # killed: clean up as on Ctrl-C
-    sys.exit(main())
+    run(main)  # killed (SIGTERM) or Ctrl-C: the workers cleaned up, then one line

@@ -254,6 +254,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
+    from cli_checks import run
 
-    sys.exit(main())
+    run(main)
