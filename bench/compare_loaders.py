@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import max_threads, of_the_set, out_file, out_folder, run  # noqa: E402
+from cli_checks import max_threads, of_the_set, out_file, out_folder, run, sub_folder, write_text  # noqa: E402
 from make_demo_data import PHOTOS, photo_path  # noqa: E402
 from parity_set import _crop_to_shape  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -156,11 +156,20 @@ def _save_default(image: Image.Image, path: Path, rng: random.Random) -> None:
 
 
 WARMUP_BATCHES = 5  # left out of each loader's timing (measure_loader's warm-up)
+MODEL_WARMUP_BATCHES = 1  # left out of the model's and end-to-end timing
 
 
 def min_images(batch_size: int = 32, warmup: int = WARMUP_BATCHES) -> int:
     """The fewest images that give a loader its warm-up batches and one batch to time."""
     return (warmup + 1) * batch_size
+
+
+def window_overstates(images: int, batch_size: int = 32, threads: int = 1, warmup: int = WARMUP_BATCHES) -> float:
+    """How far the loader's rate at ``threads`` threads over ``images`` may be too high (inf: it may be
+    that of batches decoded before its window): the window opens with up to ``threads`` batches under
+    way (the module's bound for the breakdown's loader alone), which a short window counts as its own."""
+    timed = images // batch_size - warmup
+    return math.inf if timed <= threads else threads / (timed - threads)
 
 
 def check_image_count(
@@ -174,7 +183,7 @@ def check_image_count(
         parser.error(f"argument --images: {images}: at least {need} images ({warmup} warm-up batches "
                      f"of {batch_size} and 1 to time)")  # fmt: skip
     timed = images // batch_size - warmup
-    if (over := math.inf if timed <= threads else threads / (timed - threads)) > ic.FPS_WINDOW_SLACK:
+    if (over := window_overstates(images, batch_size, threads, warmup)) > ic.FPS_WINDOW_SLACK:
         enough = (warmup + threads + math.ceil(threads / ic.FPS_WINDOW_SLACK)) * batch_size
         bound = "be that of batches already decoded" if over == math.inf else f"be up to {over:.0%} high"
         print(f"{parser.prog}: warning: --images {images}: at {threads} threads the loader's timed window of "
@@ -186,8 +195,14 @@ def decodable(flist: Path, batch_size: int = 32) -> tuple[Path, list[ic.ImageDec
     """The set's images that the module's decode function decodes, each decoded once (as the
     loader does, bad images skipped) before anything is timed: ``(flist, [])`` if all do; else a
     list of those that do, beside it (``<name>.decodable.flist``), and the error of each one left
-    out, their count printed. The loaders and yardsticks then time the same good images."""
-    lines = flist.read_text().splitlines()
+    out, their count printed. The loaders and yardsticks then time the same good images. A list
+    that is not UTF-8 text, which the module's read_file_list refuses (a reused one, edited), ends
+    the program with one line."""
+    try:
+        lines = flist.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        sys.exit(f"{Path(sys.argv[0]).name}: error: {flist}: not UTF-8 text (byte {e.start}); delete it, and this "
+                 "program makes the set anew")  # fmt: skip
     decode = ic.get_decode_func("cpu", ic.EvalTransform(), policy=ic.BadImagePolicy(skip=True))
     bad: list[ic.ImageDecodeError] = []
     for start in range(0, len(lines), batch_size):
@@ -421,7 +436,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=ic._count, default=32)
     parser.add_argument("--model", default="mobilenetv3_large_100")
     parser.add_argument("--model-images", type=ic._count, help="images for model-only and end-to-end (default 256, "
-                        "or --images if fewer; at most --images)")  # fmt: skip
+                        "or --images if fewer; at least 2 batches: one of warm-up, one to time)")  # fmt: skip
     parser.add_argument(
         "--scaling-sizes",
         type=int,
@@ -440,9 +455,21 @@ def main() -> None:
     if args.scaling_sizes[0] >= args.scaling_sizes[1]:
         parser.error("argument --scaling-sizes: {} {}: SMALL must be less than LARGE".format(*args.scaling_sizes))
     check_image_count(parser, args.images, args.batch_size, args.max_threads)
-    args.model_images = of_the_set(parser, "--model-images", args.model_images, 256, args.images)
+    model_min = min_images(args.batch_size, MODEL_WARMUP_BATCHES)
+    args.model_images = of_the_set(parser, "--model-images", args.model_images, max(256, model_min), args.images)
+    if args.model_images < model_min:  # else the model's window holds its warm-up batch (WarmupIncluded)
+        parser.error(f"argument --model-images: {args.model_images}: at least {model_min} images "
+                     f"({MODEL_WARMUP_BATCHES} warm-up batch of {args.batch_size} and 1 to time)")  # fmt: skip
+    if args.plot:  # now, not after the measuring: the plot is an optional extra
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("the plot needs matplotlib, which is not installed: pip install matplotlib, or pass --no-plot")
     out_folder(parser, "--out", args.out)
     out_file(parser, "--out", args.out / "results.json")
+    sub_folder(parser, "--out", args.out / "images")
+    if args.plot:
+        out_file(parser, "--out", args.out / "loaders.png")
     try:  # now, not after the loaders' minutes
         ic._pretrained_config(args.model)
     except ic.InputError as e:
@@ -466,7 +493,7 @@ def main() -> None:
     results["per_kind"] = per_kind_rates(paths, args.repeats)
     subset = flist.with_name("model_subset.flist")
     subset.write_text("\n".join(flist.read_text().splitlines()[: args.model_images]) + "\n")
-    results["model"] = model_rates(subset, args.model, args.batch_size, args.max_threads, 1)
+    results["model"] = model_rates(subset, args.model, args.batch_size, args.max_threads, MODEL_WARMUP_BATCHES)
     results["scaling"] = scaling_check(flist, args.max_threads, args.repeats, tuple(args.scaling_sizes))
     results["env"] = ic._environment(torch.device("cpu"))
 
@@ -498,9 +525,7 @@ def main() -> None:
         "scaling_fps_8k_over_1k": scale[large]["fps"] / scale[small]["fps"],
         "scaling_rss_8k_over_1k": scale[large]["peak_rss_kib"] / scale[small]["peak_rss_kib"],
     }
-    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    if args.plot:
-        plot(results, args.out / "loaders.png")
+    write_text(args.out / "results.json", json.dumps(results, indent=2) + "\n")
     for t in threads:
         s, p = (statistics.median(results["loaders"][k][str(t)]) for k in ("spdl", "torch"))
         print(f"{t} thread(s): FFmpeg decode only {med['decode_only'][t]:6.0f} "
@@ -508,12 +533,16 @@ def main() -> None:
               f"SPDL {s:6.0f}   DataLoader+PIL {p:6.0f} images/s   SPDL/DataLoader {s / p:.2f}")  # fmt: skip
     print(f"Model alone {results['model']['model_fps']:.0f}, end-to-end {results['model']['e2e_fps']:.0f} images/s "
           f"({args.model}, float32, CPU)")  # fmt: skip
+    print("Ratios, each the median over the repeats of the ratio within a repeat (the scaling's: of the medians):")
     for name, value in results["ratios"].items():
         print(f"{name:46s} {value:.2f}")
-    print("Per kind, one thread (images/s): FFmpeg decode only | the loader's decode + resize + crop | ratio")
+    print("Per kind, one thread (images/s): FFmpeg decode only | the loader's decode + resize + crop | ratio, the "
+          "median of the per-pass ratios (not the quotient of the two medians)")  # fmt: skip
     for kind, rates in results["per_kind"].items():
         print(f"  {kind:28s} {rates['images']:5d} images  {rates['decode_only_fps']:6.0f} | "
               f"{rates['loader_fps']:6.0f} | {rates['ratio']:.2f}")  # fmt: skip
+    if args.plot:  # after the table: a failure here loses no figure
+        plot(results, args.out / "loaders.png")
     print(f"wrote {args.out / 'results.json'}" + (f" and {args.out / 'loaders.png'}" if args.plot else ""))
 
 

@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import max_threads, of_the_set, out_folder, run  # noqa: E402
+from cli_checks import max_threads, of_the_set, out_file, out_folder, run, sub_folder, write_text  # noqa: E402
 from compare_loaders import check_image_count, decodable_set, make_image_set  # noqa: E402
 from make_demo_data import make_demo_data  # noqa: E402
 from spdl.pipeline import PipelineBuilder  # noqa: E402
@@ -189,6 +189,9 @@ def main() -> None:
     check_image_count(parser, args.images, threads=args.max_threads)  # part 2's loader: 5 warm-up batches of 32
     args.per_image = of_the_set(parser, "--per-image", args.per_image, 500, args.images)
     out_folder(parser, "--out", args.out)
+    out_file(parser, "--out", args.out / "decode_paths.json")  # now, not after the run's minutes
+    for folder in ("images", "photos"):
+        sub_folder(parser, "--out", args.out / folder)
     made = make_image_set(args.out / "images", args.images)
     flist, _ = decodable_set(parser, made, args.images)  # a reused set's images that no longer decode: left out
     datas = [(flist.parent / line).read_bytes() for line in flist.read_text().splitlines()[: args.per_image]]
@@ -229,7 +232,7 @@ def main() -> None:
         "loader": part2,
         "env": ic._environment(torch.device("cpu")),
     }
-    (args.out / "decode_paths.json").write_text(json.dumps(out, indent=2) + "\n")
+    write_text(args.out / "decode_paths.json", json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out / 'decode_paths.json'}")
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "scripts")]
 
-from cli_checks import out_folder, run, whole  # noqa: E402
+from cli_checks import out_folder, run, seconds, sub_folder, whole, write_text  # noqa: E402
 
 DECODER_FLAGS = {"ffmpeg": [], "nvjpeg": ["--use-nvjpeg"], "nvdec": ["--use-nvdec"]}
 AGREEMENT_RESERVE_S = 60  # kept for the unusual images and the photos through every decoder, uncompiled
@@ -46,7 +46,26 @@ AGREEMENT_RESERVE_S = 60  # kept for the unusual images and the photos through e
 
 def write_report(report: dict, out: Path) -> None:
     """(Re)write ``gpu_check.json`` with what has been measured so far."""
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_text(out / "gpu_check.json", json.dumps(report, indent=2) + "\n")  # whole: a kill leaves the last one
+
+
+def _first_report(path: Path) -> dict:
+    """The report gpu_check.sh began (what the machine has), or a new one; one that does not read
+    (cut short by a full disk) is kept aside as ``.broken``, said in one line."""
+    if not path.exists():
+        return {}
+    try:
+        report = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        report = e
+    if isinstance(report, dict):
+        return report
+    broken = path.with_name(f"{path.name}.broken")
+    path.replace(broken)
+    why = report if isinstance(report, Exception) else "not a JSON object"
+    print(f"{Path(sys.argv[0]).name}: warning: {path}: not a report ({why}): kept as {broken}; starting a new one",
+          file=sys.stderr)  # fmt: skip
+    return {}
 
 
 def run_leg(name: str, args: list[str], out: Path, timeout: float, log) -> dict:
@@ -403,8 +422,8 @@ def main() -> None:
     parser.add_argument("--layouts", default="4x4,2x8",
                         help="FFmpeg legs run again as PROCESSESxTHREADS (--decode-processes), against --threads "
                              "threads in one process; empty for none")  # fmt: skip
-    parser.add_argument("--leg-timeout", type=float, default=120, help="seconds per leg; the first gets twice")
-    parser.add_argument("--time-budget", type=float, default=450, help="seconds for the whole check")
+    parser.add_argument("--leg-timeout", type=seconds, default=120, help="seconds per leg; the first gets twice")
+    parser.add_argument("--time-budget", type=seconds, default=450, help="seconds for the whole check")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
         "--compile-mode", default="default", help="default: max-autotune took over 200 s to compile on an H200 (seen)"
@@ -417,19 +436,24 @@ def main() -> None:
                          "not a bundle from bench/gpu_prepare.sh")  # fmt: skip
     out_folder(parser, "--out", args.out)
     out_folder(parser, "--scratch", args.scratch)
+    for folder in ("images", "unusual"):
+        sub_folder(parser, "--scratch", args.scratch / folder)
     decoders = args.decoders.split(",")
     if unknown := [d for d in decoders if d not in DECODER_FLAGS]:
         parser.error(f"argument --decoders: {args.decoders}: {unknown[0]!r} is none of {', '.join(DECODER_FLAGS)}")
     layouts = [tuple(map(int, text.split("x"))) for text in args.layouts.split(",") if _layout(text)]
     if len(layouts) != len([text for text in args.layouts.split(",") if text]):  # 0x4 would be the --threads leg
         parser.error(f"argument --layouts: {args.layouts}: expected PROCESSESxTHREADS, each a whole number from 1")
+    # gpu_check.sh wrote what the machine has first, in case nothing after it runs.
+    report = _first_report(args.out / "gpu_check.json")
 
-    from compare_loaders import make_image_set
+    from compare_loaders import decodable, make_image_set
 
     sources = [(photos.parent / line, line.split("/")[1]) for line in photos.read_text().split() if "/" in line]
     if not sources:  # else make_image_set's default photos, not the bundle's
         parser.error(f"argument --bundle: {args.bundle}: {photos} lists no photo as val/WNID/NAME")
-    flist = make_image_set(args.scratch / "images", args.images, photos=sources)
+    # A reused set's images that no longer decode: left out, counted (left_out in the report).
+    flist, left_out = decodable(make_image_set(args.scratch / "images", args.images, photos=sources))
     # Each leg lists the set ``--repeat`` times (the page cache holds it, as for a warm ImageNet):
     # a FPS window of seconds, not a tenth of one, at GPU rates.
     listed = flist.with_name(f"{flist.stem}x{args.repeat}.flist")
@@ -439,10 +463,7 @@ def main() -> None:
 
     import imagenet_classification as ic
 
-    # gpu_check.sh wrote what the machine has first, in case nothing after it runs.
-    first = args.out / "gpu_check.json"
-    report: dict = json.loads(first.read_text()) if first.exists() else {}
-    report.update({"device": args.device, "images": args.images, "legs": {}})
+    report.update({"device": args.device, "images": args.images, "left_out": [str(e) for e in left_out], "legs": {}})
     for key in ("decode_rates", "nvjpeg_rates", "unusual_images", "nvdec_planes", "nccl_one_rank", "agreement"):
         report.pop(key, None)  # a run's before this one, into the same --out
     report["env"] = ic._environment(torch.device(args.device))

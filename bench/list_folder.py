@@ -60,6 +60,8 @@ def main() -> None:
                      f"before; give --files {made}, or a new --root")  # fmt: skip
     if made is None:  # a tree to make: a folder it can write in (else a PermissionError traceback)
         out_folder(parser, "--root", args.root)
+    if args.files < (classes := len(ic.get_mappings())):  # an empty class folder: torchvision's make_dataset fails
+        parser.error(f"argument --files: {args.files}: at least {classes}, a file in each class folder")
     make_tree(args.root, args.files)
     os.sync()
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
@@ -71,8 +73,8 @@ def main() -> None:
         started = time.perf_counter()
         theirs = make_dataset(str(args.root), find_classes(str(args.root))[1], IMG_EXTENSIONS)
         torchvision_s = time.perf_counter() - started
-    print(f"{len(ours)} files: scan_folder {scan_s:.2f} s, torchvision's make_dataset {torchvision_s:.2f} s "
-          f"({torchvision_s / scan_s:.2f}x); the same files: {list(ours.paths) == [p for p, _ in theirs]}")  # fmt: skip
+    print(f"{len(ours)} files: scan_folder {scan_s:.3g} s, torchvision's make_dataset {torchvision_s:.3g} s "
+          f"({torchvision_s / scan_s:.3g}x); the same files: {list(ours.paths) == [p for p, _ in theirs]}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import max_threads, of_the_set, out_folder, run  # noqa: E402
+from cli_checks import max_threads, of_the_set, out_file, out_folder, run, sub_folder, write_text  # noqa: E402
 from compare_loaders import (  # noqa: E402
     MIXES,
     check_image_count,
@@ -293,10 +293,14 @@ def main() -> None:
     parser.add_argument("--pipeline-variants", nargs="+", choices=list(VARIANTS), default=["before", "current"])
     parser.add_argument("--max-threads", type=max_threads, default=2)
     args = parser.parse_args()
+    if not args.variants and not args.pipeline_repeats:  # a mix_variants.json of nothing would replace the last one
+        parser.error("argument --variants: no names, and no --pipeline-repeats: nothing to measure")
     if args.pipeline_repeats:
         check_image_count(parser, args.images, threads=args.max_threads)  # 5 warm-up batches of 32, 1 to time
     args.agreement_images = of_the_set(parser, "--agreement-images", args.agreement_images, 400, args.images)
     out_folder(parser, "--out", args.out)
+    out_file(parser, "--out", args.out / "mix_variants.json")  # now, not after the run's minutes
+    sub_folder(parser, "--out", args.out / "images")
     flist = make_image_set(args.out / "images", args.images, mix=args.mix)
     # A reused set's images that no longer decode are left out, counted; the loader needs its batches.
     flist, _ = decodable_set(parser, flist, args.images) if args.pipeline_repeats else decodable(flist)
@@ -313,7 +317,7 @@ def main() -> None:
         for name, by_t in out["pipeline"].items():
             print(f"  {name:8s} " + "; ".join(f"{t} thread(s) {r['loader_fps']:.0f}, {r['strict']:.2f}, "
                                              f"{r['same_threads']:.2f}" for t, r in by_t.items()))  # fmt: skip
-    (args.out / "mix_variants.json").write_text(json.dumps(out, indent=2) + "\n")
+    write_text(args.out / "mix_variants.json", json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out / 'mix_variants.json'}")
 
 

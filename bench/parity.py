@@ -45,8 +45,8 @@ import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from cli_checks import out_folder, run  # noqa: E402
-from parity_set import make_parity_set  # noqa: E402
+from cli_checks import of_the_set, out_file, out_folder, run, sub_folder, write_text  # noqa: E402
+from parity_set import COLOUR_PHOTOS, GREY_PHOTOS, make_parity_set  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
 
@@ -54,6 +54,7 @@ __all__ = ["Variant", "BEFORE", "VARIANTS", "VariantResult", "check_reference", 
            "model_logits", "agreement", "paired_rates", "main"]  # fmt: skip
 
 MODEL = "efficientnet_lite0"
+PARITY_SET_IMAGES = 40 * len(COLOUR_PHOTOS) + 10 * len(GREY_PHOTOS)  # make_parity_set's default crops
 CHROMA_444 = "scale=flags=bilinear+accurate_rnd,format=yuvj444p,"  # 4:2:0 chroma upsampled first
 
 
@@ -283,7 +284,12 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--timed-images", type=ic._count, default=300, help="images per timed pass")
     parser.add_argument("--repeats", type=ic._count, default=5, help="timed rounds")
     args = parser.parse_args()
+    args.timed_images = of_the_set(parser, "--timed-images", args.timed_images, 300, PARITY_SET_IMAGES,
+                                   f"the parity set's {PARITY_SET_IMAGES} images")  # fmt: skip
     out_folder(parser, "--out", args.out)
+    for name in ("parity.json", "efficientnet_lite0.pth"):  # now, not after the run's minutes
+        out_file(parser, "--out", args.out / name)
+    sub_folder(parser, "--out", args.out / "parity_set")
     return args
 
 
@@ -297,19 +303,27 @@ def _print_table(results: list[VariantResult], size: int) -> None:
               f"{r.top1_in_top5:6.1%}  {r.prob_shift * 100:6.2f}  {ratio}")  # fmt: skip
 
 
-def main() -> None:
-    """Build the set, check the reference, decode with every variant, compare, time, report."""
-    args = _parse_args()
-    flist = make_parity_set(args.out / "parity_set")
-    names = flist.read_text().split()
-    paths = [str(flist.parent / name) for name in names]
-    datas = [Path(path).read_bytes() for path in paths]
-    checkpoint = args.out / "efficientnet_lite0.pth"
+def _model(checkpoint: Path) -> ic.ModelBundle:
+    """The model with the real weights, converted into ``checkpoint`` first if it is not there yet;
+    one line and exit status 1 where a checkpoint kept from before does not load."""
     if not checkpoint.exists():
         from convert_efficientnet_lite0 import convert
 
         convert(checkpoint)
-    bundle = ic.get_model(MODEL, "cpu", checkpoint=checkpoint, compile=False, dtype="float32")
+    try:
+        return ic.get_model(MODEL, "cpu", checkpoint=checkpoint, compile=False, dtype="float32")
+    except ic.InputError as e:
+        sys.exit(f"{Path(sys.argv[0]).name}: error: {e}; delete {checkpoint} and run again to convert it anew")
+
+
+def main() -> None:
+    """Build the set, check the reference, decode with every variant, compare, time, report."""
+    args = _parse_args()
+    bundle = _model(args.out / "efficientnet_lite0.pth")
+    flist = make_parity_set(args.out / "parity_set")
+    names = flist.read_text().split()
+    paths = [str(flist.parent / name) for name in names]
+    datas = [Path(path).read_bytes() for path in paths]
     transform = bundle.transform
     reference = check_reference(paths, bundle.model, transform)
     reference_logits = model_logits(bundle, reference)
@@ -329,7 +343,7 @@ def main() -> None:
         result.rate_ratio = 1.0 if result.name == BEFORE.name else rates.get(result.name)
     _print_table(results, len(names))
     out = {"images": len(names), "results": [asdict(r) for r in results], "env": ic._environment(torch.device("cpu"))}
-    (args.out / "parity.json").write_text(json.dumps(out, indent=2) + "\n")
+    write_text(args.out / "parity.json", json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out / 'parity.json'}")
 
 
