@@ -6364,7 +6364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _main(args, (*_program(), *(sys.argv[1:] if argv is None else argv)), start_time)
         finally:  # nothing of the run's kept (nanobind would list SPDL's objects as leaked at a script's exit)
             _ffmpeg_jpeg_configs.cache_clear()
-            gc.collect()
+            with warnings.catch_warnings():  # a pipeline stopped before it started: "coroutine ... never awaited"
+                warnings.simplefilter("ignore", RuntimeWarning)
+                gc.collect()
 
 
 @contextlib.contextmanager

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +17,8 @@ import pytest
 
 import imagenet_classification as ic
 from imagenet_classification import InputError
-from tests.conftest import ROOT, TINY, run_main
+from tests.conftest import ROOT, TINY, make_jpeg_set, run_main
+from tests.test_hostile18 import _spawned_workers
 
 
 def test_the_results_dict_leaves_the_predictions_alone():
@@ -122,3 +125,24 @@ def test_a_signal_sent_twice_at_once_is_one(jpeg_set, tmp_path, sweep):
     assert proc.returncode == 143, err[-2000:]
     assert "interrupted by SIGTERM" in err and "Traceback" not in err
     assert results.exists() and out.endswith("\n"), out[-500:]
+
+
+def test_a_ctrl_c_as_the_decode_processes_start_prints_no_python_warnings(tmp_path):
+    # Stopped as its worker processes started, the run's last collection found the pipeline's coroutines
+    # never started: 12 lines of "RuntimeWarning: coroutine '_sink' was never awaited" after the error.
+    flist = make_jpeg_set(tmp_path, 40)
+    cmd = [sys.executable, str(ROOT / "imagenet_classification.py"), "--input-flist", str(flist), "--prefix",
+           f"{tmp_path}/", *TINY, "--no-compile", "-b", "4", "--decode-processes", "2"]  # fmt: skip
+    cmd += ["--num-threads", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _spawned_workers(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "error: interrupted by SIGINT" in err, err
+    assert "Warning" not in err and "never awaited" not in err, err
