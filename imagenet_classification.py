@@ -6366,7 +6366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _ffmpeg_jpeg_configs.cache_clear()
             with warnings.catch_warnings():  # a pipeline stopped before it started: "coroutine ... never awaited"
                 warnings.simplefilter("ignore", RuntimeWarning)
-                gc.collect()
+                if not _ENDING_AFTER_MAIN:  # the command line's process ends at once: a collection would
+                    gc.collect()  # only wait, seconds, for the pool of workers still starting to shut down
 
 
 @contextlib.contextmanager
@@ -6441,11 +6442,16 @@ def _program() -> list[str]:
     return [name if found and os.path.realpath(found) == os.path.realpath(argv0) else argv0]
 
 
+_ENDING_AFTER_MAIN = False  # entrypoint's: the process ends with os._exit once main returns
+
+
 def entrypoint(argv: Sequence[str] | None = None) -> None:
     """:py:func:`main`, then the process ends at once with its status (the interpreter's shutdown would
     wait forever for a decode thread stuck in a hung read, or abort as Gloo's threads free tensors)."""
+    global _ENDING_AFTER_MAIN
     _not_as_a_worker_starts("entrypoint")
     _fill_closed_streams()
+    _ENDING_AFTER_MAIN = True
     try:
         status = main(argv)
     except SystemExit as e:  # argparse: a malformed command line (2), or --help (0)
