@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import max_threads, of_the_set, out_file, out_folder, run, sub_folder, write_text  # noqa: E402
+from cli_checks import max_threads, of_the_set, out_file, out_folder, run, sub_folder  # noqa: E402
 from make_demo_data import PHOTOS, photo_path  # noqa: E402
 from parity_set import _crop_to_shape  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -525,7 +525,7 @@ def main() -> None:
         "scaling_fps_8k_over_1k": scale[large]["fps"] / scale[small]["fps"],
         "scaling_rss_8k_over_1k": scale[large]["peak_rss_kib"] / scale[small]["peak_rss_kib"],
     }
-    write_text(args.out / "results.json", json.dumps(results, indent=2) + "\n")
+    ic._write_atomically(args.out / "results.json", json.dumps(results, indent=2) + "\n")
     for t in threads:
         s, p = (statistics.median(results["loaders"][k][str(t)]) for k in ("spdl", "torch"))
         print(f"{t} thread(s): FFmpeg decode only {med['decode_only'][t]:6.0f} "

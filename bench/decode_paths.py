@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import max_threads, of_the_set, out_file, out_folder, run, sub_folder, write_text  # noqa: E402
+from cli_checks import max_threads, of_the_set, out_file, out_folder, run, sub_folder  # noqa: E402
 from compare_loaders import check_image_count, decodable_set, make_image_set  # noqa: E402
 from make_demo_data import make_demo_data  # noqa: E402
 from spdl.pipeline import PipelineBuilder  # noqa: E402
@@ -232,7 +232,7 @@ def main() -> None:
         "loader": part2,
         "env": ic._environment(torch.device("cpu")),
     }
-    write_text(args.out / "decode_paths.json", json.dumps(out, indent=2) + "\n")
+    ic._write_atomically(args.out / "decode_paths.json", json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out / 'decode_paths.json'}")
 
 

@@ -57,7 +57,7 @@ if os.environ.get("GIL_BENCH_MODULE"):  # a child sampling another version of th
     _spec.loader.exec_module(sys.modules["imagenet_classification"])
 
 import torch  # noqa: E402
-from cli_checks import out_file, out_folder, sub_folder, write_text  # noqa: E402
+from cli_checks import out_file, out_folder, sub_folder  # noqa: E402
 from cli_checks import run as run_script  # noqa: E402 (run: the py-spy runs below)
 from compare_loaders import (  # noqa: E402
     check_image_count,
@@ -483,7 +483,7 @@ def measure(args: argparse.Namespace, sets: dict[str, Path], tiny: Path | None, 
         if args.uprobes:
             results["sampled"][name]["uprobes"] = _uprobe_check(flist, args.seconds)
     if not args.targets:
-        write_text(args.out / "gil.json", json.dumps(results, indent=2) + "\n")
+        ic._write_atomically(args.out / "gil.json", json.dumps(results, indent=2) + "\n")
         return None
     results["targets"] = t = targets(sets["imagenet"], tiny, args.repeats)
     m = t["medians"]
@@ -506,7 +506,7 @@ def measure(args: argparse.Namespace, sets: dict[str, Path], tiny: Path | None, 
           f"2 x 1 {m['processes_2x1']:.0f} ({two:.2f})")  # fmt: skip
     print(f"tiny images (the per-process ceiling): the loader at 2 threads {m['tiny_2']:.0f}, at 16 threads "
           f"{m['tiny_16']:.0f} images/s ({t['tiny_16_over_tiny_2']:.2f})")  # fmt: skip
-    write_text(args.out / "gil.json", json.dumps(results, indent=2) + "\n")
+    ic._write_atomically(args.out / "gil.json", json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out / 'gil.json'}")
 
 

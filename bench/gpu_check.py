@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "scripts")]
 
-from cli_checks import out_folder, run, seconds, sub_folder, whole, write_text  # noqa: E402
+from cli_checks import out_folder, run, seconds, sub_folder, whole  # noqa: E402
 
 DECODER_FLAGS = {"ffmpeg": [], "nvjpeg": ["--use-nvjpeg"], "nvdec": ["--use-nvdec"]}
 AGREEMENT_RESERVE_S = 60  # kept for the unusual images and the photos through every decoder, uncompiled
@@ -46,7 +46,9 @@ AGREEMENT_RESERVE_S = 60  # kept for the unusual images and the photos through e
 
 def write_report(report: dict, out: Path) -> None:
     """(Re)write ``gpu_check.json`` with what has been measured so far."""
-    write_text(out / "gpu_check.json", json.dumps(report, indent=2) + "\n")  # whole: a kill leaves the last one
+    import imagenet_classification as ic
+
+    ic._write_atomically(out / "gpu_check.json", json.dumps(report, indent=2) + "\n")  # a kill leaves the last one
 
 
 def _first_report(path: Path) -> dict:

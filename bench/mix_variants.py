@@ -48,7 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
-from cli_checks import max_threads, of_the_set, out_file, out_folder, run, sub_folder, write_text  # noqa: E402
+from cli_checks import max_threads, of_the_set, out_file, out_folder, run, sub_folder  # noqa: E402
 from compare_loaders import (  # noqa: E402
     MIXES,
     check_image_count,
@@ -317,7 +317,7 @@ def main() -> None:
         for name, by_t in out["pipeline"].items():
             print(f"  {name:8s} " + "; ".join(f"{t} thread(s) {r['loader_fps']:.0f}, {r['strict']:.2f}, "
                                              f"{r['same_threads']:.2f}" for t, r in by_t.items()))  # fmt: skip
-    write_text(args.out / "mix_variants.json", json.dumps(out, indent=2) + "\n")
+    ic._write_atomically(args.out / "mix_variants.json", json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out / 'mix_variants.json'}")
 
 

@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import spdl.io  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from cli_checks import of_the_set, out_file, out_folder, run, sub_folder, write_text  # noqa: E402
+from cli_checks import of_the_set, out_file, out_folder, run, sub_folder  # noqa: E402
 from parity_set import COLOUR_PHOTOS, GREY_PHOTOS, make_parity_set  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -343,7 +343,7 @@ def main() -> None:
         result.rate_ratio = 1.0 if result.name == BEFORE.name else rates.get(result.name)
     _print_table(results, len(names))
     out = {"images": len(names), "results": [asdict(r) for r in results], "env": ic._environment(torch.device("cpu"))}
-    write_text(args.out / "parity.json", json.dumps(out, indent=2) + "\n")
+    ic._write_atomically(args.out / "parity.json", json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out / 'parity.json'}")
 
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 import torch  # noqa: E402
-from cli_checks import max_threads, out_file, out_folder, run, sub_folder, write_text  # noqa: E402
+from cli_checks import max_threads, out_file, out_folder, run, sub_folder  # noqa: E402
 from compare_loaders import check_image_count, decodable_set, make_image_set  # noqa: E402
 
 import imagenet_classification as ic  # noqa: E402
@@ -132,7 +132,7 @@ def main() -> None:
     for t in threads:
         pairs = zip(runs["loader_cold"][str(t)], runs["read_cold"][str(t)], strict=True)  # in the same repeat
         results["ratios"][f"loader_over_read_cold_{t}threads"] = statistics.median(lo / r[0] for lo, r in pairs)
-    write_text(args.out / "read_ceiling.json", json.dumps(results, indent=2) + "\n")
+    ic._write_atomically(args.out / "read_ceiling.json", json.dumps(results, indent=2) + "\n")
     print(f"{len(images)} images, {size / 1e6:.1f} MB; in memory as each pass began (min-max): "
           + ", ".join(f"{k} {min(v):.0%}-{max(v):.0%}" for k, v in resident.items()))  # fmt: skip
     for t in threads:

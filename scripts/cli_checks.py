@@ -66,12 +66,6 @@ def replacing(path: Path) -> Iterator[Path]:
         temporary.unlink(missing_ok=True)
 
 
-def write_text(path: Path, text: str) -> None:
-    """``path.write_text(text)``, whole or not at all (:py:func:`replacing`)."""
-    with replacing(path) as temporary:
-        temporary.write_text(text)
-
-
 def whole(low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse ``type``: a whole number, ``low`` or more (and ``high`` or less); otherwise
     argparse's one-line ``error: argument NAME: VALUE: expected ...`` (exit 2)."""

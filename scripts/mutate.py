@@ -54,7 +54,7 @@ MODULE = "imagenet_classification.py"
 SEMANTIC = "semantic"  # the group of hand-written mutants (scripts/semantic_mutants.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_checks import out_file, run, whole, write_text  # noqa: E402
+from cli_checks import out_file, replacing, run, whole  # noqa: E402
 from semantic_mutants import MUTANTS as SEMANTIC_MUTANTS  # noqa: E402
 
 
@@ -1090,7 +1090,8 @@ def main(argv: list[str] | None = None) -> int:
               "known_edit_results": [asdict(e) | {"source": None} for e in edits],
               "results": [asdict(m) | {"source": None} for m in mutants],
               "semantic_results": [asdict(m) | {"source": None} for m in semantic]}  # fmt: skip
-    write_text(args.report, json.dumps(report, indent=1) + "\n")
+    with replacing(args.report) as partial:  # whole or not at all
+        partial.write_text(json.dumps(report, indent=1) + "\n")
     print(f"Report: {args.report}")
     return 1 if any(m.status == "error" for m in semantic) else 0
 
