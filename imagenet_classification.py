@@ -5099,12 +5099,12 @@ def _print_pipeline_stats(stats: dict, file: TextIO | None = None, timed: bool =
         print("SPDL sink queue: no batch was taken in the FPS window", file=file)
         return
     verdict = "loader and model ran at about the same pace"
-    if sink["occupancy"] >= 0.8:
+    if start_up:
+        verdict = "no verdict, the window holds the start-up (not more batches than the warm-up)"
+    elif sink["occupancy"] >= 0.8:
         verdict = "the loader ran ahead of the model"
     elif sink["occupancy"] <= 0.2:
         verdict = "the model waited for batches: loading is the bottleneck"
-    if start_up:
-        verdict = "no verdict, the window holds the start-up (not more batches than the warm-up)"
     line = f"SPDL sink queue: a batch was waiting {_percent(sink['occupancy'], 0)} of the time, the model waited "
     print(f"{line}{sink['ave_get_wait_s'] * 1e3:.2f} ms per batch: {verdict}", file=file)
 
