@@ -342,6 +342,21 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
+    """The command line's flags, by group."""
+
+    def __init__(self) -> None:
+        program = _program()
+        super().__init__(
+            prog=" ".join(program) if program[:2] == ["python", "-m"] else None,  # not the module file's name
+            description=(__doc__ or "").split("\n\n")[0],  # python -OO drops it
+            epilog="README.md describes every flag, the output, the results file and the exit statuses.",
+            usage="%(prog)s (--input-flist LIST | --data-dir DIR | DATA_DIR) [OPTIONS]",  # one line above an error
+            formatter_class=_HelpFormatter,
+            allow_abbrev=False,  # a prefix such as --swee would slip past the sweep's command filter
+        )
+        for add_flags in (_data_flags, _loader_flags, _model_flags, _run_flags):
+            add_flags(self)
+
     def _print_message(self, message: str, file: TextIO | None = None) -> None:
         """argparse's own drops an OSError: ``--help`` or ``--version`` into a full disk read as a success."""
         try:
@@ -456,17 +471,7 @@ def _reads_stdin(path: Path | None) -> bool:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    program = _program()
-    parser = _Parser(
-        prog=" ".join(program) if program[:2] == ["python", "-m"] else None,  # not the module file's name
-        description=(__doc__ or "").split("\n\n")[0],  # python -OO drops it
-        epilog="README.md describes every flag, the output, the results file and the exit statuses.",
-        usage="%(prog)s (--input-flist LIST | --data-dir DIR | DATA_DIR) [OPTIONS]",  # one line above an error
-        formatter_class=_HelpFormatter,
-        allow_abbrev=False,  # a prefix such as --swee would slip past the sweep's command filter
-    )
-    for add_flags in (_data_flags, _loader_flags, _model_flags, _run_flags):
-        add_flags(parser)
+    parser = _Parser()
     words = sys.argv[1:] if argv is None else list(argv)
     if stray := _stray_sweep_setting(words):  # else "DATA_DIR: not allowed"
         parser.error(stray)
