@@ -4118,12 +4118,9 @@ _COUNTS = _COUNTS.split()
 
 
 def _rank_share(result: RunResult, rank: int, device: torch.device) -> dict:
-    """A rank's part of the job's totals, as JSON; its first keys (``_RANK_KEYS``) its entry in ``ranks``."""
-    entry = {"rank": rank, "fps": result.fps, "elapsed_s": result.elapsed_s}  # and "classified", a count
-    counts = {k: getattr(result, k) for k in _COUNTS}
-    flags = {"listed": result.listed, "partial": result.partial, "warmup_included": result.warmup_included}
-    lists = {"failures": result.failures, "decoder_backends": result.decoder_backends}
-    return {**entry, "device": str(device), **counts, **flags, **lists}
+    """A rank's part of the job's totals, as JSON; of its keys, ``_RANK_KEYS`` make its entry in ``ranks``."""
+    kept = (*_COUNTS, "fps", "elapsed_s", "listed", "partial", "warmup_included", "failures", "decoder_backends")
+    return {"rank": rank, "device": str(device), **{k: getattr(result, k) for k in kept}}
 
 
 def _job_total(shares: list[dict], listed: int | None, mine: RunResult) -> RunResult:
@@ -4373,16 +4370,12 @@ def _stopped_job(
     reason = cause.get("then") or cause["stop_reason"]
     outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {reason}"
     heard = {s["rank"] for s in shares}
-    lost = [str(r) for r in range(shard.world_size) if r not in heard]
+    lost = [r for r in range(shard.world_size) if r not in heard]
     if cause is share and getattr(outcome.error, "where", "") == "a collective" and lost:  # Gloo names no rank
-        ranks = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {', '.join(lost)}"
+        ranks = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {', '.join(map(str, lost))}"
         outcome.job_stop_reason = f"{ranks}: no word (died, or froze)"
     silent = "no word from it (it died, or was still running): its images counted as not reached"
-    shares += [
-        {**dict.fromkeys(_RANK_KEYS), "rank": r, "stop_reason": silent}
-        for r in range(shard.world_size)
-        if r not in heard
-    ]
+    shares += [{**dict.fromkeys(_RANK_KEYS), "rank": r, "stop_reason": silent} for r in lost]
     return [{k: s[k] for k in (*_RANK_KEYS, "stop_reason")} for s in sorted(shares, key=lambda s: s["rank"])]
 
 
