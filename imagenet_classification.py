@@ -4790,11 +4790,11 @@ def _sweep_command(config: _RunConfig) -> int:
             ("the plot", config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
         ]
         not_written = _write_outputs(outputs)
-        if config.plot is not None and not sweep.points:
-            _say(f"note: {config.plot} not drawn: the sweep stopped before its first setting")
         if config.plot is None:
             here = "matplotlib is here" if importlib.util.find_spec("matplotlib") else PLOT_HINT
             _say(f"note: --plot PATH draws the sweep ({here})")
+        elif not sweep.points:
+            _say(f"note: {config.plot} not drawn: the sweep stopped before its first setting")
     lost = not_written or not printed
     return _held_status(held) or status or (EXIT_FAILED if lost else 0)  # a signal's status, as ever
 
@@ -4816,12 +4816,12 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
     processes = any(p.decode_processes for p in sweep.points)  # a column only when processes were swept or set
     heads = f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} {'end-to-end':>11}"
     print(f"{'processes':>9} " * processes + heads, file=file)
-    for p in sweep.points:
+    above = [p.e2e_fps is not None and p.e2e_fps > p.bound_fps for p in sweep.points]  # marked *
+    for p, mark in zip(sweep.points, above, strict=True):
         e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
-        mark = " *" if p.e2e_fps is not None and p.e2e_fps > p.bound_fps else ""
         row = f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} {p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}"
-        print(f"{p.decode_processes:>9} " * processes + row + mark + " ~" * p.short_window, file=file)
-    if any(p.e2e_fps is not None and p.e2e_fps > p.bound_fps for p in sweep.points):
+        print(f"{p.decode_processes:>9} " * processes + row + (" *" if mark else "") + " ~" * p.short_window, file=file)
+    if any(above):
         line = "  * end to end above min(loader, model), which neither side can beat beside the other: "
         print(line + "measurement noise (a short, buffered window); the ranking near it is uncertain", file=file)
     if any(p.short_window for p in sweep.points):
