@@ -4347,13 +4347,13 @@ def _stopped_job(
 ) -> list[dict]:
     """:py:func:`_combine_ranks` for a stopped rank (or one stopped after its shard): its share left in
     the store; on rank 0, the job's totals from the shares found. ``held``: a signal, which ends the look."""
-    shard = config.shard
+    shard, where = config.shard, getattr(outcome.error, "where", "")
     own, kind = _explain(outcome.error, config)[0], getattr(outcome.error, "kind", "interrupted")
     if finished:  # its entry stays that of a shard classified whole; what stopped it after, for rank 0 to name
         share.update(stop_reason=None, stopped_by="finished", then=own, then_by=kind)
     else:
         share.update(stop_reason=own, stopped_by=kind)
-    if getattr(outcome.error, "where", "") != "the job's store":  # one that gave no answer: not waited for again
+    if where != "the job's store":  # one that gave no answer: not waited for again
         with contextlib.suppress(RunStopped):
             _post_share(share, silent_s)
     if shard.rank != 0:
@@ -4371,7 +4371,7 @@ def _stopped_job(
     outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {reason}"
     heard = {s["rank"] for s in shares}
     lost = [r for r in range(shard.world_size) if r not in heard]
-    if cause is share and getattr(outcome.error, "where", "") == "a collective" and lost:  # Gloo names no rank
+    if cause is share and where == "a collective" and lost:  # Gloo names no rank
         ranks = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {', '.join(map(str, lost))}"
         outcome.job_stop_reason = f"{ranks}: no word (died, or froze)"
     silent = "no word from it (it died, or was still running): its images counted as not reached"
