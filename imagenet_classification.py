@@ -4123,12 +4123,9 @@ _COUNTS = _COUNTS.split()
 
 
 def _rank_share(result: RunResult, rank: int, device: torch.device) -> dict:
-    """A rank's part of the job's totals, as JSON; its first keys (``_RANK_KEYS``) its entry in ``ranks``."""
-    entry = {"rank": rank, "fps": result.fps, "elapsed_s": result.elapsed_s}  # and "classified", a count
-    counts = {k: getattr(result, k) for k in _COUNTS}
-    flags = {"listed": result.listed, "partial": result.partial, "warmup_included": result.warmup_included}
-    lists = {"failures": result.failures, "decoder_backends": result.decoder_backends}
-    return {**entry, "device": str(device), **counts, **flags, **lists}
+    """A rank's part of the job's totals, as JSON; of its keys, ``_RANK_KEYS`` make its entry in ``ranks``."""
+    kept = (*_COUNTS, "fps", "elapsed_s", "listed", "partial", "warmup_included", "failures", "decoder_backends")
+    return {"rank": rank, "device": str(device), **{k: getattr(result, k) for k in kept}}
 
 
 def _job_total(shares: list[dict], listed: int | None, mine: RunResult) -> RunResult:
@@ -4355,13 +4352,13 @@ def _stopped_job(
 ) -> list[dict]:
     """:py:func:`_combine_ranks` for a stopped rank (or one stopped after its shard): its share left in
     the store; on rank 0, the job's totals from the shares found. ``held``: a signal, which ends the look."""
-    shard = config.shard
+    shard, where = config.shard, getattr(outcome.error, "where", "")
     own, kind = _explain(outcome.error, config)[0], getattr(outcome.error, "kind", "interrupted")
     if finished:  # its entry stays that of a shard classified whole; what stopped it after, for rank 0 to name
         share.update(stop_reason=None, stopped_by="finished", then=own, then_by=kind)
     else:
         share.update(stop_reason=own, stopped_by=kind)
-    if getattr(outcome.error, "where", "") != "the job's store":  # one that gave no answer: not waited for again
+    if where != "the job's store":  # one that gave no answer: not waited for again
         with contextlib.suppress(RunStopped):
             _post_share(share, silent_s)
     if shard.rank != 0:
@@ -4378,16 +4375,12 @@ def _stopped_job(
     reason = cause.get("then") or cause["stop_reason"]
     outcome.job_stop_reason = own if cause is share else f"rank {cause['rank']}: {reason}"
     heard = {s["rank"] for s in shares}
-    lost = [str(r) for r in range(shard.world_size) if r not in heard]
-    if cause is share and getattr(outcome.error, "where", "") == "a collective" and lost:  # Gloo names no rank
-        ranks = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {', '.join(lost)}"
+    lost = [r for r in range(shard.world_size) if r not in heard]
+    if cause is share and where == "a collective" and lost:  # Gloo names no rank
+        ranks = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {', '.join(map(str, lost))}"
         outcome.job_stop_reason = f"{ranks}: no word (died, or froze)"
     silent = "no word from it (it died, or was still running): its images counted as not reached"
-    shares += [
-        {**dict.fromkeys(_RANK_KEYS), "rank": r, "stop_reason": silent}
-        for r in range(shard.world_size)
-        if r not in heard
-    ]
+    shares += [{**dict.fromkeys(_RANK_KEYS), "rank": r, "stop_reason": silent} for r in lost]
     return [{k: s[k] for k in (*_RANK_KEYS, "stop_reason")} for s in sorted(shares, key=lambda s: s["rank"])]
 
 
@@ -4802,11 +4795,11 @@ def _sweep_command(config: _RunConfig) -> int:
             ("the plot", config.plot if sweep.points else None, lambda path: _plot_sweep(sweep, path, title)),
         ]
         not_written = _write_outputs(outputs)
-        if config.plot is not None and not sweep.points:
-            _say(f"note: {config.plot} not drawn: the sweep stopped before its first setting")
         if config.plot is None:
             here = "matplotlib is here" if importlib.util.find_spec("matplotlib") else PLOT_HINT
             _say(f"note: --plot PATH draws the sweep ({here})")
+        elif not sweep.points:
+            _say(f"note: {config.plot} not drawn: the sweep stopped before its first setting")
     lost = not_written or not printed
     return _held_status(held) or status or (EXIT_FAILED if lost else 0)  # a signal's status, as ever
 
@@ -4828,12 +4821,12 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
     processes = any(p.decode_processes for p in sweep.points)  # a column only when processes were swept or set
     heads = f"{'threads':>8} {'batch':>6} {'queue':>6} {'loader':>9} {'model':>9} {'end-to-end':>11}"
     print(f"{'processes':>9} " * processes + heads, file=file)
-    for p in sweep.points:
+    above = [p.e2e_fps is not None and p.e2e_fps > p.bound_fps for p in sweep.points]  # marked *
+    for p, mark in zip(sweep.points, above, strict=True):
         e2e = f"{p.e2e_fps:11.1f}" if p.e2e_fps is not None else f"{'-':>11}"
-        mark = " *" if p.e2e_fps is not None and p.e2e_fps > p.bound_fps else ""
         row = f"{p.num_threads:>8} {p.batch_size:>6} {p.queue_size:>6} {p.loader_fps:9.1f} {p.model_fps:9.1f} {e2e}"
-        print(f"{p.decode_processes:>9} " * processes + row + mark + " ~" * p.short_window, file=file)
-    if any(p.e2e_fps is not None and p.e2e_fps > p.bound_fps for p in sweep.points):
+        print(f"{p.decode_processes:>9} " * processes + row + (" *" if mark else "") + " ~" * p.short_window, file=file)
+    if any(above):
         line = "  * end to end above min(loader, model), which neither side can beat beside the other: "
         print(line + "measurement noise (a short, buffered window); the ranking near it is uncertain", file=file)
     if any(p.short_window for p in sweep.points):
