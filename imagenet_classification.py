@@ -4944,7 +4944,6 @@ class _RunReport:
 
     @property
     def world(self) -> int:
-        """The job's processes: ``world_size``, or one per entry of ``ranks``."""
         return self.world_size or len(self.ranks)
 
     def to_dict(self) -> dict:
@@ -5110,18 +5109,18 @@ def _print_pipeline_stats(stats: dict, file: TextIO | None = None, timed: bool =
 
 
 def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
-    _print_summary(report.result, file, report.config.get("loader") == "torch")
+    result = report.result
+    _print_summary(result, file, report.config.get("loader") == "torch")
     if report.pipeline_stats is not None:
-        result = report.result
         _print_pipeline_stats(report.pipeline_stats, file, result.frames_timed > 0, result.warmup_included)
     if report.parity is not None:
         print(report.parity.summary(), file=file)
     if report.breakdown is not None:
-        if report.result.warmup_included:  # each pass ran the run's batches: as many as the warm-up, or fewer
+        if result.warmup_included:  # each pass ran the run's batches: as many as the warm-up, or fewer
             print("WARNING: as FPS, each rate below includes its warm-up and start-up: list more images", file=file)
         _print_breakdown(report.breakdown, file)
         _print_loader_alone_window(report, file)
-    if report.breakdown_cut is not None and not report.result.partial:
+    if report.breakdown_cut is not None and not result.partial:
         cut = _printable(report.breakdown_cut)
         print(f"Breakdown cut short ({cut}): the end-to-end result above is complete", file=file)
     elif report.breakdown_cut is not None:  # the run's own stop: not_reached above says what it left
@@ -5294,18 +5293,17 @@ _ROW_CONFIG = "device dtype compile weights loader decoder num_threads queue_siz
 def _write_results(path: Path | str, report: _RunReport) -> None:
     """Write the report as one JSON object or, for a ``.csv`` path, one row: timm's columns first,
     in its units (percent; ``infer_*`` as its benchmark.py), then ours. Atomically; raises OSError."""
-    if not str(path).lower().endswith(".csv"):
-        _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
-        return
     payload = report.to_dict()
+    if not str(path).lower().endswith(".csv"):
+        _write_atomically(path, json.dumps(payload, indent=2) + "\n")
+        return
     c = payload["config"]
     row = {"model": c["model"]}
     for k in ("top1", "top5"):  # no image classified: empty fields, not an error of 100 %
         percent = None if payload[k] is None else 100 * payload[k]
-        row |= {k: None if percent is None else round(percent, 4)}
-        row |= {f"{k}_err": None if percent is None else round(100 - percent, 4)}
-    row["img_size"] = c["input_size"][-1]
-    row |= {"crop_pct": c["crop_pct"], "interpolation": c["interpolation"]}
+        row[k] = None if percent is None else round(percent, 4)
+        row[f"{k}_err"] = None if percent is None else round(100 - percent, 4)
+    row |= {"img_size": c["input_size"][-1], "crop_pct": c["crop_pct"], "interpolation": c["interpolation"]}
     shard = _Shard(0, payload["world_size"]).size_of(payload["listed"] or c["batch_size"])  # rank 0's images
     batch_size = min(c["batch_size"], shard)  # the batches run, not the flag
     row |= {"infer_samples_per_sec": round(payload["fps"], 2), "infer_batch_size": batch_size}
