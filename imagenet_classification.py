@@ -5706,12 +5706,13 @@ def _check_open_files(threads: int, processes: int) -> None:
 
     need = _OPEN_FILES_SPARE + threads + 4 * processes  # a worker process: its own limit, and pipes here
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft != resource.RLIM_INFINITY and soft < need:
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]  # finite: raised to the target, or left as it was
+    if soft < need:
         why = f"the open-file limit (ulimit -n) is {soft}: {threads} decode threads need about {need}"
         raise InputError(f"{why}; raise it, or give fewer", "--num-threads")
 
@@ -6164,8 +6165,7 @@ def _write_outputs(outputs: Sequence[tuple[str, Path | None, Callable[[Path], bo
 def _finish(report: _RunReport, config: _RunConfig) -> int:
     """Say why the run stopped, print the report (rank 0, or a rank that stopped alone), write the
     files; return the exit status."""
-    shard, status, result = config.shard, 0, report.result
-    alone = shard.world_size > 1 and report.error is not None
+    shard, status, result, label = config.shard, 0, report.result, _rank_label(config.shard)
     limit = config.policy().limit(len(config.images))
     if report.error is None and limit is not None and result.failed > limit:  # torchrun: each rank kept to it
         status = EXIT_FAILED
@@ -6178,7 +6178,7 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         job = report.job_stop_reason
         if result.partial:  # else the run was whole: a signal came after it (breakdown_cut says it, if asked for)
             result.stop_reason = job or message
-        _say(f"error: {_rank_label(shard)}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
+        _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
     # A stopped job's rows are rank 0's alone (the others' stay with them): in its shard's order.
     listed = config.images if report.error is None else config.my_images
     rows = _utf8_paths(_in_list_order(result.predictions or [], listed))
@@ -6197,10 +6197,9 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     ]
     printed = True
     try:
-        label = _rank_label(shard)
         if shard.rank == 0:  # the summary first: no file, however it fails, can cost it
             printed = _print_out(_print_report, report, label=label)
-        elif alone:  # a rank's own partial result: each line says whose it is
+        elif report.error is not None:  # under torchrun, a rank's own partial result: each line says whose it is
             text = io.StringIO()
             _print_report(report, text)
             printed = _print_out(lambda: print(textwrap.indent(text.getvalue(), label), end=""), label=label)
