@@ -4985,9 +4985,8 @@ def _print_summary(result: RunResult, file: TextIO | None = None, pil_loader: bo
         had = "all of them" if lead == result.batches_timed else f"{lead}"
         bound = "FPS may be the model's rate alone" if over == math.inf else f"FPS may be up to {over:.0%} high"
         line = f"WARNING: the FPS window holds {_images(result.batches_timed, 'batch')} and the loader may have "
-        line += f"had {had} "
-        line += f"ready or under way when it opened: if the loader is the bottleneck, {bound}; list more images "
-        print(line + "(repeating the list is fine)", file=file)
+        line += f"had {had} ready or under way when it opened: if the loader is the bottleneck, {bound}; "
+        print(line + "list more images (repeating the list is fine)", file=file)
     _print_drain(result, file)
     ends = (result.timeline or {}).get("batch_end_s") or []  # this process's (under torchrun, rank 0's)
     opened_at_start = result.batches_timed == result.batches and len(ends) > 1 and not result.warmup_included
