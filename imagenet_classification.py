@@ -5546,9 +5546,8 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
             # Otherwise a path's real one ends in its own name: only those of the target's name can lead there.
             name = os.path.basename(target)
             named = (p for p in every if os.path.basename(p) == name)
-            listed = any(_file_id(p) == target_id for p in itertools.chain(named, links))
-            code = (getattr(m, "__file__", None) for m in list(sys.modules.values()))  # what this process runs
-            listed = listed or any(_file_id(p) == target_id for p in code if p)
+            code = (m.__file__ for m in list(sys.modules.values()) if getattr(m, "__file__", None))  # what runs here
+            listed = any(_file_id(p) == target_id for p in itertools.chain(named, links, code))
         if target in seen or target_id in input_ids or listed:
             why = "that file is one of the run's inputs or outputs; writing would replace it"
             raise InputError(f"{flag} {path}: {why}")
