@@ -4942,7 +4942,6 @@ class _RunReport:
 
     @property
     def world(self) -> int:
-        """The job's processes: ``world_size``, or one per entry of ``ranks``."""
         return self.world_size or len(self.ranks)
 
     def to_dict(self) -> dict:
@@ -4984,9 +4983,8 @@ def _print_summary(result: RunResult, file: TextIO | None = None, pil_loader: bo
         had = "all of them" if lead == result.batches_timed else f"{lead}"
         bound = "FPS may be the model's rate alone" if over == math.inf else f"FPS may be up to {over:.0%} high"
         line = f"WARNING: the FPS window holds {_images(result.batches_timed, 'batch')} and the loader may have "
-        line += f"had {had} "
-        line += f"ready or under way when it opened: if the loader is the bottleneck, {bound}; list more images "
-        print(line + "(repeating the list is fine)", file=file)
+        line += f"had {had} ready or under way when it opened: if the loader is the bottleneck, {bound}; "
+        print(line + "list more images (repeating the list is fine)", file=file)
     _print_drain(result, file)
     ends = (result.timeline or {}).get("batch_end_s") or []  # this process's (under torchrun, rank 0's)
     opened_at_start = result.batches_timed == result.batches and len(ends) > 1 and not result.warmup_included
@@ -5108,18 +5106,18 @@ def _print_pipeline_stats(stats: dict, file: TextIO | None = None, timed: bool =
 
 
 def _print_report(report: _RunReport, file: TextIO | None = None) -> None:
-    _print_summary(report.result, file, report.config.get("loader") == "torch")
+    result = report.result
+    _print_summary(result, file, report.config.get("loader") == "torch")
     if report.pipeline_stats is not None:
-        result = report.result
         _print_pipeline_stats(report.pipeline_stats, file, result.frames_timed > 0, result.warmup_included)
     if report.parity is not None:
         print(report.parity.summary(), file=file)
     if report.breakdown is not None:
-        if report.result.warmup_included:  # each pass ran the run's batches: as many as the warm-up, or fewer
+        if result.warmup_included:  # each pass ran the run's batches: as many as the warm-up, or fewer
             print("WARNING: as FPS, each rate below includes its warm-up and start-up: list more images", file=file)
         _print_breakdown(report.breakdown, file)
         _print_loader_alone_window(report, file)
-    if report.breakdown_cut is not None and not report.result.partial:
+    if report.breakdown_cut is not None and not result.partial:
         cut = _printable(report.breakdown_cut)
         print(f"Breakdown cut short ({cut}): the end-to-end result above is complete", file=file)
     elif report.breakdown_cut is not None:  # the run's own stop: not_reached above says what it left
@@ -5292,18 +5290,17 @@ _ROW_CONFIG = "device dtype compile weights loader decoder num_threads queue_siz
 def _write_results(path: Path | str, report: _RunReport) -> None:
     """Write the report as one JSON object or, for a ``.csv`` path, one row: timm's columns first,
     in its units (percent; ``infer_*`` as its benchmark.py), then ours. Atomically; raises OSError."""
-    if not str(path).lower().endswith(".csv"):
-        _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
-        return
     payload = report.to_dict()
+    if not str(path).lower().endswith(".csv"):
+        _write_atomically(path, json.dumps(payload, indent=2) + "\n")
+        return
     c = payload["config"]
     row = {"model": c["model"]}
     for k in ("top1", "top5"):  # no image classified: empty fields, not an error of 100 %
         percent = None if payload[k] is None else 100 * payload[k]
-        row |= {k: None if percent is None else round(percent, 4)}
-        row |= {f"{k}_err": None if percent is None else round(100 - percent, 4)}
-    row["img_size"] = c["input_size"][-1]
-    row |= {"crop_pct": c["crop_pct"], "interpolation": c["interpolation"]}
+        row[k] = None if percent is None else round(percent, 4)
+        row[f"{k}_err"] = None if percent is None else round(100 - percent, 4)
+    row |= {"img_size": c["input_size"][-1], "crop_pct": c["crop_pct"], "interpolation": c["interpolation"]}
     shard = _Shard(0, payload["world_size"]).size_of(payload["listed"] or c["batch_size"])  # rank 0's images
     batch_size = min(c["batch_size"], shard)  # the batches run, not the flag
     row |= {"infer_samples_per_sec": round(payload["fps"], 2), "infer_batch_size": batch_size}
@@ -5547,9 +5544,8 @@ def _check_files(args: argparse.Namespace, images: ImageList) -> None:
             # Otherwise a path's real one ends in its own name: only those of the target's name can lead there.
             name = os.path.basename(target)
             named = (p for p in every if os.path.basename(p) == name)
-            listed = any(_file_id(p) == target_id for p in itertools.chain(named, links))
-            code = (getattr(m, "__file__", None) for m in list(sys.modules.values()))  # what this process runs
-            listed = listed or any(_file_id(p) == target_id for p in code if p)
+            code = (m.__file__ for m in list(sys.modules.values()) if getattr(m, "__file__", None))  # what runs here
+            listed = any(_file_id(p) == target_id for p in itertools.chain(named, links, code))
         if target in seen or target_id in input_ids or listed:
             why = "that file is one of the run's inputs or outputs; writing would replace it"
             raise InputError(f"{flag} {path}: {why}")
@@ -5706,12 +5702,13 @@ def _check_open_files(threads: int, processes: int) -> None:
 
     need = _OPEN_FILES_SPARE + threads + 4 * processes  # a worker process: its own limit, and pipes here
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft != resource.RLIM_INFINITY and soft < need:
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]  # finite: raised to the target, or left as it was
+    if soft < need:
         why = f"the open-file limit (ulimit -n) is {soft}: {threads} decode threads need about {need}"
         raise InputError(f"{why}; raise it, or give fewer", "--num-threads")
 
@@ -6164,8 +6161,7 @@ def _write_outputs(outputs: Sequence[tuple[str, Path | None, Callable[[Path], bo
 def _finish(report: _RunReport, config: _RunConfig) -> int:
     """Say why the run stopped, print the report (rank 0, or a rank that stopped alone), write the
     files; return the exit status."""
-    shard, status, result = config.shard, 0, report.result
-    alone = shard.world_size > 1 and report.error is not None
+    shard, status, result, label = config.shard, 0, report.result, _rank_label(config.shard)
     limit = config.policy().limit(len(config.images))
     if report.error is None and limit is not None and result.failed > limit:  # torchrun: each rank kept to it
         status = EXIT_FAILED
@@ -6178,7 +6174,7 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
         job = report.job_stop_reason
         if result.partial:  # else the run was whole: a signal came after it (breakdown_cut says it, if asked for)
             result.stop_reason = job or message
-        _say(f"error: {_rank_label(shard)}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
+        _say(f"error: {label}{message}{f'; the job stopped on {job}' if job and job != message else ''}")
     # A stopped job's rows are rank 0's alone (the others' stay with them): in its shard's order.
     listed = config.images if report.error is None else config.my_images
     rows = _utf8_paths(_in_list_order(result.predictions or [], listed))
@@ -6197,10 +6193,9 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
     ]
     printed = True
     try:
-        label = _rank_label(shard)
         if shard.rank == 0:  # the summary first: no file, however it fails, can cost it
             printed = _print_out(_print_report, report, label=label)
-        elif alone:  # a rank's own partial result: each line says whose it is
+        elif report.error is not None:  # under torchrun, a rank's own partial result: each line says whose it is
             text = io.StringIO()
             _print_report(report, text)
             printed = _print_out(lambda: print(textwrap.indent(text.getvalue(), label), end=""), label=label)
