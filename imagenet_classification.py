@@ -3445,7 +3445,7 @@ def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
 @contextlib.contextmanager
 def _out_of_memory_stops(device: torch.device, batch_size: int) -> Iterator[None]:
     """Memory running out in the block stops with out_of_memory and its advice, as in the run (a
-    loader's, said as the loader's failure by :py:func:`_next_batch`, too)."""
+    loader's, said as the loader's failure by :py:func:`_loader_batches`, too)."""
     try:
         yield
     except (RuntimeError, MemoryError, RunStopped) as e:
@@ -3508,7 +3508,7 @@ def benchmark(
     with _stopped_runs(loop.result), torch.inference_mode():
         try:
             batches = iter(loader) if listed is None else _ending_once_complete(iter(loader), listed)
-            while (batch := _next_batch(batches)) is not _END:
+            for batch in _loader_batches(batches):
                 _record_batch(batch, failures)
                 _check_delivered(loop.result.classified + len(failures) + len(batch[1]), listed, ended=False)
                 policy.check(failures, listed)
@@ -3524,8 +3524,8 @@ def benchmark(
                 raise RunInterrupted(held[0])
     if held:  # the run had ended: its result is whole, and the signal stops what would follow
         raise RunInterrupted(held[0], loop.result)
-    if loop.result.warmup_included and (warmup_batches or not loop.window.batches):  # the CLI's summary says it
-        _warn_warmup_included(loop.window.warmed, warmup_batches)  # no batch at all: with no warm-up too
+    if loop.result.warmup_included:  # the CLI's summary says it; with no warm-up, only a run of no batch
+        _warn_warmup_included(loop.window.warmed, warmup_batches)
     return loop.result
 
 
@@ -3799,26 +3799,27 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-_END = object()  # a loader's end: None is a batch, which the loop refuses, naming it
-
-
-def _next_batch(batches: Iterator) -> Any:
-    """The loader's next batch, or _END. An error of a notebook's own loader (an OSError of its dataset)
-    as RunStopped, the partial result kept: ``bad_image`` for an ImageDecodeError, ``stalled`` for
-    a TimeoutError, else ``loader``."""
-    try:
-        return next(batches, _END)
-    except ImageDecodeError as e:
-        raise RunStopped(f"cannot decode {e.path}: {e.reason}", "bad_image", "--skip-bad skips such images") from e
-    except Exception as e:
-        if _as_stop(e) is not None:  # the pipeline's failure, a stall, a dead DataLoader worker: said as such
-            raise
-        why = f"{type(e).__name__}: {_first_line(e)}".removesuffix(": ")
-        if "\nOriginal Traceback" in str(e):  # a DataLoader worker's error: its own is the text's last line
-            why = f"{[line for line in str(e).splitlines() if line.strip()][-1].strip()} ({why.rstrip('.')})"
-        if isinstance(e, TimeoutError):  # its own time-out (a socket's): a stall, in its own words
-            raise RunStopped(f"the loader timed out: {why}", "stalled", where=why) from e
-        raise RunStopped(f"the loader failed: {why}", "loader") from e
+def _loader_batches(batches: Iterator) -> Iterator:
+    """The loader's batches (None too: the loop refuses it, naming it). An error of a notebook's own loader
+    (an OSError of its dataset) as RunStopped, the partial result kept: ``bad_image`` for an
+    ImageDecodeError, ``stalled`` for a TimeoutError, else ``loader``."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except ImageDecodeError as e:
+            raise RunStopped(f"cannot decode {e.path}: {e.reason}", "bad_image", "--skip-bad skips such images") from e
+        except Exception as e:
+            if _as_stop(e) is not None:  # the pipeline's failure, a stall, a dead DataLoader worker: said as such
+                raise
+            why = f"{type(e).__name__}: {_first_line(e)}".removesuffix(": ")
+            if "\nOriginal Traceback" in str(e):  # a DataLoader worker's error: its own is the text's last line
+                why = f"{[line for line in str(e).splitlines() if line.strip()][-1].strip()} ({why.rstrip('.')})"
+            if isinstance(e, TimeoutError):  # its own time-out (a socket's): a stall, in its own words
+                raise RunStopped(f"the loader timed out: {why}", "stalled", where=why) from e
+            raise RunStopped(f"the loader failed: {why}", "loader") from e
+        yield batch
 
 
 def _check_delivered(delivered: int, listed: int | None, ended: bool = True) -> None:
@@ -3976,7 +3977,7 @@ def measure_loader(
     window = _TimingWindow(_resolve_device(str(device)), warmup_batches)  # InputError: "meta", no CUDA
     batches = iter(batches)
     with _stopped_runs(None):  # a stall, the pipeline's failure, the loader's error: RunStopped, as the run says them
-        while (batch := _next_batch(batches)) is not _END:  # (images, ...): labels, or what else it gives, unread
+        for batch in _loader_batches(batches):  # (images, ...): labels, or what else it gives, unread
             if not (isinstance(batch, tuple | list) and batch and isinstance(batch[0], Tensor)):
                 raise TypeError(f"a batch that is a {type(batch).__name__}: expected (images, labels), images a tensor")
             if batch[0].numel():  # 3 x H x W, one image unbatched, would count 3
@@ -3985,7 +3986,7 @@ def measure_loader(
             if failures is not None:
                 failures += getattr(batch, "failures", ())
     frames, seconds, warmup_included = window.close()
-    if warmup_included and (warmup_batches or not window.batches):  # as benchmark: no batch, with no warm-up too
+    if warmup_included:  # as benchmark
         _warn_warmup_included(window.warmed, warmup_batches)
     return frames / seconds if seconds > 0 else 0.0
 
