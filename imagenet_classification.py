@@ -3993,7 +3993,7 @@ def measure_loader(
 
 def _read_batches(
     images: Iterable[tuple[str, int]], batch_size: int, threads: int, max_bytes: int, timeout: float
-) -> Iterator[tuple[int, int]]:
+) -> Iterator[tuple[int, int, float]]:
     """Each batch's ``(images read, bytes read, time.perf_counter() when read)`` as it completes (as
     the loader's come), ``threads`` batches at once (SPDL's hand-off of each batch would cost more
     than reads from memory). A refused file counts as neither. RunStopped (``loader``) for no batch
@@ -4036,9 +4036,9 @@ def _measure_reads(batches: Iterable[tuple[int, int, float]], warmup_batches: in
     start = time.perf_counter()
     done = sorted(batches, key=lambda batch: batch[2])
     warm = [i for i, (images, _, _) in enumerate(done) if images][:warmup_batches]
-    opened, t0 = (warm[-1] + 1, done[warm[-1]][2]) if warmup_batches and len(warm) == warmup_batches else (0, start)
-    if opened == len(done):  # no batch after the warm-up: it is timed too, from the start
-        opened, t0 = 0, start
+    opened, t0 = 0, start  # no batch after the warm-up: it is timed too, from the start
+    if warmup_batches and len(warm) == warmup_batches and warm[-1] + 1 < len(done):
+        opened, t0 = warm[-1] + 1, done[warm[-1]][2]
     window = done[opened:]
     seconds = window[-1][2] - t0 if window else 0.0
     images, size = sum(b[0] for b in window), sum(b[1] for b in window)
