@@ -3420,7 +3420,6 @@ class _TimingWindow:
 
 
 def _bin_count(span_s: float, interval: float) -> int:
-    """Bins of ``interval`` seconds that cover ``span_s`` seconds: at least one."""
     return max(1, math.ceil(span_s / interval))
 
 
@@ -3772,7 +3771,7 @@ def _loader_failed(error: BaseException) -> RunStopped:
 def _one_line(error: BaseException) -> str:
     """``Type: message`` on one line. A worker process's failure comes as the text of its traceback:
     its first line, and the root cause (the first exception raised ``from``) that the text holds."""
-    head, *lines = f"{type(error).__name__}: {error}".splitlines() or [""]
+    head, *lines = f"{type(error).__name__}: {error}".splitlines()  # never empty: the type's name leads
     lines = [line.strip(" |") for line in lines]
     marks = [i for i, line in enumerate(lines) if line.startswith("The above exception was the direct cause")]
     cause = next((line for line in reversed(lines[: marks[0]]) if line), None) if marks else None
