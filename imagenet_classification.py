@@ -3429,11 +3429,9 @@ def _model_device(model: ModelBundle) -> torch.device:
 
 
 def _is_out_of_memory(error: BaseException | None) -> bool:
-    if error is None:
-        return False
     if isinstance(error, torch.OutOfMemoryError | MemoryError):
         return True
-    return "can't allocate memory" in str(error) or "out of memory" in str(error).lower()
+    return error is not None and ("can't allocate memory" in str(error) or "out of memory" in str(error).lower())
 
 
 def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
@@ -3869,10 +3867,9 @@ class _Progress:
 
     def __init__(self, total: int | None, stream: TextIO | None = None) -> None:
         self.total, self.stream = total, stream or sys.stderr
-        try:
+        self.live = False
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: no stderr at all (2>&-)
             self.live = self.stream.isatty()
-        except (OSError, ValueError, AttributeError):  # AttributeError: no stderr at all (2>&-)
-            self.live = False
         self.interval = 0.5 if self.live else 30.0
         self.started = self.last = time.perf_counter()
         self.done, self.top1_correct = 0, torch.zeros(())
