@@ -3771,8 +3771,8 @@ def _one_line(error: BaseException) -> str:
     its first line, and the root cause (the first exception raised ``from``) that the text holds."""
     head, *lines = f"{type(error).__name__}: {error}".splitlines()  # never empty: the type's name leads
     lines = [line.strip(" |") for line in lines]
-    marks = [i for i, line in enumerate(lines) if line.startswith("The above exception was the direct cause")]
-    cause = next((line for line in reversed(lines[: marks[0]]) if line), None) if marks else None
+    mark = next((i for i, line in enumerate(lines) if line.startswith("The above exception was the direct cause")), 0)
+    cause = next((line for line in reversed(lines[:mark]) if line), None)
     return f"{head}, from {cause}" if cause else head
 
 
