@@ -3425,7 +3425,6 @@ class _TimingWindow:
 
 
 def _bin_count(span_s: float, interval: float) -> int:
-    """Bins of ``interval`` seconds that cover ``span_s`` seconds: at least one."""
     return max(1, math.ceil(span_s / interval))
 
 
@@ -3435,11 +3434,9 @@ def _model_device(model: ModelBundle) -> torch.device:
 
 
 def _is_out_of_memory(error: BaseException | None) -> bool:
-    if error is None:
-        return False
     if isinstance(error, torch.OutOfMemoryError | MemoryError):
         return True
-    return "can't allocate memory" in str(error) or "out of memory" in str(error).lower()
+    return error is not None and ("can't allocate memory" in str(error) or "out of memory" in str(error).lower())
 
 
 def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
@@ -3450,7 +3447,7 @@ def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
 @contextlib.contextmanager
 def _out_of_memory_stops(device: torch.device, batch_size: int) -> Iterator[None]:
     """Memory running out in the block stops with out_of_memory and its advice, as in the run (a
-    loader's, said as the loader's failure by :py:func:`_next_batch`, too)."""
+    loader's, said as the loader's failure by :py:func:`_loader_batches`, too)."""
     try:
         yield
     except (RuntimeError, MemoryError, RunStopped) as e:
@@ -3513,7 +3510,7 @@ def benchmark(
     with _stopped_runs(loop.result), torch.inference_mode():
         try:
             batches = iter(loader) if listed is None else _ending_once_complete(iter(loader), listed)
-            while (batch := _next_batch(batches)) is not _END:
+            for batch in _loader_batches(batches):
                 _record_batch(batch, failures)
                 _check_delivered(loop.result.classified + len(failures) + len(batch[1]), listed, ended=False)
                 policy.check(failures, listed)
@@ -3529,8 +3526,8 @@ def benchmark(
                 raise RunInterrupted(held[0])
     if held:  # the run had ended: its result is whole, and the signal stops what would follow
         raise RunInterrupted(held[0], loop.result)
-    if loop.result.warmup_included and (warmup_batches or not loop.window.batches):  # the CLI's summary says it
-        _warn_warmup_included(loop.window.warmed, warmup_batches)  # no batch at all: with no warm-up too
+    if loop.result.warmup_included:  # the CLI's summary says it; with no warm-up, only a run of no batch
+        _warn_warmup_included(loop.window.warmed, warmup_batches)
     return loop.result
 
 
@@ -3777,10 +3774,10 @@ def _loader_failed(error: BaseException) -> RunStopped:
 def _one_line(error: BaseException) -> str:
     """``Type: message`` on one line. A worker process's failure comes as the text of its traceback:
     its first line, and the root cause (the first exception raised ``from``) that the text holds."""
-    head, *lines = f"{type(error).__name__}: {error}".splitlines() or [""]
+    head, *lines = f"{type(error).__name__}: {error}".splitlines()  # never empty: the type's name leads
     lines = [line.strip(" |") for line in lines]
-    marks = [i for i, line in enumerate(lines) if line.startswith("The above exception was the direct cause")]
-    cause = next((line for line in reversed(lines[: marks[0]]) if line), None) if marks else None
+    mark = next((i for i, line in enumerate(lines) if line.startswith("The above exception was the direct cause")), 0)
+    cause = next((line for line in reversed(lines[:mark]) if line), None)
     return f"{head}, from {cause}" if cause else head
 
 
@@ -3804,26 +3801,27 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-_END = object()  # a loader's end: None is a batch, which the loop refuses, naming it
-
-
-def _next_batch(batches: Iterator) -> Any:
-    """The loader's next batch, or _END. An error of a notebook's own loader (an OSError of its dataset)
-    as RunStopped, the partial result kept: ``bad_image`` for an ImageDecodeError, ``stalled`` for
-    a TimeoutError, else ``loader``."""
-    try:
-        return next(batches, _END)
-    except ImageDecodeError as e:
-        raise RunStopped(f"cannot decode {e.path}: {e.reason}", "bad_image", "--skip-bad skips such images") from e
-    except Exception as e:
-        if _as_stop(e) is not None:  # the pipeline's failure, a stall, a dead DataLoader worker: said as such
-            raise
-        why = f"{type(e).__name__}: {_first_line(e)}".removesuffix(": ")
-        if "\nOriginal Traceback" in str(e):  # a DataLoader worker's error: its own is the text's last line
-            why = f"{[line for line in str(e).splitlines() if line.strip()][-1].strip()} ({why.rstrip('.')})"
-        if isinstance(e, TimeoutError):  # its own time-out (a socket's): a stall, in its own words
-            raise RunStopped(f"the loader timed out: {why}", "stalled", where=why) from e
-        raise RunStopped(f"the loader failed: {why}", "loader") from e
+def _loader_batches(batches: Iterator) -> Iterator:
+    """The loader's batches (None too: the loop refuses it, naming it). An error of a notebook's own loader
+    (an OSError of its dataset) as RunStopped, the partial result kept: ``bad_image`` for an
+    ImageDecodeError, ``stalled`` for a TimeoutError, else ``loader``."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except ImageDecodeError as e:
+            raise RunStopped(f"cannot decode {e.path}: {e.reason}", "bad_image", "--skip-bad skips such images") from e
+        except Exception as e:
+            if _as_stop(e) is not None:  # the pipeline's failure, a stall, a dead DataLoader worker: said as such
+                raise
+            why = f"{type(e).__name__}: {_first_line(e)}".removesuffix(": ")
+            if "\nOriginal Traceback" in str(e):  # a DataLoader worker's error: its own is the text's last line
+                why = f"{[line for line in str(e).splitlines() if line.strip()][-1].strip()} ({why.rstrip('.')})"
+            if isinstance(e, TimeoutError):  # its own time-out (a socket's): a stall, in its own words
+                raise RunStopped(f"the loader timed out: {why}", "stalled", where=why) from e
+            raise RunStopped(f"the loader failed: {why}", "loader") from e
+        yield batch
 
 
 def _check_delivered(delivered: int, listed: int | None, ended: bool = True) -> None:
@@ -3874,10 +3872,9 @@ class _Progress:
 
     def __init__(self, total: int | None, stream: TextIO | None = None) -> None:
         self.total, self.stream = total, stream or sys.stderr
-        try:
+        self.live = False
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: no stderr at all (2>&-)
             self.live = self.stream.isatty()
-        except (OSError, ValueError, AttributeError):  # AttributeError: no stderr at all (2>&-)
-            self.live = False
         self.interval = 0.5 if self.live else 30.0
         self.started = self.last = time.perf_counter()
         self.done, self.top1_correct = 0, torch.zeros(())
@@ -3981,7 +3978,7 @@ def measure_loader(
     window = _TimingWindow(_resolve_device(str(device)), warmup_batches)  # InputError: "meta", no CUDA
     batches = iter(batches)
     with _stopped_runs(None):  # a stall, the pipeline's failure, the loader's error: RunStopped, as the run says them
-        while (batch := _next_batch(batches)) is not _END:  # (images, ...): labels, or what else it gives, unread
+        for batch in _loader_batches(batches):  # (images, ...): labels, or what else it gives, unread
             if not (isinstance(batch, tuple | list) and batch and isinstance(batch[0], Tensor)):
                 raise TypeError(f"a batch that is a {type(batch).__name__}: expected (images, labels), images a tensor")
             if batch[0].numel():  # 3 x H x W, one image unbatched, would count 3
@@ -3990,14 +3987,14 @@ def measure_loader(
             if failures is not None:
                 failures += getattr(batch, "failures", ())
     frames, seconds, warmup_included = window.close()
-    if warmup_included and (warmup_batches or not window.batches):  # as benchmark: no batch, with no warm-up too
+    if warmup_included:  # as benchmark
         _warn_warmup_included(window.warmed, warmup_batches)
     return frames / seconds if seconds > 0 else 0.0
 
 
 def _read_batches(
     images: Iterable[tuple[str, int]], batch_size: int, threads: int, max_bytes: int, timeout: float
-) -> Iterator[tuple[int, int]]:
+) -> Iterator[tuple[int, int, float]]:
     """Each batch's ``(images read, bytes read, time.perf_counter() when read)`` as it completes (as
     the loader's come), ``threads`` batches at once (SPDL's hand-off of each batch would cost more
     than reads from memory). A refused file counts as neither. RunStopped (``loader``) for no batch
@@ -4040,9 +4037,9 @@ def _measure_reads(batches: Iterable[tuple[int, int, float]], warmup_batches: in
     start = time.perf_counter()
     done = sorted(batches, key=lambda batch: batch[2])
     warm = [i for i, (images, _, _) in enumerate(done) if images][:warmup_batches]
-    opened, t0 = (warm[-1] + 1, done[warm[-1]][2]) if warmup_batches and len(warm) == warmup_batches else (0, start)
-    if opened == len(done):  # no batch after the warm-up: it is timed too, from the start
-        opened, t0 = 0, start
+    opened, t0 = 0, start  # no batch after the warm-up: it is timed too, from the start
+    if warmup_batches and len(warm) == warmup_batches and warm[-1] + 1 < len(done):
+        opened, t0 = warm[-1] + 1, done[warm[-1]][2]
     window = done[opened:]
     seconds = window[-1][2] - t0 if window else 0.0
     images, size = sum(b[0] for b in window), sum(b[1] for b in window)
