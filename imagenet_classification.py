@@ -5372,7 +5372,7 @@ def _in_list_order(rows: list, images: ImageList, path: Callable[[Any], str] = l
     return sorted(rows, key=position)
 
 
-# --- Entry point: pre-flight checks, a frozen config, the run, the report, exit statuses ---
+# --- Pre-flight: a frozen config, and every check made before the model loads ---
 
 
 @dataclass(frozen=True)
@@ -5822,6 +5822,9 @@ def _shard_from_env() -> _Shard:
     return shard
 
 
+# --- The run: the loader opened, the timed loop, the breakdown, the report and files ---
+
+
 @dataclass
 class _Loader:
     batches: Iterator[_Batch]
@@ -6208,6 +6211,9 @@ def _finish(report: _RunReport, config: _RunConfig) -> int:
 def _rank_label(shard: _Shard) -> str:
     """``rank N: `` under torchrun, where the ranks share one stderr; else nothing."""
     return f"rank {shard.rank}: " if shard.world_size > 1 else ""
+
+
+# --- Entry point: the terminal, signals, logging, main, exit statuses ---
 
 
 def _say(line: str) -> None:
