@@ -5287,10 +5287,10 @@ _ROW_CONFIG = "device dtype compile weights loader decoder num_threads queue_siz
 def _write_results(path: Path | str, report: _RunReport) -> None:
     """Write the report as one JSON object or, for a ``.csv`` path, one row: timm's columns first,
     in its units (percent; ``infer_*`` as its benchmark.py), then ours. Atomically; raises OSError."""
-    payload = report.to_dict()
     if not str(path).lower().endswith(".csv"):
-        _write_atomically(path, json.dumps(payload, indent=2) + "\n")
+        _write_atomically(path, json.dumps(report.to_dict(), indent=2) + "\n")
         return
+    payload = report.to_dict()
     c = payload["config"]
     row = {"model": c["model"]}
     for k in ("top1", "top5"):  # no image classified: empty fields, not an error of 100 %
