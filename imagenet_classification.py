@@ -3612,7 +3612,10 @@ def _stopped_runs(result: RunResult | None) -> Iterator[None]:
         if error is None:  # a bug: its own traceback
             raise
         if result is not None:  # the command line: one line
-            result.partial, result.stop_reason, error.result = True, str(error), result
+            error.result = result
+            # A signal once every listed image is counted (as the loader's end is awaited): a whole run.
+            if not (isinstance(error, RunInterrupted) and result.listed is not None and not result.not_reached):
+                result.partial, result.stop_reason = True, str(error)
         if error is e:
             raise
         raise error from None
@@ -3837,8 +3840,11 @@ def _check_delivered(delivered: int, listed: int | None, ended: bool = True) -> 
 
 def _add_window_lead(result: RunResult, stats: _PipelineStats, concurrency: int) -> None:
     """The loader's measured lead (at most its capacity) and rate when the FPS window opened, in ``result``."""
+    if result.loader_lead is None:
+        return
+    result.loader_lead = min(result.loader_lead, result.batches_timed)  # never more than the window has
     window = stats.window_lead(concurrency)
-    if window is None or result.warmup_included or result.loader_lead is None:
+    if window is None or result.warmup_included:  # None: not measured (--decode-processes)
         return
     lead, batches_per_s = window
     result.loader_lead = min(result.loader_lead, lead)

@@ -1,0 +1,73 @@
+"""Hostile input, round twenty-one (2026-12-07): numbers checked against each other across the
+outputs. Each test fails on the code before it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import imagenet_classification as ic
+from tests.conftest import TINY, run_cli, run_main
+
+FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1", "--img-size", "32"]
+
+
+def test_a_signal_as_the_loaders_end_is_awaited_keeps_the_whole_result(capfd, jpeg_set, tmp_path, monkeypatch):
+    # Every image classified, the loop waiting for SPDL's end of stream (0.05-0.1 s): a signal then
+    # marked the whole run "(PARTIAL RUN)", stop_reason set, as if images had been left unread.
+    ending = ic._ending_once_complete
+
+    def signalled(batches, listed, *rest):
+        delivered = 0
+        for batch in ending(batches, listed, *rest):
+            yield batch
+            delivered += len(batch[1]) + len(getattr(batch, "failures", ()))
+            if delivered >= listed:  # the last batch counted: the signal comes as the end is awaited
+                os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(ic, "_ending_once_complete", signalled)
+    out = tmp_path / "r.json"
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--results-file", out)
+    assert proc.returncode == 128 + signal.SIGINT and "error: interrupted by SIGINT" in proc.stderr, proc.stderr
+    result = json.loads(out.read_text())
+    assert (result["classified"], result["not_reached"], result["partial"], result["stop_reason"]) == (
+        30,
+        0,
+        False,
+        None,
+    )
+    assert "(PARTIAL RUN)" not in proc.stdout and "listed=30 classified=30" in proc.stdout
+
+
+def test_a_notebooks_run_interrupted_before_its_last_image_stays_partial(capfd, jpeg_set, tmp_path, monkeypatch):
+    # The other side of the rule: one image short of the list, the same signal leaves a partial run.
+    ending = ic._ending_once_complete
+
+    def signalled(batches, listed, *rest):
+        delivered = 0
+        for batch in ending(batches, listed, *rest):
+            yield batch
+            delivered += len(batch[1]) + len(getattr(batch, "failures", ()))
+            if delivered >= listed - 4:  # one batch before the last
+                os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(ic, "_ending_once_complete", signalled)
+    out = tmp_path / "r.json"
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--results-file", out)
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["partial"] is True and result["stop_reason"] == "interrupted by SIGINT"
+    assert result["classified"] + result["not_reached"] == 30 and result["not_reached"] > 0
+
+
+def test_the_loaders_lead_in_the_results_is_never_more_than_the_window(jpeg_set, tmp_path):
+    # With --decode-processes the lead is not measured: the results file gave the loader's whole
+    # capacity (21 batches) beside a window of 7, though README says never more than the window has.
+    out = tmp_path / "r.json"
+    proc = run_cli("--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--decode-processes", "1",
+                   "--num-threads", "1", "--results-file", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["batches_timed"] == 7 and 0 <= result["loader_lead"] <= 7, result
+    assert result["fps_window_may_be_buffered"] is (result["loader_lead"] == 7)
