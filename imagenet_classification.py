@@ -1788,9 +1788,9 @@ def _record_batch(batch: tuple, failures: list[ImageDecodeError]) -> None:
     for name, value in zip(("images", "labels"), batch, strict=True):  # not an AttributeError mid-loop
         _check_type(f"a batch's {name}", value, Tensor, "a tensor")
     images, labels = batch
-    if images.numel():  # an empty batch (every image failed) of any shape holds none
+    if images.numel():  # an empty batch (every image failed) of any shape holds none; a 0-d tensor holds one
         _check_images_shape(images)
-    _check_labels_shape(labels, images.shape[0] if images.dim() else 0)
+    _check_labels_shape(labels, images.shape[0])
     failures += getattr(batch, "failures", ())
 
 
