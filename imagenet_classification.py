@@ -2927,7 +2927,8 @@ class Classification(torch.nn.Module):
         if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:  # 1.5: a miss
             raise ValueError(f"labels of type {labels.dtype}: expected whole numbers, class indices (int64)")
         top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
-        hits = (top == labels.view(n, 1)) & logits.isfinite().all(dim=-1, keepdim=True)
+        # int64: torch compares no uint16 or uint32 with int64 indices, and uint8's -1 would wrap.
+        hits = (top == labels.view(n, 1).long()) & logits.isfinite().all(dim=-1, keepdim=True)
         return hits[:, :1].sum(), hits.sum()
 
 
@@ -3689,6 +3690,7 @@ class _Loop:
                 logits = _logits(self.model, images)
                 labels = labels.to(logits.device, non_blocking=labels.device.type == "cpu")  # a DataLoader's
                 b1, b5 = self.model.classification(logits, labels)
+                labels = labels.long()  # a whole number's type (Classification refused another): uint8's -1 wraps
                 finite = logits.isfinite().all(dim=-1)
                 self.classes = logits.shape[-1]
                 unknown = ((labels < -1) | (labels >= self.classes)).sum()  # read at the end: no sync

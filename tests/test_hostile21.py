@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import warnings
+
+import pytest
+import torch
 
 import imagenet_classification as ic
 from tests.conftest import TINY, run_cli, run_main
@@ -71,3 +75,27 @@ def test_the_loaders_lead_in_the_results_is_never_more_than_the_window(jpeg_set,
     result = json.loads(out.read_text())
     assert result["batches_timed"] == 7 and 0 <= result["loader_lead"] <= 7, result
     assert result["fps_window_may_be_buffered"] is (result["loader_lead"] == 7)
+
+
+class _Ranked(torch.nn.Module):
+    """Logits that rank classes 10, 20, 30, 40, 50 first, in that order, for every image."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros((x.shape[0], ic.NUM_CLASSES))
+        logits[:, [10, 20, 30, 40, 50]] = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0])
+        return logits
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32])
+def test_labels_of_any_whole_number_type_count_as_int64_labels(dtype):
+    # A notebook's compact labels: uint8 ones were all said to name no class (uint8 has no -1: the
+    # check `labels < -1` wrapped), uint16 and uint32 ones failed the run mid-way in torch's
+    # comparison with topk's indices ("Promotion for uint16, uint32, uint64 types is not supported").
+    transform = ic.EvalTransform(size=8)
+    model = ic.ModelBundle(ic.Preprocessing(transform.mean, transform.std), _Ranked(), ic.Classification(),
+                           torch.float32, transform)  # fmt: skip
+    labels = torch.tensor([10, 50, 60, 200], dtype=dtype).view(-1, 1)  # top-1, top-5, two misses
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "named no class" warning (nor WarmupIncluded: no warm-up)
+        result = ic.benchmark([(torch.zeros((4, 3, 8, 8), dtype=torch.uint8), labels)], model, warmup_batches=0)
+    assert (result.classified, result.top1_correct, result.top5_correct) == (4, 1, 2)
