@@ -4223,6 +4223,7 @@ def _stopped_peers(shard: _Shard, wait_s: float, held: list[int]) -> list[dict]:
 
 
 _ALIVE_KEY = "imagenet_classification/alive/"  # + rank: a count its heartbeat raises each second, in the job's store
+_STORE_ANSWERED: list[float] = []  # time.monotonic() when the job's store last answered this rank's heartbeat
 
 
 def _start_heartbeat(rank: int) -> None:
@@ -4233,13 +4234,13 @@ def _start_heartbeat(rank: int) -> None:
     import torch.distributed.distributed_c10d as c10d  # the default store has no public getter
 
     store = c10d._get_default_store()
+    _STORE_ANSWERED[:] = [time.monotonic()]  # it has just answered the process group's set-up
 
     def beat() -> None:
-        for count in itertools.count():
-            if not dist.is_initialized():
-                return
+        while dist.is_initialized():
             with contextlib.suppress(Exception):  # the store gone with rank 0: the others see no word
-                store.set(f"{_ALIVE_KEY}{rank}", str(count))
+                store.add(f"{_ALIVE_KEY}{rank}", 1)  # answered, unlike a set: a store that froze never answers
+                _STORE_ANSWERED[:] = [time.monotonic()]
             time.sleep(1.0)
 
     threading.Thread(target=beat, name="imagenet_classification-heartbeat", daemon=True).start()
@@ -4313,8 +4314,11 @@ def _ask_store(call: Callable[[], Any], wait_s: float) -> Any:
             answer.set_exception(e)
 
     threading.Thread(target=ask, name="imagenet_classification-store", daemon=True).start()
+    # The store's silence is counted from its last answer to the heartbeat, not from this call: a rank that
+    # froze holding it is given up on ``wait_s`` after it froze, however long this rank ran on before asking.
+    silent_s = time.monotonic() - _STORE_ANSWERED[-1] if _STORE_ANSWERED else 0.0
     try:
-        return answer.result(timeout=wait_s)
+        return answer.result(timeout=max(1.0, wait_s - silent_s))
     except concurrent.futures.TimeoutError:
         why = f"gave no answer for {wait_s:g} s"
     except RuntimeError as e:  # DistNetworkError: the process that held the store ended (rank 0, or torchrun's agent)
