@@ -17,50 +17,39 @@ from tests.conftest import TINY, run_cli, run_main
 FAST = [*TINY, "--no-compile", "--batch-size", "4", "--warmup-batches", "1", "--img-size", "32"]
 
 
+def _run_signalled(capfd, jpeg_set, tmp_path, monkeypatch, images_left: int) -> tuple:
+    """The CLI's run, SIGINT sent once ``images_left`` of the list are still to come (0: as the
+    loader's end is awaited, every image counted); its exit, stdout, stderr and results."""
+    ending = ic._ending_once_complete
+
+    def signalled(batches, listed, *rest):
+        delivered = 0
+        for batch in ending(batches, listed, *rest):
+            yield batch
+            delivered += len(batch[1]) + len(getattr(batch, "failures", ()))
+            if delivered >= listed - images_left:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(ic, "_ending_once_complete", signalled)
+    out = tmp_path / "r.json"
+    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--results-file", out)
+    return proc, json.loads(out.read_text())
+
+
 def test_a_signal_as_the_loaders_end_is_awaited_keeps_the_whole_result(capfd, jpeg_set, tmp_path, monkeypatch):
     # Every image classified, the loop waiting for SPDL's end of stream (0.05-0.1 s): a signal then
     # marked the whole run "(PARTIAL RUN)", stop_reason set, as if images had been left unread.
-    ending = ic._ending_once_complete
-
-    def signalled(batches, listed, *rest):
-        delivered = 0
-        for batch in ending(batches, listed, *rest):
-            yield batch
-            delivered += len(batch[1]) + len(getattr(batch, "failures", ()))
-            if delivered >= listed:  # the last batch counted: the signal comes as the end is awaited
-                os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(ic, "_ending_once_complete", signalled)
-    out = tmp_path / "r.json"
-    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--results-file", out)
+    proc, result = _run_signalled(capfd, jpeg_set, tmp_path, monkeypatch, 0)
     assert proc.returncode == 128 + signal.SIGINT and "error: interrupted by SIGINT" in proc.stderr, proc.stderr
-    result = json.loads(out.read_text())
-    assert (result["classified"], result["not_reached"], result["partial"], result["stop_reason"]) == (
-        30,
-        0,
-        False,
-        None,
-    )
+    whole = (result["classified"], result["not_reached"], result["partial"], result["stop_reason"])
+    assert whole == (30, 0, False, None)
     assert "(PARTIAL RUN)" not in proc.stdout and "listed=30 classified=30" in proc.stdout
 
 
-def test_a_notebooks_run_interrupted_before_its_last_image_stays_partial(capfd, jpeg_set, tmp_path, monkeypatch):
-    # The other side of the rule: one image short of the list, the same signal leaves a partial run.
-    ending = ic._ending_once_complete
-
-    def signalled(batches, listed, *rest):
-        delivered = 0
-        for batch in ending(batches, listed, *rest):
-            yield batch
-            delivered += len(batch[1]) + len(getattr(batch, "failures", ()))
-            if delivered >= listed - 4:  # one batch before the last
-                os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(ic, "_ending_once_complete", signalled)
-    out = tmp_path / "r.json"
-    proc = run_main(capfd, "--input-flist", jpeg_set, "--prefix", f"{jpeg_set.parent}/", *FAST, "--results-file", out)
+def test_a_run_interrupted_before_its_last_image_stays_partial(capfd, jpeg_set, tmp_path, monkeypatch):
+    # The other side of the rule: a batch short of the list, the same signal leaves a partial run.
+    proc, result = _run_signalled(capfd, jpeg_set, tmp_path, monkeypatch, 4)
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr
-    result = json.loads(out.read_text())
     assert result["partial"] is True and result["stop_reason"] == "interrupted by SIGINT"
     assert result["classified"] + result["not_reached"] == 30 and result["not_reached"] > 0
 
