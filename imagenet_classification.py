@@ -4300,9 +4300,9 @@ def _post_share(share: dict, wait_s: float) -> None:
 
 def _ask_store(call: Callable[[], Any], wait_s: float) -> Any:
     """``call()``, a call to the job's store, in a thread: RunStopped (``peer``, where: ``the job's store``)
-    if it has not answered within ``wait_s``, or the store is gone. Where torchrun's agent does not hold
-    the store, rank 0's process does, and a call to it waits forever once that process froze, whatever
-    the store's own time-out."""
+    if the store has answered nothing for ``wait_s`` (counted from its last answer to the heartbeat, and at
+    least 1 s of this call), or it is gone. Where torchrun's agent does not hold the store, rank 0's
+    process does, and a call to it waits forever once that process froze, whatever the store's own time-out."""
     import concurrent.futures
 
     answer: concurrent.futures.Future = concurrent.futures.Future()
