@@ -902,7 +902,7 @@ def scan_folder(root: Path | str, max_samples: int | None = None, *, labels: _La
     _check_type("labels", labels, dict | None, _LABELS_EXPECTED)
     root = str(root)
     if not os.path.isdir(root):
-        raise InputError(f"{root}: no such folder")
+        raise InputError(f"{root}: {'not a folder' if os.path.exists(root) else 'no such folder'}")
     _class_index()  # read before the listing, whose OSErrors name the folder
     empty = f"no images ({', '.join(IMAGE_EXTENSIONS)}) in it"
     try:
@@ -1777,8 +1777,11 @@ def _check_labels_shape(labels: Tensor, n: int) -> None:
         raise ValueError(f"labels of shape {tuple(labels.shape)} for {_images(n)}: expected {n} x 1 (or {n})")
 
 
-def _record_batch(batch: tuple, failures: list[ImageDecodeError]) -> None:
-    """The bad images of a batch (a user's loader may yield plain tuples, which list none).
+def _record_batch(
+    batch: tuple, failures: list[ImageDecodeError], classified: int = 0, listed: int | None = None
+) -> None:
+    """The bad images of a batch added to ``failures`` (a user's loader may yield plain tuples, which list
+    none), once the batch is known to hold no image past the ``listed`` (RunStopped: none of it counted).
     TypeError for a batch that is no ``(images, labels)`` pair (a dict, a DataLoader's triple);
     ValueError for images not ``N x 3 x H x W`` (one image of a loader that does not batch) or labels
     not one per image, before they are counted."""
@@ -1791,6 +1794,8 @@ def _record_batch(batch: tuple, failures: list[ImageDecodeError]) -> None:
     if images.numel():  # an empty batch (every image failed) of any shape holds none; a 0-d tensor holds one
         _check_images_shape(images)
     _check_labels_shape(labels, images.shape[0])
+    delivered = classified + len(failures) + len(getattr(batch, "failures", ())) + len(labels)
+    _check_delivered(delivered, listed, ended=False)  # before the loop classifies it
     failures += getattr(batch, "failures", ())
 
 
@@ -2957,12 +2962,15 @@ class ModelBundle(torch.nn.Module):
 
     def logits(self, images: Tensor) -> Tensor:
         """uint8 images ``N x 3 x H x W`` -> float32 logits ``N x C``, with no autograd graph. ValueError for
-        another type (floats on the 0-1 scale would be divided by 255 again), or a model in training mode."""
+        another type (floats on the 0-1 scale would be divided by 255 again), images on another device than
+        the model's, or a model in training mode."""
         if self.model.training:  # model.train(): benchmark checks each module once, before its first batch
             _check_eval_mode(self)
         _check_type("images", images, Tensor, "a uint8 tensor N x 3 x H x W")
         if images.dtype != torch.uint8:
             raise ValueError(f"images of type {images.dtype}: expected torch.uint8 (0-255), as the decoders give")
+        if images.device != (device := _model_device(self)):  # else torch's error, said as the model's failure
+            raise ValueError(f"images on {images.device}, the model on {device}: decode to the model's device")
         _check_images_shape(images)
         n = images.shape[0]
         # Padded and laid out channels-last outside inference mode, as the loader's batches are:
@@ -3511,9 +3519,8 @@ def benchmark(
     with _stopped_runs(loop.result), torch.inference_mode():
         try:
             batches = iter(loader) if listed is None else _ending_once_complete(iter(loader), listed)
-            for batch in _loader_batches(batches):
-                _record_batch(batch, failures)
-                _check_delivered(loop.result.classified + len(failures) + len(batch[1]), listed, ended=False)
+            for batch in _loader_batches(batches, failures):
+                _record_batch(batch, failures, loop.result.classified, listed)
                 policy.check(failures, listed)
                 loop.classify(batch)
                 if progress is not None:
@@ -3527,19 +3534,24 @@ def benchmark(
                 raise RunInterrupted(held[0])
     if held:  # the run had ended: its result is whole, and the signal stops what would follow
         raise RunInterrupted(held[0], loop.result)
-    if loop.result.warmup_included:  # the CLI's summary says it; with no warm-up, only a run of no batch
-        _warn_warmup_included(loop.window.warmed, warmup_batches)
+    if loop.result.warmup_included or not loop.result.frames_timed:  # the CLI's summary says it
+        _warn_window(loop.window.warmed, warmup_batches, loop.result.warmup_included)
     return loop.result
 
 
 class WarmupIncluded(UserWarning):
-    """:py:func:`benchmark`'s run had no more batches than its warm-up: FPS includes the warm-up."""
+    """:py:func:`benchmark`'s FPS is no steady-state rate: its run had no more batches than its warm-up
+    (FPS includes the warm-up), or no image of its window was classified (FPS measures nothing)."""
 
 
-def _warn_warmup_included(batches: int, warmup_batches: int) -> None:
+def _warn_window(batches: int, warmup_batches: int, warmup_included: bool) -> None:
     if not batches:  # a notebook's loader used up by an earlier run: not a matter of the warm-up
         message = "no batch held images: the loader yielded none (an iterator used up already?), or every image failed"
         warnings.warn(message + "; FPS and accuracy measure nothing", WarmupIncluded, stacklevel=3)
+        return
+    if not warmup_included:  # a 0.0 that looks like a rate, as the CLI's summary says
+        message = "every image of the FPS window (the batches after the warm-up) failed: FPS measures nothing"
+        warnings.warn(message, WarmupIncluded, stacklevel=3)
         return
     message = f"only {batches} batch(es) held images, not more than warmup_batches={warmup_batches}: the FPS "
     message += "window includes the warm-up (compilation, caches, thread start-up); pass more images or a smaller "
@@ -3643,15 +3655,17 @@ def _as_stop(error: BaseException) -> RunStopped | RunInterrupted | None:
 
 
 def _a_loaders_time_out(error: TimeoutError) -> bool:
-    """SPDL's iterator's time-out, or the DataLoader's (as _torch_loader_batches raises it), or one that
-    says nothing more: no batch in time. Another, in its own words (a notebook's own loader's socket,
-    a progress callback's), is that code's error."""
-    if not str(error):
-        return True
+    """SPDL's iterator's time-out, or the DataLoader's (as _torch_loader_batches raises it), or one out of
+    the loader that says nothing more: no batch in time. Another, in its own words (a notebook's own
+    loader's socket), or not out of the loader (a progress callback's), is that code's error."""
+    codes = []
     tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
+    while tb is not None:
+        codes.append(tb.tb_frame.f_code)
         tb = tb.tb_next
-    raised_in = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    if not str(error):
+        return _loader_batches.__code__ in codes
+    raised_in = codes[-1].co_filename if codes else ""
     return raised_in == __file__ or raised_in.startswith(os.path.dirname(spdl.__file__) + os.sep)
 
 
@@ -3672,7 +3686,7 @@ class _Loop:
         self.top1 = torch.zeros((), dtype=torch.int64, device=device)
         self.top5 = torch.zeros((), dtype=torch.int64, device=device)
         self.not_finite = torch.zeros((), dtype=torch.int64, device=device)
-        self.unknown_labels = torch.zeros((), dtype=torch.int64, device=device)  # no class of the model's, not -1
+        self.unknown_labels = torch.zeros((), dtype=torch.int64, device=device)  # no class of the model's, -1 too
         self.classes = NUM_CLASSES  # the model's, from its logits
         self.window = _TimingWindow(device, warmup_batches, sync_clocks)
         self.kept: list[tuple[Tensor, Tensor, Tensor, Tensor, tuple[str, ...]]] | None = [] if predictions else None
@@ -3683,7 +3697,7 @@ class _Loop:
         first = n and not self.result.classified  # the first batch with an image: checked once
         if first and tuple(images.shape[-2:]) != (size, size):
             message = f"images of {images.shape[-1]} x {images.shape[-2]} for a model whose transform crops {size} x "
-            warnings.warn(f"{message}{size}: decode with get_decode_func(..., model.transform)", stacklevel=4)
+            warnings.warn(f"{message}{size}: decode with get_decode_func(..., model.transform)", stacklevel=3)
         if n:
             i = self.window.batches
             with spdl.io.utils.trace_event(f"iter_{i}"), torch.profiler.record_function(f"iter_{i}"):
@@ -3693,10 +3707,10 @@ class _Loop:
                 labels = labels.long()  # a whole number's type (Classification refused another): uint8's -1 wraps
                 finite = logits.isfinite().all(dim=-1)
                 self.classes = logits.shape[-1]
-                unknown = ((labels < -1) | (labels >= self.classes)).sum()  # read at the end: no sync
+                unknown = ((labels < 0) | (labels >= self.classes)).sum()  # read at the end: no sync
             if first and logits.shape[-1] != NUM_CLASSES:  # a notebook's own model: get_model refuses one
                 message = f"the model gives {logits.shape[-1]} classes, not ImageNet-1k's {NUM_CLASSES} of the labels:"
-                warnings.warn(f"{message} its top-1 and top-5 compare indices of two different sets", stacklevel=4)
+                warnings.warn(f"{message} its top-1 and top-5 compare indices of two different sets", stacklevel=3)
             if self.kept is not None:  # on the device until the run ends
                 # Ranked by the logits, as Classification counts: probabilities that underflow to 0 tie.
                 classes = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
@@ -3728,7 +3742,7 @@ class _Loop:
         result.not_finite = int(self.not_finite)
         if unknown := int(self.unknown_labels):  # a loader's own labels (get_decode_func's are checked)
             message = f"{_images(unknown, 'label')} of the batches named no class of the model's (0-"
-            warnings.warn(f"{message}{self.classes - 1}, or -1: unknown): counted as misses", stacklevel=3)
+            warnings.warn(f"{message}{self.classes - 1}; -1: unknown): counted as misses", stacklevel=3)
         result.record_failures(failures)
         result.timeline = window.timeline()
         if self.kept is not None:
@@ -3806,17 +3820,20 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def _loader_batches(batches: Iterator) -> Iterator:
+def _loader_batches(batches: Iterator, failures: list[ImageDecodeError] | None = None) -> Iterator:
     """The loader's batches (None too: the loop refuses it, naming it). An error of a notebook's own loader
     (an OSError of its dataset) as RunStopped, the partial result kept: ``bad_image`` for an
-    ImageDecodeError, ``stalled`` for a TimeoutError, else ``loader``."""
+    ImageDecodeError (its image added to ``failures``), ``stalled`` for a TimeoutError, else ``loader``."""
     while True:
         try:
             batch = next(batches)
         except StopIteration:
             return
-        except ImageDecodeError as e:
-            raise RunStopped(f"cannot decode {e.path}: {e.reason}", "bad_image", "--skip-bad skips such images") from e
+        except ImageDecodeError as e:  # a decode function with no policy, called by the notebook's own loader
+            if failures is not None:  # a copy: e's traceback holds the loader's frames
+                failures.append(ImageDecodeError(e.path, e.reason))
+            advice = "give get_decode_func a policy: BadImagePolicy(skip=True) skips such images"
+            raise RunStopped(f"cannot decode {e.path}: {e.reason}", "bad_image", advice) from e
         except Exception as e:
             if _as_stop(e) is not None:  # the pipeline's failure, a stall, a dead DataLoader worker: said as such
                 raise
@@ -3986,7 +4003,7 @@ def measure_loader(
     window = _TimingWindow(_resolve_device(str(device)), warmup_batches)  # InputError: "meta", no CUDA
     batches = iter(batches)
     with _stopped_runs(None):  # a stall, the pipeline's failure, the loader's error: RunStopped, as the run says them
-        for batch in _loader_batches(batches):  # (images, ...): labels, or what else it gives, unread
+        for batch in _loader_batches(batches, failures):  # (images, ...): labels, or what else it gives, unread
             if not (isinstance(batch, tuple | list) and batch and isinstance(batch[0], Tensor)):
                 raise TypeError(f"a batch that is a {type(batch).__name__}: expected (images, labels), images a tensor")
             if batch[0].numel():  # 3 x H x W, one image unbatched, would count 3
@@ -3995,8 +4012,8 @@ def measure_loader(
             if failures is not None:
                 failures += getattr(batch, "failures", ())
     frames, seconds, warmup_included = window.close()
-    if warmup_included:  # as benchmark
-        _warn_warmup_included(window.warmed, warmup_batches)
+    if warmup_included or not frames:  # as benchmark
+        _warn_window(window.warmed, warmup_batches, warmup_included)
     return frames / seconds if seconds > 0 else 0.0
 
 

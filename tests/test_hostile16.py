@@ -145,18 +145,21 @@ def test_the_readme_notebook_pattern_keeps_a_stalled_runs_result(demo_photos, li
 
 
 def test_labels_that_name_no_class_of_the_model_are_counted_as_misses_and_warned_of():
-    # A loader's own labels: 5000 and -5 were silent misses (a decode item's are refused).
+    # A loader's own labels: 5000 and -5 were silent misses (a decode item's are refused), and so was
+    # -1 (unknown): each lowers top-1 and top-5 as a miss, so the run says how many there were.
     bundle = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
     size = bundle.transform.size
     images = torch.randint(0, 255, (4, 3, size, size), dtype=torch.uint8)
-    labels = torch.tensor([[0], [1000], [-1], [-2]])  # either side's first past the classes and -1
-    message = r"^2 labels of the batches named no class of the model's \(0-999, or -1: unknown\): counted as misses"
+    labels = torch.tensor([[0], [1000], [-1], [-2]])  # either side's first past the classes, and -1
+    message = r"^3 labels of the batches named no class of the model's \(0-999; -1: unknown\): counted as misses"
     with pytest.warns(UserWarning, match=message):
         result = ic.benchmark([(images, labels)], bundle, warmup_batches=0)
     assert (result.classified, result.not_reached) == (4, 0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # -1 (unknown) and classes of the model: no warning
+    with pytest.warns(UserWarning, match=r"^1 label of the batches named no class"):
         ic.benchmark([(images, torch.tensor([[0], [999], [-1], [5]]))], bundle, warmup_batches=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # classes of the model, the first and the last: no warning
+        ic.benchmark([(images, torch.tensor([[0], [999], [3], [5]]))], bundle, warmup_batches=0)
 
 
 def test_a_stalled_decode_process_run_leaves_no_stall_entry(jpeg_set, capfd):

@@ -1,0 +1,124 @@
+"""Hostile input, round twenty-two (2026-12-08): the notebook API's edges. Each test fails on the
+code before it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import imagenet_classification as ic
+from imagenet_classification import BadImagePolicy, RunStopped, WarmupIncluded
+
+
+class _Ranked(torch.nn.Module):
+    """Logits that rank class 10 first for every image."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros((x.shape[0], ic.NUM_CLASSES))
+        logits[:, 10] = 1.0
+        return logits
+
+
+def _bundle() -> ic.ModelBundle:
+    transform = ic.EvalTransform(size=8)
+    return ic.ModelBundle(ic.Preprocessing(transform.mean, transform.std), _Ranked(), ic.Classification(),
+                          torch.float32, transform)  # fmt: skip
+
+
+def _batch(n: int, failed: int = 0) -> ic._Batch:
+    """``n`` images labelled 10 (each a top-1 hit), and ``failed`` bad images listed with them."""
+    images, labels = torch.zeros((n, 3, 8, 8), dtype=torch.uint8), torch.full((n, 1), 10)
+    bad = [ic.ImageDecodeError(f"/no/such/{i}.JPEG", "no such file") for i in range(failed)]
+    return ic._Batch(images, labels, tuple(f"/x/{i}.JPEG" for i in range(n)), bad)
+
+
+def test_bad_images_past_the_listed_are_not_counted_as_failed():
+    # A loader that delivered two bad images past the 4 listed: they were counted as failed
+    # (failed=2) before the check of what was delivered stopped the run, so the counts added up to 6.
+    with pytest.raises(RunStopped, match="more than the 4 listed") as stop:
+        ic.benchmark([_batch(4), _batch(0, failed=2)], _bundle(), listed=4, policy=BadImagePolicy(skip=True),
+                     warmup_batches=0)  # fmt: skip
+    result = stop.value.result
+    assert (result.classified, result.failed, result.not_reached) == (4, 0, 0)
+    assert result.classified + result.failed + result.not_reached == result.listed
+    with pytest.raises(RunStopped, match="more than the 4 listed") as stop:  # images past it: never classified
+        ic.benchmark([_batch(3), _batch(2)], _bundle(), listed=4, warmup_batches=0)
+    assert (stop.value.result.classified, stop.value.result.not_reached) == (3, 1)
+
+
+def test_a_window_whose_every_image_failed_is_warned_of_in_a_notebook():
+    # The command line says "FPS measures nothing"; benchmark() and measure_loader() returned a
+    # plain fps of 0.0, with no warning, which reads as a measured rate.
+    loader = [_batch(2), _batch(2), _batch(0, failed=2)]
+    message = r"every image of the FPS window \(the batches after the warm-up\) failed: FPS measures nothing"
+    with pytest.warns(WarmupIncluded, match=message):
+        result = ic.benchmark(loader, _bundle(), warmup_batches=2, policy=BadImagePolicy(skip=True))
+    assert (result.fps, result.frames_timed, result.batches_timed, result.warmup_included) == (0.0, 0, 1, False)
+    with pytest.warns(WarmupIncluded, match=message):
+        assert ic.measure_loader(loader, "cpu", 2) == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a window with an image in it: no warning
+        ic.benchmark([*loader, _batch(1)], _bundle(), warmup_batches=2, policy=BadImagePolicy(skip=True))
+
+
+def test_a_bare_time_out_of_a_progress_callback_is_its_own_error_not_a_stall():
+    # A TimeoutError() with no message from the progress callback was reported as the loader's stall.
+    def progress(done: int, top1: torch.Tensor) -> None:
+        raise TimeoutError
+
+    with pytest.raises(TimeoutError):
+        ic.benchmark([_batch(2)], _bundle(), warmup_batches=0, progress=progress)
+
+    def stalls():  # the loader's own bare time-out: a stall, as before
+        yield _batch(2)
+        raise TimeoutError
+
+    with pytest.raises(RunStopped) as stop:
+        ic.benchmark(stalls(), _bundle(), warmup_batches=0)
+    assert stop.value.kind == "stalled"
+
+
+def test_the_loop_s_warnings_name_the_line_that_called_benchmark():
+    # stacklevel=4 named the caller's caller: in a notebook, the kernel's exec line, whose
+    # once-per-location filter then hid the warning in later cells.
+    images = torch.zeros((2, 3, 16, 16), dtype=torch.uint8)  # not the transform's 8 x 8
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ic.benchmark([(images, torch.full((2, 1), 10))], _bundle(), warmup_batches=0)
+    sizes = [w for w in caught if "images of 16 x 16" in str(w.message)]
+    assert sizes and all(w.filename == __file__ for w in sizes), [(w.filename, str(w.message)) for w in caught]
+
+
+def test_a_notebook_loaders_bad_image_counts_as_failed_and_names_the_policy():
+    # A decode function with no policy raising in a notebook's own loader: the image was counted as
+    # not reached (failed 0) though the stop named it, and the advice was the command line's --skip-bad.
+    def loader():
+        yield _batch(2)
+        raise ic.ImageDecodeError("/data/bad.JPEG", "not an image")
+
+    with pytest.raises(RunStopped, match="^cannot decode /data/bad.JPEG: not an image") as stop:
+        ic.benchmark(loader(), _bundle(), listed=4, warmup_batches=0)
+    assert "--skip-bad" not in stop.value.advice and "BadImagePolicy(skip=True)" in stop.value.advice
+    result = stop.value.result
+    assert (result.classified, result.failed, result.not_reached) == (2, 1, 1)
+    assert [f["path"] for f in result.to_dict()["failures"]] == ["/data/bad.JPEG"]
+
+
+def test_images_on_another_device_than_the_model_are_said_to_be_so():
+    # Images on another device were "the model failed on a batch … --no-compile if torch.compile
+    # failed": torch's own device error, blamed on the model.
+    images = torch.zeros((2, 3, 8, 8), dtype=torch.uint8, device="meta")
+    with pytest.raises(ValueError, match="^images on meta, the model on cpu: decode to the model's device"):
+        ic.benchmark([(images, torch.full((2, 1), 10))], _bundle(), warmup_batches=0)
+
+
+def test_scan_folder_on_a_file_says_it_is_no_folder(tmp_path):
+    # A file's path was "no such folder", though it exists.
+    path = tmp_path / "val.flist"
+    path.write_text("n01440764/a.JPEG\n")
+    with pytest.raises(ic.InputError, match="val.flist: not a folder$"):
+        ic.scan_folder(path)
+    with pytest.raises(ic.InputError, match="nowhere: no such folder$"):
+        ic.scan_folder(tmp_path / "nowhere")
