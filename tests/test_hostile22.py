@@ -3,7 +3,11 @@ code before it."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -122,3 +126,93 @@ def test_scan_folder_on_a_file_says_it_is_no_folder(tmp_path):
         ic.scan_folder(path)
     with pytest.raises(ic.InputError, match="nowhere: no such folder$"):
         ic.scan_folder(tmp_path / "nowhere")
+
+
+# --- make mutate's timing group: what its survivors showed no test read -----------------------
+
+
+def _signal_on_second_call() -> Callable[[], None]:
+    calls = []
+
+    def send() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # its handler runs: the signal is held
+
+    return send
+
+
+def test_a_notebooks_ctrl_c_as_a_batch_is_counted_stops_after_it_as_that_signal():
+    # sync_clocks' second call comes inside the batch's counting, at the warm-up's end.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(ic.RunInterrupted) as stopped:
+        ic.benchmark([_batch(2), _batch(2)], _bundle(), warmup_batches=1, sync_clocks=_signal_on_second_call())
+    assert stopped.value.signum == signal.SIGINT and stopped.value.result.classified == 2
+
+
+def _signal_in_close(monkeypatch) -> None:
+    """SIGINT as the run's end writes the predictions' rows (seconds, on a long run)."""
+    rows, calls = ic._prediction_rows, []
+
+    def signalled(*batch):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        return rows(*batch)
+
+    monkeypatch.setattr(ic, "_prediction_rows", signalled)
+
+
+def test_a_notebooks_ctrl_c_as_a_whole_run_ends_keeps_the_whole_result(monkeypatch):
+    _signal_in_close(monkeypatch)
+    with pytest.raises(ic.RunInterrupted) as stopped:
+        ic.benchmark([_batch(2), _batch(2)], _bundle(), listed=4, warmup_batches=1, predictions=True)
+    result = stopped.value.result
+    assert stopped.value.signum == signal.SIGINT and not result.partial and result.classified == 4
+    assert len(result.predictions) == 4
+
+
+def test_a_notebooks_ctrl_c_as_a_stopping_run_ends_is_the_stop(monkeypatch):
+    _signal_in_close(monkeypatch)
+
+    def fails():
+        yield _batch(2)
+        raise OSError("the dataset's disk is gone")
+
+    with pytest.raises(ic.RunInterrupted) as stopped:
+        ic.benchmark(fails(), _bundle(), listed=4, warmup_batches=1, predictions=True)
+    assert stopped.value.signum == signal.SIGINT and stopped.value.result.classified == 2
+
+
+def test_the_image_size_warning_is_given_once_for_a_run():
+    images = torch.zeros((2, 3, 16, 16), dtype=torch.uint8)  # not the transform's 8 x 8
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ic.benchmark([(images, torch.full((2, 1), 10))] * 3, _bundle(), warmup_batches=0)
+    assert len([w for w in caught if "images of 16 x 16" in str(w.message)]) == 1
+
+
+class _TenClasses(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((x.shape[0], 10))
+
+
+def test_the_class_count_and_label_warnings_name_the_line_that_called_benchmark():
+    transform = ic.EvalTransform(size=8)
+    bundle = ic.ModelBundle(ic.Preprocessing(transform.mean, transform.std), _TenClasses(), ic.Classification(),
+                            torch.float32, transform)  # fmt: skip
+    images = torch.zeros((2, 3, 8, 8), dtype=torch.uint8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ic.benchmark([(images, torch.tensor([[1], [20]]))], bundle, warmup_batches=0)
+    said = {str(w.message).split(":")[0]: w.filename for w in caught}
+    assert said == {"the model gives 10 classes, not ImageNet-1k's 1000 of the labels": __file__,
+                    "1 label of the batches named no class of the model's (0-9; -1": __file__}, said  # fmt: skip
+
+
+def test_measure_loader_refuses_one_image_unbatched_whatever_its_labels():
+    # One 3 x H x W image would count as 3; the shape is checked on the images, not the labels.
+    with pytest.raises(ValueError, match=r"^images of shape \(3, 8, 8\): expected N x 3 x H x W"):
+        ic.measure_loader([(torch.zeros((3, 8, 8), dtype=torch.uint8), torch.zeros(0))], "cpu", 0)
