@@ -1673,9 +1673,7 @@ def _decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) 
             raise ImageDecodeError(path, "not an image: its data is no format PIL or FFmpeg is used for") from None
         with opened as image:
             _check_size(path, image.size, transform)
-            # 16-bit grey (a PNG's, older PIL: I) scaled to 8 bits: PIL's conversion would clip it (white).
-            # 32-bit grey (TIFF's I) has no known range: converted as timm's reference converts it.
-            if image.mode.startswith("I;16") or (image.mode == "I" and image.format == "PNG"):
+            if _is_16_bit_grey(image):  # scaled to 8 bits: PIL's conversion would clip it (white)
                 pixels = np.clip(np.asarray(image, dtype=np.int64), 0, 65535) >> 8
                 rgb = Image.fromarray(pixels.astype(np.uint8)).convert("RGB")
             else:
@@ -1683,6 +1681,12 @@ def _decode_pil(path: str, transform: EvalTransform, data: bytes | None = None) 
         new_w, new_h, left, top = transform.geometry(*rgb.size)
         resized = rgb.resize((new_w, new_h), _PIL_RESAMPLE[transform.interpolation])
     return np.asarray(resized.crop((left, top, left + transform.size, top + transform.size)))
+
+
+def _is_16_bit_grey(image: Any) -> bool:
+    """A PIL image of 16-bit grey: I;16, or I for a PNG (older PIL) or a PGM whose maxval is over 255.
+    32-bit grey (a TIFF's I, F) has no known range: converted as timm's reference converts it."""
+    return image.mode.startswith("I;16") or (image.mode == "I" and image.format in ("PNG", "PPM"))
 
 
 def _check_size(path: str, size: tuple[int, int] | None, transform: EvalTransform) -> None:
@@ -4493,7 +4497,7 @@ def _measure_parity(
     tops = [(no_image, no_image, torch.empty(0, dtype=torch.int64))]  # each batch's top 5 here, there; its labels
     sides = {(True, False): "loader_only", (False, True): "reference_only", (False, False): "neither"}
     counts = dict.fromkeys(sides.values(), 0)
-    deep: list[str] = []  # 16-bit images: PIL's RGB conversion clips them, FFmpeg scales them
+    deep: list[str] = []  # 16-bit grey images: PIL's RGB conversion clips them, the loader scales them
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         batch = decode(chunk)
@@ -4503,7 +4507,7 @@ def _measure_parity(
             with contextlib.suppress(ImageDecodeError), _pil_errors(path):
                 with Image.open(io.BytesIO(_read_image_bytes(path, max_bytes))) as image:  # the run's limits
                     _check_size(path, image.size, t)  # a 20000 x 1 strip: gigabytes resized
-                    if image.mode.startswith("I") or image.mode == "F":  # I;16, I;16B, I (a 16-bit PNG)
+                    if _is_16_bit_grey(image):
                         deep.append(path)
                     reference[path] = timm_transform(image.convert("RGB"))
         for path, _ in chunk:

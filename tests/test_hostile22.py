@@ -9,8 +9,10 @@ import time
 import warnings
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import imagenet_classification as ic
 from imagenet_classification import BadImagePolicy, RunStopped, WarmupIncluded
@@ -216,3 +218,45 @@ def test_measure_loader_refuses_one_image_unbatched_whatever_its_labels():
     # One 3 x H x W image would count as 3; the shape is checked on the images, not the labels.
     with pytest.raises(ValueError, match=r"^images of shape \(3, 8, 8\): expected N x 3 x H x W"):
         ic.measure_loader([(torch.zeros((3, 8, 8), dtype=torch.uint8), torch.zeros(0))], "cpu", 0)
+
+
+# --- A helper's sweep of the command line's inputs ---------------------------------------------
+
+
+def _grey_photo() -> np.ndarray:
+    from skimage import data
+
+    return np.asarray(Image.fromarray(data.astronaut()).convert("L").resize((96, 72)), dtype=np.int64)
+
+
+def _pgm(path, grey: np.ndarray, maxval: int) -> str:
+    h, w = grey.shape
+    path.write_bytes(b"P5\n%d %d\n%d\n" % (w, h, maxval) + grey.astype(">u2").tobytes())
+    return str(path)
+
+
+@pytest.mark.parametrize("maxval", [65535, 4095])
+def test_a_16_bit_pgm_is_scaled_not_clipped_to_white(tmp_path, maxval):
+    # PIL opens a PGM of maxval over 255 as mode I, format PPM: only a PNG's mode I was scaled, and
+    # this one was clipped by PIL's RGB conversion to a white image, classified with no word.
+    grey = _grey_photo()
+    deep = _pgm(tmp_path / "deep.pgm", grey * maxval // 255, maxval)
+    flat = tmp_path / "flat.pgm"
+    Image.fromarray(grey.astype(np.uint8)).save(flat)
+    decode = ic.get_decode_func("cpu", ic.EvalTransform(size=32))
+    images, _ = decode([(deep, 0), (str(flat), 0)])
+    assert images[0].float().mean() < 200 and (images[0].float() - images[1].float()).abs().mean() < 1.0
+
+
+def test_parity_names_only_the_16_bit_grey_images_its_reference_clips(tmp_path):
+    # A 32-bit float or int TIFF, converted alike on both sides, was said to be clipped by timm's
+    # reference ("so that they differ there, not here"); a 16-bit PGM, which it clips, is named.
+    grey = _grey_photo()
+    Image.fromarray(grey.astype(np.float32)).save(tmp_path / "f.tif")
+    Image.fromarray(grey.astype(np.int32)).save(tmp_path / "i.tif")
+    deep = _pgm(tmp_path / "deep.pgm", grey * 257, 65535)
+    model = ic.get_model("test_efficientnet", "cpu", pretrained=False, compile=False)
+    decode = ic.get_decode_func("cpu", model.transform, policy=ic.BadImagePolicy(skip=True))
+    items = [(str(tmp_path / "f.tif"), 0), (str(tmp_path / "i.tif"), 0), (deep, 0)]
+    parity = ic._measure_parity(items, decode, model)
+    assert parity.images == 3 and parity.deep == [deep]
