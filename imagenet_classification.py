@@ -93,24 +93,31 @@ if __name__ in ("__main__", "__mp_main__") or _COMMAND:
         os.write(2, f"error: {_problem}\n".encode())
         os._exit(2)
 
-import spdl.io  # noqa: E402
-import spdl.io.utils  # noqa: E402
-import torch  # noqa: E402
-from spdl.io import convert_frames, to_torch, transfer_buffer  # noqa: E402
-from spdl.io.lib import _libspdl  # noqa: E402
-from spdl.pipeline import (  # noqa: E402
-    AsyncQueue,
-    Pipeline,
-    PipelineBuilder,
-    PipelineFailure,
-    StageInfo,
-    StatsQueue,
-    TaskHook,
-    TaskStatsHook,
-    is_eof,
-)
-from spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig  # noqa: E402
-from torch import Tensor  # noqa: E402
+try:
+    import spdl.io  # noqa: E402
+    import spdl.io.utils  # noqa: E402
+    import torch  # noqa: E402
+    from spdl.io import convert_frames, to_torch, transfer_buffer  # noqa: E402
+    from spdl.io.lib import _libspdl  # noqa: E402
+    from spdl.pipeline import (  # noqa: E402
+        AsyncQueue,
+        Pipeline,
+        PipelineBuilder,
+        PipelineFailure,
+        StageInfo,
+        StatsQueue,
+        TaskHook,
+        TaskStatsHook,
+        is_eof,
+    )
+    from spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig  # noqa: E402
+    from torch import Tensor  # noqa: E402
+except ImportError as _error:  # a library that cannot load (a memory limit: ulimit -v; a broken install)
+    if __name__ not in ("__main__", "__mp_main__") and not _COMMAND:
+        raise
+    _hint = " (a memory limit: ulimit -v?)" if "failed to map segment" in str(_error) else ""
+    os.write(2, f"error: cannot load {_error.name or 'a library'}: {_error}{_hint}\n".encode())
+    os._exit(2)
 
 # Each ``spdl.io.X`` costs that module's ``__getattr__`` (6-24 us): the decode path, run for every
 # image, uses names bound here once. ``_libspdl``, SPDL's native module, loads on its first use.
@@ -316,7 +323,10 @@ def _path(text: str) -> Path:
 
 
 def _file_name(text: str) -> Path:
-    """A file to write, as typed: Path drops a trailing / (``r.json/``), which names a folder."""
+    """A file to write, as typed: Path drops a trailing / (``r.json/``), which names a folder, and makes
+    an empty name "." (a variable not set)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty file name (a variable not set?)")
     if text.endswith("/"):
         raise argparse.ArgumentTypeError(f"{text}: not a file name (a trailing / names a folder)")
     return Path(text)
@@ -581,7 +591,7 @@ def parse_wnid(s: str) -> str:
         raise TypeError(f"expected a path, got {s!r}")
     if folders := [part for part in s.split("/")[:-1] if _WNID.fullmatch(part)]:
         return folders[-1]
-    if match := re.search(r"(?<![A-Za-z0-9])n\d{8}(?!\d)", s):
+    if match := re.search(r"(?<![A-Za-z0-9])n\d{8}(?![A-Za-z0-9])", s):
         return match.group(0)
     raise ValueError(f"no WordNet ID (nXXXXXXXX) in {s!r}")
 
@@ -1484,7 +1494,16 @@ def _pil_errors(path: str) -> Iterator[None]:
     try:
         yield
     except (*_DECODER_ERRORS, Image.DecompressionBombError) as e:
-        raise ImageDecodeError(path, f"PIL cannot decode it: {_spdl_reason(e)}") from None
+        raise _undecodable(path, "PIL", e) from None
+
+
+def _undecodable(path: str, decoder: str, error: Exception) -> Exception:
+    """What a decoder's error says: the image's data is bad (ImageDecodeError), or the machine is out of
+    memory (FFmpeg's ENOMEM, "Cannot allocate memory"): a MemoryError, which stops the run, as no fault
+    of the image's (a good image is never counted as failed)."""
+    if _is_out_of_memory(error):
+        return MemoryError(f"{decoder}: {_spdl_reason(error)}")
+    return ImageDecodeError(path, f"{decoder} cannot decode it: {_spdl_reason(error)}")
 
 
 _NOT_A_FILE = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO"}  # else a device (/dev/zero) or a socket
@@ -1741,7 +1760,7 @@ def _crop_on_cpu(
             _check_size(path, (frames.width, frames.height), graphs.transform)
         return graphs.apply(frames)
     except _DECODER_ERRORS as e:
-        raise ImageDecodeError(path, f"FFmpeg cannot decode it: {_spdl_reason(e)}") from None
+        raise _undecodable(path, "FFmpeg", e) from None
 
 
 def _image_tensor(image: spdl.io.VideoFrames | Any) -> Tensor:
@@ -1781,9 +1800,7 @@ def _check_labels_shape(labels: Tensor, n: int) -> None:
         raise ValueError(f"labels of shape {tuple(labels.shape)} for {_images(n)}: expected {n} x 1 (or {n})")
 
 
-def _record_batch(
-    batch: tuple, failures: list[ImageDecodeError], classified: int = 0, listed: int | None = None
-) -> None:
+def _record_batch(batch: tuple, failures: list[ImageDecodeError], classified: int, listed: int | None) -> None:
     """The bad images of a batch added to ``failures`` (a user's loader may yield plain tuples, which list
     none), once the batch is known to hold no image past the ``listed`` (RunStopped: none of it counted).
     TypeError for a batch that is no ``(images, labels)`` pair (a dict, a DataLoader's triple);
@@ -3449,7 +3466,8 @@ def _model_device(model: ModelBundle) -> torch.device:
 def _is_out_of_memory(error: BaseException | None) -> bool:
     if isinstance(error, torch.OutOfMemoryError | MemoryError):
         return True
-    return error is not None and ("can't allocate memory" in str(error) or "out of memory" in str(error).lower())
+    # torch's CPU allocator ("can't allocate memory"), FFmpeg's and the C library's ENOMEM ("Cannot ...").
+    return error is not None and any(words in str(error).lower() for words in ("allocate memory", "out of memory"))
 
 
 def _out_of_memory(device: torch.device, batch_size: int) -> RunStopped:
@@ -5935,10 +5953,12 @@ def _stop_pipeline(pipeline: Pipeline, at_once: bool, in_processes: bool, others
         pipeline.stop(timeout=0.1 if at_once else 1.5)
     except TimeoutError:
         return False
-    except PipelineFailure:  # with the workers ended: the stage whose queue they left unread, no failure
-        if not workers_ended:
-            raise
-        return False
+    except PipelineFailure as e:  # with the workers ended: the stage whose queue they left unread, no failure
+        if workers_ended:
+            return False
+        # A stage's failure the loop never met: the run had stopped already (on another thread's bad
+        # image, say). That stop is the run's outcome, said with its partial result; this one is told.
+        _LG.warning("the loading pipeline also failed as it stopped: %s", _loader_failed(e))
     return True
 
 

@@ -145,6 +145,21 @@ GROUPS: dict[str, Group] = {
             "tests/test_hostile14.py::test_numpy_counts_are_taken_and_written_as_json",
             "tests/test_hostile16.py::test_labels_that_name_no_class_of_the_model_are_counted_as_misses_and_warned_of",
             "tests/test_hostile16.py::test_a_batch_that_is_no_pair_is_named_by_its_kind_and_length",
+            *(
+                f"tests/test_hostile22.py::test_{name}"
+                for name in (
+                    "bad_images_past_the_listed_are_not_counted_as_failed",
+                    "a_window_whose_every_image_failed_is_warned_of_in_a_notebook",
+                    "the_loop_s_warnings_name_the_line_that_called_benchmark",
+                    "a_notebook_loaders_bad_image_counts_as_failed_and_names_the_policy",
+                    "a_notebooks_ctrl_c_as_a_batch_is_counted_stops_after_it_as_that_signal",
+                    "a_notebooks_ctrl_c_as_a_whole_run_ends_keeps_the_whole_result",
+                    "a_notebooks_ctrl_c_as_a_stopping_run_ends_is_the_stop",
+                    "the_image_size_warning_is_given_once_for_a_run",
+                    "the_class_count_and_label_warnings_name_the_line_that_called_benchmark",
+                    "measure_loader_refuses_one_image_unbatched_whatever_its_labels",
+                )
+            ),  # fmt: skip
             *_RUN_AT_LIMIT,
         ],
         [

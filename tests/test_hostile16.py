@@ -330,7 +330,7 @@ def test_a_batch_that_is_no_pair_is_named_by_its_kind_and_length():
     pair = {"images": images, "labels": labels}
     for batch, said in (((images, labels, ["a", "b"]), "a tuple of 3"), (pair, "a dict"), ([images], "a list of 1")):
         with pytest.raises(TypeError, match=f"^a batch that is {said}: expected a pair"):
-            ic._record_batch(batch, [])
+            ic._record_batch(batch, [], 0, None)
     failures: list = []
-    ic._record_batch([images, labels], failures)  # a list of two is a pair
+    ic._record_batch([images, labels], failures, 0, None)  # a list of two is a pair
     assert failures == []

@@ -3,8 +3,13 @@ code before it."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shlex
 import signal
+import subprocess
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -16,6 +21,7 @@ from PIL import Image
 
 import imagenet_classification as ic
 from imagenet_classification import BadImagePolicy, RunStopped, WarmupIncluded
+from tests.conftest import ROOT, run_main
 
 
 class _Ranked(torch.nn.Module):
@@ -260,3 +266,57 @@ def test_parity_names_only_the_16_bit_grey_images_its_reference_clips(tmp_path):
     items = [(str(tmp_path / "f.tif"), 0), (str(tmp_path / "i.tif"), 0), (deep, 0)]
     parity = ic._measure_parity(items, decode, model)
     assert parity.images == 3 and parity.deep == [deep]
+
+
+def test_the_machine_out_of_memory_in_a_decoder_is_no_bad_image():
+    # FFmpeg's ENOMEM ("Cannot allocate memory") was an ImageDecodeError: with --skip-bad, good
+    # images were counted as failed and the run exited 0; without it, "cannot decode" and --skip-bad.
+    error = RuntimeError("Failed to parse the filter description: scale=224:224 (Cannot allocate memory)")
+    assert isinstance(ic._undecodable("/data/a.JPEG", "FFmpeg", error), MemoryError)
+    with pytest.raises(MemoryError, match="^PIL: "):
+        with ic._pil_errors("/data/a.tif"):
+            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+    corrupt = ic._undecodable("/data/a.JPEG", "FFmpeg", RuntimeError("Invalid data found when processing input"))
+    assert isinstance(corrupt, ic.ImageDecodeError) and corrupt.reason.startswith("FFmpeg cannot decode it: Invalid")
+
+
+def test_a_stage_failure_met_only_as_the_pipeline_stops_leaves_the_runs_own_stop(caplog):
+    # The loop stopped on its own (a first bad image) while another thread's batch failed: SPDL's
+    # stop() raised that failure, which replaced the run's outcome: no summary, no results file,
+    # "unexpected PipelineFailure (a bug)".
+    failing = threading.Event()
+
+    def fails(items):
+        failing.set()
+        raise MemoryError("std::bad_alloc")
+
+    pipeline = ic.get_pipeline([("a", 0), ("b", 0)], 1, fails, 1, 1, 1)
+    pipeline.start()
+    assert failing.wait(30)
+    time.sleep(0.5)  # SPDL's stage takes the failure in
+    with caplog.at_level("WARNING", logger="imagenet_classification"):
+        assert ic._stop_pipeline(pipeline, False, False) is True
+    assert "the loading pipeline also failed as it stopped: the loading pipeline failed: MemoryError" in caplog.text
+
+
+def test_a_library_that_cannot_load_is_one_line_not_a_traceback():
+    # Under a memory limit (ulimit -v, common under batch schedulers) torch's shared library cannot
+    # be mapped: the command's only message was the import's traceback, exit 1.
+    command = f"ulimit -v 500000; exec {shlex.quote(sys.executable)} {ROOT / 'imagenet_classification.py'} --help"
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: cannot load ") and proc.stderr.endswith(" (a memory limit: ulimit -v?)\n")
+
+
+def test_a_wordnet_id_with_a_letter_after_it_does_not_stand_alone():
+    # README: "the first WordNet ID standing alone (no letter or digit beside it)"; a letter after it
+    # was taken (photos/n01440764b.JPEG: class 0, tench).
+    with pytest.raises(ValueError, match="no WordNet ID"):
+        ic.parse_wnid("photos/n01440764b.JPEG")
+    assert ic.parse_wnid("photos/n01440764_b.JPEG") == "n01440764"
+
+
+def test_an_empty_output_file_name_is_said_to_be_empty(capfd, tmp_path):
+    # --results-file "" was "--results-file .: not a file name": Path("") is ".".
+    proc = run_main(capfd, "--input-flist", tmp_path / "none.flist", "--results-file", "")
+    assert proc.returncode == 2 and "argument --results-file: an empty file name (a variable not set?)" in proc.stderr
