@@ -81,8 +81,6 @@ if __name__ in ("__main__", "__mp_main__") or _COMMAND:
     if multiprocessing.current_process().name != "MainProcess":
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # What would stop the imports below with a traceback (or torch's "oneMKL FATAL ERROR"): one line.
-    import importlib.util
-
     try:
         os.getcwd()
         _missing = [name for name in ("spdl", "torch", "torchvision", "timm") if not importlib.util.find_spec(name)]
