@@ -817,7 +817,10 @@ pid = 0
 
 def stop(signum, frame):  # the parent gave up: end the running child and its subprocesses
     if pid:
-        os.killpg(pid, signal.SIGKILL)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:  # ended already
+            pass
     os._exit(1)
 
 signal.signal(signal.SIGTERM, stop)

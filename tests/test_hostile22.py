@@ -139,6 +139,14 @@ def test_scan_folder_on_a_file_says_it_is_no_folder(tmp_path):
 # --- make mutate's timing group: what its survivors showed no test read -----------------------
 
 
+@pytest.fixture
+def notebook_sigint():
+    """Python's own SIGINT handler, as a notebook has it (a test runner may have set another)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _signal_on_second_call() -> Callable[[], None]:
     calls = []
 
@@ -151,9 +159,8 @@ def _signal_on_second_call() -> Callable[[], None]:
     return send
 
 
-def test_a_notebooks_ctrl_c_as_a_batch_is_counted_stops_after_it_as_that_signal():
+def test_a_notebooks_ctrl_c_as_a_batch_is_counted_stops_after_it_as_that_signal(notebook_sigint):
     # sync_clocks' second call comes inside the batch's counting, at the warm-up's end.
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(ic.RunInterrupted) as stopped:
         ic.benchmark([_batch(2), _batch(2)], _bundle(), warmup_batches=1, sync_clocks=_signal_on_second_call())
     assert stopped.value.signum == signal.SIGINT and stopped.value.result.classified == 2
@@ -173,7 +180,7 @@ def _signal_in_close(monkeypatch) -> None:
     monkeypatch.setattr(ic, "_prediction_rows", signalled)
 
 
-def test_a_notebooks_ctrl_c_as_a_whole_run_ends_keeps_the_whole_result(monkeypatch):
+def test_a_notebooks_ctrl_c_as_a_whole_run_ends_keeps_the_whole_result(monkeypatch, notebook_sigint):
     _signal_in_close(monkeypatch)
     with pytest.raises(ic.RunInterrupted) as stopped:
         ic.benchmark([_batch(2), _batch(2)], _bundle(), listed=4, warmup_batches=1, predictions=True)
@@ -182,7 +189,7 @@ def test_a_notebooks_ctrl_c_as_a_whole_run_ends_keeps_the_whole_result(monkeypat
     assert len(result.predictions) == 4
 
 
-def test_a_notebooks_ctrl_c_as_a_stopping_run_ends_is_the_stop(monkeypatch):
+def test_a_notebooks_ctrl_c_as_a_stopping_run_ends_is_the_stop(monkeypatch, notebook_sigint):
     _signal_in_close(monkeypatch)
 
     def fails():
