@@ -2003,11 +2003,24 @@ def _nv12_to_rgb(nv12: Tensor) -> Tensor:
     return torch.stack([y + 1.402 * v, y - 0.344136 * u - 0.714136 * v, y + 1.772 * u]).clamp_(0, 255)
 
 
-def _nvdec_can_take(header: _JpegHeader | None) -> bool:
+def _nvdec_can_take(header: _JpegHeader | None, transform: EvalTransform) -> bool:
     """NVDEC decodes sequential (baseline or extended) 8-bit 4:2:0 JPEGs within its size range."""
     if header is None or header.frame_type not in (0xC0, 0xC1) or not header.chroma_420:
         return False
-    return NVDEC_MIN_SIDE <= header.width <= NVDEC_MAX_SIZE[0] and NVDEC_MIN_SIDE <= header.height <= NVDEC_MAX_SIZE[1]
+    (width, height), (max_width, max_height) = (header.width, header.height), NVDEC_MAX_SIZE
+    within = NVDEC_MIN_SIDE <= width <= max_width and NVDEC_MIN_SIDE <= height <= max_height
+    return within and _device_can_shrink(header, transform)
+
+
+# torch's antialiased resize on CUDA holds each output block's filter weights in the block's shared
+# memory (48 KiB): it refuses a shrink of over about 47 times in bicubic (94 in bilinear), failing
+# the run. A JPEG whose short side is over 40 times the resize's (10,240 pixels for 256) goes to the CPU.
+DEVICE_MAX_SHRINK = 40
+
+
+def _device_can_shrink(header: _JpegHeader, transform: EvalTransform) -> bool:
+    new_w, new_h, _, _ = transform.geometry(header.width, header.height)
+    return max(header.width / new_w, header.height / new_h) <= DEVICE_MAX_SHRINK
 
 
 def _nvjpeg_takes(header: _JpegHeader | None, transform: EvalTransform) -> bool:
@@ -2018,7 +2031,8 @@ def _nvjpeg_takes(header: _JpegHeader | None, transform: EvalTransform) -> bool:
     if min(header.width, header.height) <= 0:
         return False
     new_w, new_h, _, _ = transform.geometry(header.width, header.height)
-    return max(header.width * header.height, new_w * new_h) <= MAX_IMAGE_PIXELS
+    pixels_ok = max(header.width * header.height, new_w * new_h) <= MAX_IMAGE_PIXELS
+    return pixels_ok and _device_can_shrink(header, transform)
 
 
 @functools.cache
@@ -2132,11 +2146,16 @@ def _decode_torchvision(
     mode = torchvision.io.ImageReadMode.RGB
     try:
         images: list[Tensor | None] = list(torchvision.io.decode_jpeg(encoded, mode=mode, device=device))
-    except RuntimeError:  # image by image, so that one bad image does not send the others to the CPU
+    except RuntimeError as e:  # image by image, so that one bad image does not send the others to the CPU
+        if _is_out_of_memory(e):  # the device's fault, not the images': the run stops, as on the CPU
+            raise
         images = [None] * len(encoded)
         for k, tensor in enumerate(encoded):
-            with contextlib.suppress(RuntimeError):
+            try:
                 images[k] = torchvision.io.decode_jpeg(tensor, mode=mode, device=device)
+            except RuntimeError as e:
+                if _is_out_of_memory(e):
+                    raise
     for i, image in zip(takes, images, strict=True):
         decoded[i] = image
     return _resize_crop_groups(decoded, transform), {"torchvision": sum(image is not None for image in images)}
@@ -2150,7 +2169,7 @@ def _decode_nvdec(
     geometry, antialiased (NVDEC's own scaler is not)."""
     decoded: list[Tensor | None] = [None] * len(datas)
     for i, (data, header) in enumerate(zip(datas, headers, strict=True)):
-        if not _nvdec_can_take(header):
+        if not _nvdec_can_take(header, transform):
             continue
         end = data.find(b"\xff\xd9", header.scan)
         try:
@@ -2167,6 +2186,8 @@ def _decode_nvdec(
             _NVDEC_CONFIG.config = local.config
             nv12 = spdl.io.to_torch(decoder.decode_packets(packets))
         except _DECODER_ERRORS as e:
+            if _is_out_of_memory(e):  # the device's fault, not the image's: the run stops, as on the CPU
+                raise
             _LG.debug("NVDEC left an image to the CPU: %s", _spdl_reason(e))
             continue
         decoded[i] = _resize_crop_on_device(_nv12_to_rgb(nv12[0])[None], transform, (width, height))[0]

@@ -404,7 +404,7 @@ def test_which_images_nvdec_can_take(tmp_path):
         picture.save(path, **{"format": "JPEG", **options})
         header = _parse_jpeg_header(path.read_bytes())
         assert (header.frame_type if header else None) == frame_type, name
-        assert _nvdec_can_take(header) is expected, name
+        assert _nvdec_can_take(header, EvalTransform()) is expected, name
     header = _parse_jpeg_header((tmp_path / "cmyk.JPEG").read_bytes())
     assert (header.components, header.width, header.height) == (4, 128, 96)
 

@@ -327,3 +327,17 @@ def test_an_empty_output_file_name_is_said_to_be_empty(capfd, tmp_path):
     # --results-file "" was "--results-file .: not a file name": Path("") is ".".
     proc = run_main(capfd, "--input-flist", tmp_path / "none.flist", "--results-file", "")
     assert proc.returncode == 2 and "argument --results-file: an empty file name (a variable not set?)" in proc.stderr
+
+
+# --- A helper's reading of the GPU paths against torch's, torchvision's and SPDL's sources -----
+
+
+@pytest.mark.parametrize(("width", "height", "on_the_device"), [(8000, 6000, True), (12100, 12100, False)])
+def test_a_jpeg_too_large_for_the_devices_resize_goes_to_the_cpu(width, height, on_the_device):
+    # torch's antialiased resize on CUDA refuses a shrink of over about 47 times (its filter weights
+    # in 48 KiB of shared memory): a 12,100 x 12,100 JPEG (146 MP, within the pixel limit) went to the
+    # GPU decoders, and its resize failed the run.
+    header = ic._JpegHeader(0xC0, width, height, 3, b"\x22\x11\x11", 600)
+    transform = ic.EvalTransform()
+    assert ic._nvjpeg_takes(header, transform) is on_the_device
+    assert ic._nvdec_can_take(header, transform) is on_the_device
