@@ -58,6 +58,10 @@ def test_bad_images_past_the_listed_are_not_counted_as_failed():
     with pytest.raises(RunStopped, match="more than the 4 listed") as stop:  # images past it: never classified
         ic.benchmark([_batch(3), _batch(2)], _bundle(), listed=4, warmup_batches=0)
     assert (stop.value.result.classified, stop.value.result.not_reached) == (3, 1)
+    with pytest.raises(RunStopped, match="more than the 4 listed") as stop:  # the bad images before count too
+        ic.benchmark([_batch(2, failed=1), _batch(2)], _bundle(), listed=4, policy=BadImagePolicy(skip=True),
+                     warmup_batches=0)  # fmt: skip
+    assert (stop.value.result.classified, stop.value.result.failed, stop.value.result.not_reached) == (2, 1, 1)
 
 
 def test_a_window_whose_every_image_failed_is_warned_of_in_a_notebook():
