@@ -481,7 +481,7 @@ def _reads_stdin(path: Path | None) -> bool:
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = _Parser()
     words = sys.argv[1:] if argv is None else list(argv)
-    if stray := _stray_sweep_setting(words):  # else "DATA_DIR: not allowed"
+    if stray := _stray_sweep_setting(parser, words):  # else "DATA_DIR: not allowed"
         parser.error(stray)
     if unknown := _unknown_flag(parser, words):  # else its value is DATA_DIR: "not allowed with --data-dir"
         parser.error(unknown)
@@ -1075,12 +1075,13 @@ class _PageCache:
 def _listed_first_elsewhere(images: ImageList, shard: _Shard) -> frozenset[str]:
     """The paths of this rank's shard that an earlier line of the list gives to another rank: that
     rank examines (and evicts) them, so that the job counts each file once, looked at before any
-    rank evicts it (ranks on one machine share its page cache)."""
-    first: dict[str, int] = {}
+    rank evicts it (ranks on one machine share its page cache). One file by two names (a link) is one."""
+    file_of = {path: _file_id(path) or path for path in set(images.paths)}  # a missing one: by its name
+    first: dict[Any, int] = {}
     for i, path in enumerate(images.paths):
-        first.setdefault(path, i)
+        first.setdefault(file_of[path], i)
     rank, world = shard.rank, shard.world_size
-    return frozenset(path for path in images.paths[rank::world] if first[path] % world != rank)
+    return frozenset(path for path in images.paths[rank::world] if first[file_of[path]] % world != rank)
 
 
 def _examine_file(
@@ -4206,7 +4207,7 @@ def _job_total(shares: list[dict], listed: int | None, mine: RunResult) -> RunRe
         for backend, count in s["decoder_backends"].items():
             job.decoder_backends[backend] = job.decoder_backends.get(backend, 0) + count
     if mine.loader_lead is not None:  # every timed rank's loader holds as many batches ahead
-        job.loader_lead = mine.loader_lead * len(timed)
+        job.loader_lead = min(mine.loader_lead * len(timed), job.batches_timed)  # never more than the window has
     return job
 
 
@@ -4631,13 +4632,20 @@ def _parse_sweep(specs: Sequence[str], defaults: dict[str, int], cpu_count: int)
     return grid
 
 
-def _stray_sweep_setting(argv: Sequence[str]) -> str | None:
+def _stray_sweep_setting(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
     """Why a ``NAME=V,...`` setting of ``_SWEPT`` is not among the words right after ``--sweep``: argparse
-    would take it for DATA_DIR. None if each is."""
-    after_sweep, flag = False, ""
-    for word in argv:
+    would take it for DATA_DIR. None if each is, or if there is no --sweep (a flag's value, as in
+    ``--results-file batch-size=4.json``, or a word after ``--`` is no setting)."""
+    if not any(word.partition("=")[0] == "--sweep" for word in argv):
+        return None
+    known = parser._option_string_actions  # private, as in _unknown_flag
+    after_sweep, flag, value_next = False, "", False
+    for word in itertools.takewhile(lambda w: w != "--", argv):
         if word.startswith("-"):
             after_sweep, flag = word == "--sweep", word
+            value_next = "=" not in word and getattr(known.get(word), "nargs", 0) != 0 and not after_sweep
+        elif value_next:  # the value of the flag before it
+            value_next = False
         elif not after_sweep and word.partition("=")[0] in _SWEPT and not os.path.isdir(word):
             joined = f" ({flag} takes its one setting alone)" if flag.startswith("--sweep=") else ""
             return f"{word}: a --sweep setting after another flag{joined}; give --sweep's settings together after it"
@@ -4911,20 +4919,22 @@ def _print_sweep(sweep: _Sweep, command: Sequence[str], file: TextIO | None = No
         short = " (~: its rate is not firm; list more images)" if best.short_window else ""
         print(f"The smallest setting within {SWEEP_TOLERANCE:.0%} of the best: {best.flags()}{short}", file=file)
         skip = ["--skip-bad"] if sweep.failures and "--skip-bad" not in command else []
-        print(f"  {shlex.join(_with_settings([*command, *skip], best))}", file=file)
+        print(f"  {shlex.join(_with_settings(command, best, skip))}", file=file)
     elif sweep.error is not None:
         print("No setting to recommend: the sweep stopped before it measured them all", file=file)
     elif sweep.points:
         print("No setting to recommend: no setting decoded an image", file=file)
 
 
-def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
-    """The command line as typed, less the sweep's own flags, then ``point``'s settings. A dropped flag
+def _with_settings(command: Sequence[str], point: _SweepPoint, extra: Sequence[str] = ()) -> list[str]:
+    """The command line as typed, less the sweep's own flags, then ``extra`` and ``point``'s settings. A dropped flag
     takes its value with it (none if attached: ``-j8``, ``--plot=p.png``), ``--sweep`` its settings: a
-    DATA_DIR after them stays. The parser takes no prefixes of flags: none slips past by abbreviation."""
+    DATA_DIR after them stays, as do ``--`` and the words after it, last. The parser takes no prefixes of
+    flags: none slips past by abbreviation."""
     own = {"--sweep", "--plot", "--results-file", "--workers", *(f"--{name}" for name in _SWEPT)}  # -j, -b: below
     out, value_follows, settings = [], False, False
-    for word in command:
+    end = command.index("--") if "--" in command else len(command)
+    for word in command[:end]:
         if word.startswith("-") and not re.fullmatch(r"-\d.*", word):  # a flag, not a negative number
             name = word.split("=")[0]
             short = name[:2] in ("-j", "-b")
@@ -4941,7 +4951,7 @@ def _with_settings(command: Sequence[str], point: _SweepPoint) -> list[str]:
         else:
             settings = False
             out.append(word)
-    return [*out, *point.flags().split()]
+    return [*out, *extra, *point.flags().split(), *command[end:]]
 
 
 def _plot_sweep(sweep: _Sweep, path: Path | str, title: str) -> bool:
@@ -6172,7 +6182,7 @@ def _run(config: _RunConfig) -> _RunReport:
             _init_distributed(config.device, config.timeout + (1800 if config.compile else 0))
             _agree_on_job(config)
         model = _build_model(config)
-        if config.parity and shard.rank == 0:
+        if config.parity:  # refused under torchrun (_refuse_under_torchrun)
             report.parity = _run_parity(config, model)
         what = "evicting" if config.cold_cache else "measuring how much is in memory of"  # after the reads above
         _LG.info("Page cache: %s the %s listed files.", what, len(config.my_images))

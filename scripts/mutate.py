@@ -375,6 +375,10 @@ _FILTER = (
     "needed one takes an unscaled image whose sides differ in having a region, and a sweep of 8 common "
     "configs over sizes 16-1100 px found none"
 )
+_ONE_HELD = (
+    "held holds one signal: the command line's handler holds the first and ends the process at a second; a "
+    "notebook's holds only SIGINT, so every entry is the same"
+)
 EQUIVALENT: list[tuple[str, str, str]] = [
     ("_print_drain", "if not drained or (while_loading and result.fps < while_loading * (1 + DRAIN_SLACK)):",
      "differs only when FPS is exactly DRAIN_SLACK above the rate: a float equality no measured pair meets"),
@@ -437,6 +441,9 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "non_blocking only decides whether the copy waits: the labels' values are the same either way"),
     ("benchmark", "if held and sys.exc_info()[2] is not None:  # the run was stopping: the signal stops it, as ever",
      "sys.exc_info() is three Nones or three values: its traceback is None exactly when its exception is"),
+    ("benchmark", "if held and sys.exc_info()[0] is not None:  # the run was stopping: the signal stops it, as ever",
+     "sys.exc_info() is three Nones or three values: its type is None exactly when its exception is"),
+    ("benchmark", "raise RunInterrupted(held[-1])", _ONE_HELD),
     ("measure_loader", "window.add(batch[1].shape[0])", "a batch's labels (N x 1) have a row per image"),
     ("measure_loader", "window.add(batch[-1].shape[0])", "a batch's labels (N x 1) have a row per image"),
     ("_TimingWindow", "event = torch.cuda.Event(enable_timing=False)", _GPU),

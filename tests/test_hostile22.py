@@ -345,3 +345,41 @@ def test_a_jpeg_too_large_for_the_devices_resize_goes_to_the_cpu(width, height, 
     transform = ic.EvalTransform()
     assert ic._nvjpeg_takes(header, transform) is on_the_device
     assert ic._nvdec_can_take(header, transform) is on_the_device
+
+
+# --- A helper's sweep of the advanced features --------------------------------------------------
+
+
+def test_ranks_count_a_file_reached_by_two_names_once(tmp_path):
+    # Under torchrun a file and a link to it (or a hard link) on two ranks' shards were two files:
+    # the job's page-cache bytes doubled, and both ranks evicted it. One process counted it once.
+    photo = tmp_path / "a.JPEG"
+    photo.write_bytes(os.urandom(5000))
+    (tmp_path / "soft.JPEG").symlink_to(photo)
+    os.link(photo, tmp_path / "hard.JPEG")
+    paths = [str(photo), str(tmp_path / "soft.JPEG"), str(tmp_path / "hard.JPEG"), str(tmp_path / "missing.JPEG")]
+    listed = ic.ImageList(tuple(paths), (0,) * 4)  # rank 0: a, hard; rank 1: soft, missing
+    elsewhere = [ic._listed_first_elsewhere(listed, ic._Shard(rank, 2)) for rank in (0, 1)]
+    assert elsewhere == [set(), {paths[1]}]
+    caches = [ic._examine_page_cache(listed.shard(r, 2).paths, False, elsewhere[r]) for r in (0, 1)]
+    total = ic._PageCache.total(caches)
+    assert (total.files, total.bytes, total.repeats) == (1, 5000, 2)
+
+
+def test_a_flags_value_named_like_a_sweep_setting_is_no_stray_setting(tmp_path):
+    # --results-file batch-size=4.json (a shell loop's name) was refused as "a --sweep setting after
+    # another flag", with no --sweep given at all.
+    parsed = ic._parse_args(["--input-flist", "l", "--results-file", "batch-size=4.json", "-b", "4"])
+    assert str(parsed.results_file) == "batch-size=4.json"
+    parsed = ic._parse_args(["--sweep", "auto", "--results-file", "batch-size=4.json", "/d"])
+    assert (parsed.sweep, str(parsed.results_file)) == (["auto"], "batch-size=4.json")
+
+
+def test_the_sweeps_command_keeps_its_settings_before_a_double_dash():
+    # `--sweep num-threads=1 -- DIR`: the recommended line put --num-threads 1 after --, where the
+    # parser takes it for DATA_DIR ("unrecognized arguments").
+    point = ic._SweepPoint(num_threads=1, batch_size=4, queue_size=16, loader_fps=1.0, model_fps=1.0)
+    typed = ["python", "x.py", "-b", "4", "--sweep", "num-threads=1", "--", "/d/val"]
+    line = ic._with_settings(typed, point, ["--skip-bad"])
+    assert line[-2:] == ["--", "/d/val"] and "--skip-bad" in line[: line.index("--")]
+    assert ic._parse_args(line[2:]).num_threads == 1
