@@ -44,7 +44,7 @@ $(DEMO)/efficientnet_lite0.pth: scripts/convert_efficientnet_lite0.py | $(VENV)/
 	$(PY) scripts/convert_efficientnet_lite0.py $@
 
 # Two pytest workers: most tests wait on a subprocess importing torch, so two share 2 cores well
-# (about 7 minutes against 10.7 on this project's 2-core machine). TEST_WORKERS=0 runs in one process.
+# (12-18 minutes on this project's 2-core machines, from a fresh clone). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 
 test: ffmpeg $(VENV)/.installed
@@ -71,7 +71,8 @@ bench: ffmpeg $(VENV)/.installed
 	$(PY) bench/gil.py --out bench/out --uprobes
 
 # Mutation testing of the measurement core (README.md, "Testing"), then the semantic mutants:
-# about 30 minutes on 2 cores, not part of `make test`. Report in build/mutate/report.json.
+# over an hour on 2 cores (the timing group alone took 42 minutes), not part of `make test`. Report in
+# build/mutate/report.json.
 mutate: ffmpeg $(VENV)/.installed
 	$(PY) scripts/mutate.py
 
