@@ -264,10 +264,11 @@ def test_a_stopped_jobs_fps_is_over_the_ranks_past_their_warm_up_only():
     # A job stopped while rank 1 was still in its warm-up: its window (the start included) is not mixed
     # into rank 0's, whose window alone gives the job's FPS; every image still counts in the totals.
     cpu = torch.device("cpu")
-    past = ic.RunResult(listed=10, classified=6, frames_timed=4, elapsed_s=2.0, batches_timed=2, loader_lead=3)
+    past = ic.RunResult(listed=10, classified=6, frames_timed=4, elapsed_s=2.0, batches_timed=4, loader_lead=3)
     warming = ic.RunResult(
         listed=10, classified=2, frames_timed=2, elapsed_s=1.0, batches_timed=1, warmup_included=True
     )
     job = ic._job_total([ic._rank_share(past, 0, cpu), ic._rank_share(warming, 1, cpu)], 10, past)
-    assert (job.classified, job.frames_timed, job.elapsed_s, job.batches_timed) == (8, 4, 2.0, 2)
+    assert (job.classified, job.frames_timed, job.elapsed_s, job.batches_timed) == (8, 4, 2.0, 4)
+    # The timed rank's lead alone (3), not both ranks' (6, capped at the window's 4).
     assert (job.warmup_included, job.fps, job.loader_lead) == (False, 2.0, 3)
