@@ -203,6 +203,7 @@ GROUPS: dict[str, Group] = {
             "tests/test_page_cache.py::test_the_disk_in_the_verdict_by_hand",
             "tests/test_hostile12.py::test_the_dataloaders_images_are_counted_as_pils_without_the_fallback_line",
             "tests/test_hostile13.py::test_a_stopped_jobs_loader_lead_is_that_of_the_ranks_it_times",
+            "tests/test_hostile22.py::test_the_jobs_lead_is_each_timed_ranks_lead_summed_within_its_window",
             "tests/test_hostile13.py::test_no_sink_queue_verdict_without_an_image_in_the_fps_window",
             "tests/test_hostile15.py::test_failures_that_are_no_decode_errors_are_type_errors_naming_them",
             "tests/test_hostile15.py::test_a_stopped_jobs_fps_is_over_the_ranks_past_their_warm_up_only",

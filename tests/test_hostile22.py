@@ -383,3 +383,12 @@ def test_the_sweeps_command_keeps_its_settings_before_a_double_dash():
     line = ic._with_settings(typed, point, ["--skip-bad"])
     assert line[-2:] == ["--", "/d/val"] and "--skip-bad" in line[: line.index("--")]
     assert ic._parse_args(line[2:]).num_threads == 1
+
+
+def test_the_jobs_lead_is_each_timed_ranks_lead_summed_within_its_window():
+    # make mutate's results group: once the lead was capped at the window, no test told `*` from `/`.
+    cpu = torch.device("cpu")
+    rank = ic.RunResult(listed=20, classified=10, frames_timed=10, elapsed_s=1.0, batches=10, batches_timed=10,
+                        loader_lead=3)  # fmt: skip
+    job = ic._job_total([ic._rank_share(rank, 0, cpu), ic._rank_share(rank, 1, cpu)], 20, rank)
+    assert (job.batches_timed, job.loader_lead) == (20, 6)
